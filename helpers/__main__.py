@@ -1,0 +1,38 @@
+"""``python -m helpers <command>``: one entry point, each command in the module that owns it."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "build-default": ("helpers.build", "build the embedded target/draft pair (data/tiny-kimi)"),
+    "bench": ("helpers.bench", "baseline vs speculative tok/s and accept length, one process"),
+    "diagnose": ("helpers.diagnose", "which layout was the draft trained on, and what does the engine serve"),
+    "wiring": ("helpers.wiring", "resolve the boundaries an engine version feeds a draft"),
+    "patch-sglang": ("helpers.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
+    "sglang-bench": ("helpers.sglang_server", "live SGLang server benchmark on a GPU host"),
+    "run-workbook": ("helpers.workbook", "execute notebooks 01-06 and render reports/"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: python -m helpers <command> [options]", "", "commands:"]
+    lines += [f"  {name:<14} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[cmd][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

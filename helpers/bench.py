@@ -1,0 +1,143 @@
+"""Baseline vs speculative throughput, measured in one process on the same prompts.
+
+Runs alternate (baseline, speculative, baseline, ...) so drift in the machine's speed
+hits both alike; each repeat yields one tok/s figure per engine (all prompts' tokens over
+all prompts' wall time) and the report gives medians and their ratio. The first pass is a
+warm-up and is discarded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .boundaries import CapturePlan
+from .engine import (GenerationResult, acceptance_histogram, baseline_generate, check_lossless,
+                     position_acceptance, speculative_generate)
+
+
+@dataclass
+class BenchResult:
+    layout: tuple[int, ...]
+    label: str
+    steps: int
+    baseline_tok_s: float
+    spec_tok_s: float
+    tau: float
+    accept_rate: float
+    lossless: bool
+    lossless_per_prompt: list[bool]
+    histogram: list[int]
+    position_acceptance: list[float]
+    verify_steps: int
+    tokens: int
+    repeats: int
+    baseline_runs: list[float] = field(default_factory=list)
+    spec_runs: list[float] = field(default_factory=list)
+    plan_source: str = ""
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """speedup / tau: the share of the accept length's ideal gain that survives overheads."""
+        return self.speedup / self.tau if self.tau else 0.0
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["layout"] = list(self.layout)
+        d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3))
+        return d
+
+
+def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> list[torch.Tensor]:
+    return [torch.tensor(tokenizer(p)["input_ids"], dtype=torch.long, device=device) for p in prompts]
+
+
+def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], steps: int = 5,
+              max_new_tokens: int = 96, repeats: int = 3, progress: bool = True, label: str = "") -> BenchResult:
+    if not prompt_ids:
+        raise ValueError("no prompts to benchmark")
+    spec_last: list[GenerationResult] = []
+    base_last: list[GenerationResult] = []
+    base_runs, spec_runs = [], []
+    total = (repeats + 1) * len(prompt_ids)
+    bar = tqdm(total=total, desc=f"bench {label or plan.layout}", disable=not progress, mininterval=1.0)
+    for rep in range(repeats + 1):  # rep 0 warms up
+        b_tok = b_sec = s_tok = s_sec = 0.0
+        base_rep, spec_rep = [], []
+        for ids in prompt_ids:
+            b = baseline_generate(target, ids, max_new_tokens)
+            s = speculative_generate(target, draft, plan, ids, max_new_tokens, steps)
+            b_tok, b_sec = b_tok + len(b.tokens), b_sec + b.seconds
+            s_tok, s_sec = s_tok + len(s.tokens), s_sec + s.seconds
+            base_rep.append(b)
+            spec_rep.append(s)
+            bar.update(1)
+        if rep:
+            base_runs.append(b_tok / b_sec)
+            spec_runs.append(s_tok / s_sec)
+        base_last, spec_last = base_rep, spec_rep
+    bar.close()
+    lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
+    accepted = sum(sum(r.accepted) for r in spec_last)
+    verifies = sum(r.verify_steps for r in spec_last)
+    return BenchResult(
+        layout=tuple(plan.layout), label=label or plan.label, steps=steps,
+        baseline_tok_s=round(statistics.median(base_runs), 2), spec_tok_s=round(statistics.median(spec_runs), 2),
+        tau=round((accepted + verifies) / verifies, 3) if verifies else 1.0,
+        accept_rate=round(accepted / (verifies * steps), 3) if verifies else 0.0,
+        lossless=all(lossless), lossless_per_prompt=lossless, histogram=acceptance_histogram(spec_last),
+        position_acceptance=[round(x, 3) for x in position_acceptance(spec_last)], verify_steps=verifies,
+        tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
+        baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
+        plan_source=plan.source,
+    )
+
+
+def main(argv=None) -> int:
+    from .pair import DEFAULT_ENGINE, default_prompts, load_pair, plan_for, read_prompts
+
+    ap = argparse.ArgumentParser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
+    ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
+    ap.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field, or one prompt per line")
+    ap.add_argument("--target", type=Path, default=None)
+    ap.add_argument("--draft", type=Path, default=None)
+    ap.add_argument("--engine", default=DEFAULT_ENGINE, help="whose wiring 'served' means, e.g. sglang==0.5.9 or vllm")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        ap.error("--steps must be at least 1")
+    try:
+        pair = load_pair(a.target, a.draft, a.device)
+        plan = plan_for(pair, a.layout, a.engine)
+        if plan.errors:
+            raise ValueError(f"{a.engine} cannot serve layout {plan.layout}: {'; '.join(plan.errors)}")
+        prompts = read_prompts(a.prompts or default_prompts(pair))[: a.num_prompts]
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    res = run_bench(pair.target, pair.draft, plan, encode_prompts(pair.tokenizer, prompts, a.device), a.steps,
+                    a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
+    if a.json:
+        print(json.dumps(res.to_dict()))
+    else:
+        print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, {len(prompts)} prompts x {a.repeats}")
+        print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
+        print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   accept rate {res.accept_rate:.2f}")
+        print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   lossless: {res.lossless}")
+    return 0 if res.lossless else 1

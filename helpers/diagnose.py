@@ -1,0 +1,106 @@
+"""``python -m helpers diagnose``: which layout was this draft trained on, and what is it served?
+
+Answers without being told the training layout: every boundary is captured once on
+held-out text, every candidate layout is scored, and the best is compared with the layout
+the engine resolves for the draft's config. A large gap is the wiring bug.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .boundaries import layout_label
+from .evaluate import EvalInputError, evaluate_layout
+from .layout_search import SearchResult, search
+
+
+@dataclass
+class Diagnosis:
+    best_layout: tuple[int, ...]
+    best_acc: float
+    best_ce: float
+    served_layout: tuple[int, ...]
+    served_acc: float
+    served_ce: float
+    served_source: str
+    served_notes: list[str]
+    recorded_layout: tuple[int, ...] | None
+    search: SearchResult
+    num_layers: int
+    steps: int
+    best_full_acc: list[float]
+    served_full_acc: list[float]
+
+    @property
+    def mismatch(self) -> bool:
+        return tuple(self.best_layout) != tuple(self.served_layout)
+
+    def to_dict(self) -> dict:
+        return {
+            "best_layout": list(self.best_layout), "best_label": layout_label(self.best_layout, self.num_layers),
+            "best_acc": self.best_acc, "best_ce": self.best_ce, "best_full_acc": self.best_full_acc,
+            "served_layout": list(self.served_layout),
+            "served_label": layout_label(self.served_layout, self.num_layers),
+            "served_acc": self.served_acc, "served_ce": self.served_ce, "served_full_acc": self.served_full_acc,
+            "served_source": self.served_source, "served_notes": self.served_notes,
+            "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
+            "mismatch": self.mismatch, "margin": self.search.margin_ce, "margin_acc": self.search.margin_acc,
+            "z": self.search.z, "confident": self.search.confident, "search_seconds": self.search.seconds,
+            "search_mode": self.search.mode, "evaluations": self.search.evaluations,
+            "ranking": self.search.to_dict(top=10)["ranking"],
+        }
+
+
+def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> Diagnosis:
+    from .pair import served_plan
+
+    res = search(pair.draft, caps, progress=progress)
+    served = served_plan(pair, engine)
+    best = evaluate_layout(pair.draft, caps, res.best, steps)
+    srv = evaluate_layout(pair.draft, caps, served.layout, steps)
+    return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv.acc0, srv.ce, served.source,
+                     list(served.notes), pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
+                     srv.full_acc)
+
+
+def main(argv=None) -> int:
+    from .pair import DEFAULT_ENGINE, eval_captures, load_pair
+
+    ap = argparse.ArgumentParser(prog="python -m helpers diagnose", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=Path, default=None)
+    ap.add_argument("--draft", type=Path, default=None)
+    ap.add_argument("--text", type=Path, default=None, help="held-out text to evaluate on (default: heldout.txt)")
+    ap.add_argument("--engine", default=DEFAULT_ENGINE)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        if a.text is not None and not a.text.is_file():
+            raise FileNotFoundError(f"no text file at {a.text}")
+        pair = load_pair(a.target, a.draft, a.device)
+        caps = eval_captures(pair, a.text.read_text() if a.text else None, max_windows=a.windows)
+        d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(d.to_dict()))
+        return 0
+    L = d.num_layers
+    print(f"trained on (most likely): {layout_label(d.best_layout, L)} = {d.best_layout}   "
+          f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
+    print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = {d.search.z:.1f}"
+          f" ({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
+    print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
+          f"step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   [{d.served_source}]")
+    for n in d.served_notes:
+        print(f"   note: {n}")
+    if d.recorded_layout:
+        print(f"training record says: {d.recorded_layout}")
+    print("MISMATCH: the engine feeds a layout the draft was not trained on" if d.mismatch else "wiring matches")
+    return 0

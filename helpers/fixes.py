@@ -1,0 +1,88 @@
+"""The ways out of a wiring mismatch, each producing a new draft directory (never editing one).
+
+- Fix A (the seed's): make the engine capture what training used -- patch the engine where
+  it cannot capture a boundary (``patch_sglang``), then give the draft config the ids that
+  engine turns into the training layout.
+- Fix C: SGLang concatenates in ascending capture order, so a draft trained on a
+  non-ascending layout (say ``(7, 0, 3)``) can never be fed correctly by ids alone. Since
+  ``fc`` is linear in its slots, permuting its column blocks is an exact fix.
+- Fix B: retrain the draft on the layout the engine serves (``build.build_draft``).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .boundaries import WiringError
+from .draft import read_draft_config
+
+
+def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
+    draft_dir, out_dir = Path(draft_dir), Path(out_dir)
+    read_draft_config(draft_dir)  # clear error when it is not a draft
+    if out_dir.resolve() == draft_dir.resolve():
+        raise ValueError("write the fixed draft to a new directory; the original stays as it is")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    shutil.copytree(draft_dir, out_dir)
+    return out_dir
+
+
+def with_engine_ids(draft_dir, out_dir, ids: list[int]) -> Path:
+    """A copy of the draft whose config carries ``ids`` where SGLang reads them (nested
+    ``eagle_config``) and where vLLM/speculators read them (top level)."""
+    out = _fresh_copy(draft_dir, out_dir)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
+    if "eagle_aux_hidden_state_layer_ids" in cfg:
+        cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return out
+
+
+def reorder_fc(draft_dir, out_dir, trained_layout, served_layout) -> Path:
+    """A copy whose ``fc`` takes ``served_layout`` and computes what it computed on ``trained_layout``.
+
+    Both layouts must hold the same boundaries; slot k of the new ``fc`` is the old slot
+    that saw boundary ``served_layout[k]``.
+    """
+    trained, served = tuple(trained_layout), tuple(served_layout)
+    if sorted(trained) != sorted(served) or len(set(trained)) != len(trained):
+        raise WiringError(f"reordering needs the same distinct boundaries on both sides; "
+                          f"trained {trained}, served {served}")
+    out = _fresh_copy(draft_dir, out_dir)
+    weights = load_file(str(out / "model.safetensors"))
+    fc = weights["fc.weight"]
+    k = len(trained)
+    if fc.shape[1] % k:
+        raise WiringError(f"fc.weight {tuple(fc.shape)} does not split into {k} slots")
+    width = fc.shape[1] // k
+    blocks = fc.split(width, dim=1)
+    weights["fc.weight"] = torch.cat([blocks[trained.index(b)] for b in served], 1).contiguous()
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    record = out / "training.json"
+    if record.is_file():
+        rec = json.loads(record.read_text())
+        rec["fc_reordered"] = {"from": list(trained), "to": list(served)}
+        rec["training_boundaries"] = list(served)
+        record.write_text(json.dumps(rec, indent=2) + "\n")
+    return out
+
+
+def sglang_working_copy(version: str, dest) -> Path:
+    """A private copy of a cached SGLang version's source to patch, so the shared cache stays pristine."""
+    from .sglang_source import fetch_sglang
+
+    dest = Path(dest)
+    if (dest / "sglang").is_dir():
+        return dest
+    src = fetch_sglang(version)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src.root / "sglang", dest / "sglang")
+    for info in src.root.glob("sglang-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    return dest

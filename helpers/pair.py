@@ -1,0 +1,156 @@
+"""A target and its draft, loaded together, and the capture plans that matter for them.
+
+Two plans drive the whole investigation: the *served* plan (what the engine will feed the
+draft, resolved from the engine's own source by ``wiring``) and the *trained* plan (what
+the draft's ``fc`` learned, from its training record or, failing that, inferred by the
+layout search). Everything downstream compares the two.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .boundaries import CapturePlan, check_layout, sglang_plus_one, vllm_ids_to_boundaries, eagle3_default_boundaries
+from .draft import Eagle3Draft, load_draft, read_draft_config, read_training_record
+from .evaluate import EvalInputError, TargetCaptures, attach_draft_probs, capture_text
+from .target import load_target
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = REPO / "data" / "tiny-kimi"
+DEFAULT_ENGINE = "sglang==0.5.9"
+
+
+@dataclass
+class Pair:
+    target: torch.nn.Module
+    tokenizer: object
+    draft: Eagle3Draft
+    target_dir: Path
+    draft_dir: Path
+    draft_config: dict
+    record: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return self.target.config.num_hidden_layers
+
+    @property
+    def arch(self) -> str:
+        return (self.target.config.architectures or [type(self.target).__name__])[0]
+
+    @property
+    def recorded_layout(self) -> tuple[int, ...] | None:
+        if self.record and self.record.get("training_boundaries") is not None:
+            return tuple(self.record["training_boundaries"])
+        return None
+
+
+def load_pair(target_dir=None, draft_dir=None, device: str = "cpu") -> Pair:
+    target_dir = Path(target_dir or DEFAULT_DIR / "target")
+    draft_dir = Path(draft_dir or DEFAULT_DIR / "draft")
+    target, tok = load_target(target_dir, device)
+    draft = load_draft(draft_dir, target=target, device=device)
+    return Pair(target, tok, draft, target_dir, draft_dir, read_draft_config(draft_dir), read_training_record(draft_dir))
+
+
+def read_prompts(path) -> list[str]:
+    """JSONL with a ``prompt`` field per line, or plain text with one prompt per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompts file at {path}")
+    lines = [l for l in path.read_text().splitlines() if l.strip()]
+    if path.suffix == ".jsonl":
+        return [json.loads(l)["prompt"] for l in lines]
+    return lines
+
+
+def default_prompts(pair: Pair) -> Path:
+    for d in (pair.target_dir.parent, DEFAULT_DIR):
+        if (d / "prompts.jsonl").is_file():
+            return d / "prompts.jsonl"
+    raise FileNotFoundError("no prompts.jsonl beside the target; pass a prompts file")
+
+
+def default_text(pair: Pair) -> Path:
+    for d in (pair.target_dir.parent, DEFAULT_DIR):
+        if (d / "heldout.txt").is_file():
+            return d / "heldout.txt"
+    raise FileNotFoundError("no heldout.txt beside the target; pass a text file")
+
+
+def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12, min_windows: int = 2) -> torch.Tensor:
+    ids = tokenizer(text)["input_ids"]
+    n = min(len(ids) // window, max_windows)
+    if n < min_windows:
+        raise EvalInputError(f"text gives {len(ids)} tokens; need at least {min_windows * window} "
+                             f"({min_windows} windows of {window}) to evaluate a draft")
+    return torch.tensor(ids[: n * window], dtype=torch.long).view(n, window)
+
+
+def eval_captures(pair: Pair, text: str | None = None, window: int = 256, max_windows: int = 12,
+                  progress: bool = False) -> TargetCaptures:
+    """Every boundary captured once on held-out text, with the target's draft-vocab distribution."""
+    if text is None:
+        text = default_text(pair).read_text()
+    windows = text_windows(pair.tokenizer, text, window, max_windows).to(pair.target.device)
+    caps = capture_text(pair.target, windows, progress=progress)
+    attach_draft_probs(pair.target, caps, pair.draft.draft_token_ids)
+    return caps
+
+
+def served_plan(pair: Pair, engine: str = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
+    """The layout the engine will feed this draft, resolved from the engine's own source
+    (``root``: a specific source tree, e.g. a patched copy)."""
+    cfg = config if config is not None else pair.draft_config
+    return resolve_plan(engine, pair.arch, pair.num_layers, cfg, root)
+
+
+def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, root=None) -> CapturePlan:
+    from .sglang_source import SglangSourceError
+
+    try:
+        from . import wiring
+        return wiring.served_plan(draft_config, num_layers, arch, engine=engine, root=root)
+    except (SglangSourceError, OSError) as exc:  # no source reachable: say so, use the documented rule
+        return rule_plan(engine, num_layers, draft_config, note=f"engine source unavailable ({exc}); documented rule used")
+
+
+def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "") -> CapturePlan:
+    """DESIGN.md section 3 rules, for when the engine's source cannot be read."""
+    from .draft import eagle_ids_of
+
+    ids, where = eagle_ids_of(draft_config)
+    if engine.startswith("vllm"):
+        layout = vllm_ids_to_boundaries(ids) if ids is not None else eagle3_default_boundaries(num_layers)
+    else:
+        layout = sglang_plus_one(ids) if where == "eagle_config" else eagle3_default_boundaries(num_layers)
+    return CapturePlan(layout, num_layers, f"{engine} (rule)", (note,) if note else ())
+
+
+def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
+    """From the training record; without one, the layout search's best guess (and it says so)."""
+    if pair.recorded_layout is not None:
+        return CapturePlan(check_layout(pair.recorded_layout, pair.num_layers), pair.num_layers, "training record")
+    if caps is None:
+        raise EvalInputError("the draft has no training.json; pass captures so the training layout can be inferred")
+    from .layout_search import search
+
+    res = search(pair.draft, caps, progress=False)
+    return CapturePlan(res.best, pair.num_layers, "inferred by layout search",
+                       (f"margin {res.margin_ce} nats, z={res.z}",))
+
+
+def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) -> CapturePlan:
+    """'served', 'trained' or an explicit 'a,b,c'."""
+    from .boundaries import parse_layout
+
+    if which == "served":
+        return served_plan(pair, engine)
+    if which == "trained":
+        return trained_plan(pair, caps)
+    return CapturePlan(check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux),
+                       pair.num_layers, "explicit")

@@ -1,0 +1,411 @@
+"""The workbook's patch: let SGLang 0.5.9 capture boundary 0 (the embedding output).
+
+A draft trained on ``cat([embed, b3, b7])`` needs the engine to capture the embedding
+output. With SGLang's ``+1`` rule, id ``-1`` already maps to capture index 0 in
+``set_eagle3_layers_to_capture`` (``[val + 1 for val in layer_ids]``), so the setter needs no
+change. What fails is the forward loop: before layer 0 on the first pipeline rank
+``residual`` is None, and the capture evaluates ``hidden_states + residual``. The edit
+makes that one capture take ``hidden_states`` alone (which *is* the embedding output) when
+there is no residual yet on the first rank, in ``llama.py`` and ``deepseek_v2.py``.
+
+The edits are exact, anchored text replacements. Every anchor must occur exactly once
+before anything is written; pristine copies are kept beside the tree with their sha256 so
+``revert`` restores every file byte for byte. Versions whose own code already captures
+boundary 0 (0.5.23 moved capture into the layers) are reported as not needing the patch.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from helpers import sglang_source as ss
+from helpers.sglang_source import SglangSource
+
+MARKER = "eagle3-workbook patch"
+BACKUP_DIR = ".eagle3-workbook-patch"
+MANIFEST = "manifest.json"
+TESTED_ON = ("0.5.9",)
+CHECKED_ARCHS = ("DeepseekV3ForCausalLM", "LlamaForCausalLM")
+
+
+class PatchError(RuntimeError):
+    """The patch cannot be applied or reverted as asked; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``anchor`` (which must occur exactly once) by ``replacement`` in ``file``."""
+
+    file: str
+    anchor: str
+    replacement: str
+    why: str
+
+
+_LLAMA_ANCHOR = """\
+            if i in self.layers_to_capture:
+                aux_hidden_states.append(hidden_states + residual)
+            layer = self.layers[i]
+"""
+_LLAMA_REPLACEMENT = f"""\
+            if i in self.layers_to_capture:
+                # {MARKER}: boundary 0 (embedding output, layer id -1) comes before any
+                # residual exists on the first pipeline rank; capture hidden_states alone there.
+                aux_hidden_states.append(
+                    hidden_states
+                    if residual is None and self.pp_group.is_first_rank
+                    else hidden_states + residual
+                )
+            layer = self.layers[i]
+"""
+_DEEPSEEK_ANCHOR = """\
+                    else:
+                        aux_hidden_states.append(hidden_states + residual)
+                layer = self.layers[i]
+"""
+_DEEPSEEK_REPLACEMENT = f"""\
+                    else:
+                        # {MARKER}: boundary 0 (embedding output, layer id -1) comes before
+                        # any residual exists on the first pipeline rank; capture it alone there.
+                        aux_hidden_states.append(
+                            hidden_states
+                            if residual is None and self.pp_group.is_first_rank
+                            else hidden_states + residual
+                        )
+                layer = self.layers[i]
+"""
+
+EDITS: tuple[Edit, ...] = (
+    Edit("sglang/srt/models/llama.py", _LLAMA_ANCHOR, _LLAMA_REPLACEMENT,
+         "LlamaModel.forward: capture the embedding output when residual is None (first PP rank)"),
+    Edit("sglang/srt/models/deepseek_v2.py", _DEEPSEEK_ANCHOR, _DEEPSEEK_REPLACEMENT,
+         "DeepseekV2Model.forward: capture the embedding output when residual is None (first PP rank); "
+         "the all-gather branch only runs for i > first_k_dense_replace, never at i == 0"),
+)
+
+
+@dataclass
+class PatchStatus:
+    """Where a tree stands. ``state``: pristine | patched | not-needed | unsupported."""
+
+    version: str
+    root: str
+    origin: str
+    state: str
+    patched: bool
+    needed: bool
+    files: dict[str, str] = field(default_factory=dict)  # path inside the tree -> sha256
+    backup: str | None = None
+    message: str = ""
+    changed: bool = False  # whether this call wrote anything
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------
+# Reading the state of a tree.
+
+
+def _source(version: str, root: str | Path | None, target: str) -> SglangSource:
+    try:
+        return ss.get_source(version, root=root, target=target)
+    except ss.UnknownVersionError as exc:
+        raise PatchError(str(exc)) from None
+    except ss.SglangSourceError as exc:
+        raise PatchError(str(exc)) from None
+
+
+def _file_state(text: str, edit: Edit) -> str:
+    anchors, replacements = text.count(edit.anchor), text.count(edit.replacement)
+    if anchors == 1 and replacements == 0:
+        return "pristine"
+    if anchors == 0 and replacements == 1:
+        return "patched"
+    return f"anchor found {anchors} times, patched block {replacements} times"
+
+
+def _states(src: SglangSource) -> dict[str, str]:
+    out = {}
+    for edit in EDITS:
+        path = src.path(edit.file)
+        out[edit.file] = _file_state(path.read_text(encoding="utf-8"), edit) if path.is_file() else "missing"
+    return out
+
+
+def _hashes(src: SglangSource) -> dict[str, str]:
+    return {e.file: ss.sha256_file(src.path(e.file)) for e in EDITS if src.path(e.file).is_file()}
+
+
+def _backup_dir(src: SglangSource) -> Path:
+    return src.root / BACKUP_DIR
+
+
+def _not_needed_message(src: SglangSource) -> str | None:
+    """Why this version needs no patch, from its own code; None when it does need one."""
+    from helpers import wiring
+
+    lines, embed_ids = [], []
+    for arch in CHECKED_ARCHS:
+        try:
+            w = wiring.inspect_model(arch, source=src)
+        except (ss.SglangSourceError, SyntaxError):
+            return None
+        if not w.boundary0_capturable:
+            return None
+        lines.extend(f"{h.file}:{h.line}" for h in (w.capture.handler if w.capture else []))
+        embed_ids.append(f"{arch}: id {_embedding_id(src, arch)}")
+    where = f" (missing residual handled at {', '.join(sorted(set(lines)))})" if lines else ""
+    return (f"sglang {src.version} already captures boundary 0{where}; no patch needed. "
+            f"The id that selects the embedding output: " + "; ".join(embed_ids))
+
+
+def _embedding_id(src: SglangSource, arch: str) -> str:
+    """-1 or 0: whichever this version's setter maps to capture index 0."""
+    from helpers import wiring
+
+    for candidate in (-1, 0):
+        run = wiring.run_setter(src, arch, 12, [candidate, 2, 6])
+        if run.layers_to_capture and run.layers_to_capture[0] == 0:
+            return str(candidate)
+    return "none (the setter never maps to capture index 0)"
+
+
+def patch_status(version: str, *, root: str | Path | None = None, target: str = "cache") -> PatchStatus:
+    """The state of the tree for ``version``; writes nothing."""
+    src = _source(version, root, target)
+    return _status_of(src)
+
+
+def _status_of(src: SglangSource) -> PatchStatus:
+    states = _states(src)
+    backup = str(_backup_dir(src)) if (_backup_dir(src) / MANIFEST).is_file() else None
+    base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup)
+    values = set(states.values())
+    if values == {"pristine"}:
+        return PatchStatus(state="pristine", patched=False, needed=True,
+                           message=f"sglang {src.version} is unpatched: boundary 0 raises TypeError", **base)
+    if values == {"patched"}:
+        return PatchStatus(state="patched", patched=True, needed=True,
+                           message=f"sglang {src.version} is patched ({len(states)} files)", **base)
+    reason = _not_needed_message(src)
+    if reason is not None:
+        return PatchStatus(state="not-needed", patched=False, needed=False, message=reason, **base)
+    detail = "; ".join(f"{f}: {s}" for f, s in states.items())
+    return PatchStatus(state="unsupported", patched=False, needed=True,
+                       message=f"sglang {src.version} needs a boundary-0 fix but the patch does not fit: {detail}",
+                       **base)
+
+
+# --------------------------------------------------------------------------------------
+# Apply / revert.
+
+
+def _patched_texts(src: SglangSource) -> dict[str, tuple[str, str]]:
+    """file -> (pristine text, patched text), after checking every anchor and compiling."""
+    out = {}
+    for edit in EDITS:
+        path = src.path(edit.file)
+        if not path.is_file():
+            raise PatchError(f"{edit.file} is missing from {src.root}")
+        text = path.read_text(encoding="utf-8")
+        n = text.count(edit.anchor)
+        if n != 1:
+            raise PatchError(f"anchor for {edit.file} found {n} times (expected exactly 1); nothing written")
+        new = text.replace(edit.anchor, edit.replacement)
+        try:
+            compile(new, str(path), "exec")
+        except SyntaxError as exc:
+            raise PatchError(f"patched {edit.file} would not compile: {exc}; nothing written") from None
+        out[edit.file] = (text, new)
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def apply_patch(version: str, *, root: str | Path | None = None, target: str = "cache") -> PatchStatus:
+    """Patch the tree; a second call is a no-op; a version that needs none is left alone."""
+    src = _source(version, root, target)
+    status = _status_of(src)
+    if status.state in ("patched", "not-needed"):
+        return status
+    if status.state == "unsupported":
+        raise PatchError(status.message + "; nothing written")
+    texts = _patched_texts(src)
+    backup = _backup_dir(src)
+    if backup.exists():
+        raise PatchError(f"{backup} exists from an earlier patch but the files are pristine; remove it "
+                         f"after checking, then apply again")
+    manifest = {"version": src.version, "marker": MARKER, "files": {}}
+    (backup / "files").mkdir(parents=True)
+    for rel, (old, new) in texts.items():
+        copy = backup / "files" / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(src.path(rel).read_bytes())
+        manifest["files"][rel] = {"orig_sha256": ss.sha256_file(src.path(rel)),
+                                  "patched_sha256": ss.sha256_bytes(new.encode("utf-8"))}
+    (backup / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    written = []
+    try:
+        for rel, (_, new) in texts.items():
+            _write_atomic(src.path(rel), new.encode("utf-8"))
+            written.append(rel)
+    except OSError as exc:
+        for rel in written:
+            _write_atomic(src.path(rel), (backup / "files" / rel).read_bytes())
+        shutil.rmtree(backup, ignore_errors=True)
+        raise PatchError(f"writing the patch failed ({exc}); restored the originals") from None
+    result = _status_of(src)
+    result.changed = True
+    return result
+
+
+def revert_patch(version: str, *, root: str | Path | None = None, target: str = "cache") -> PatchStatus:
+    """Restore the pristine files byte for byte (sha256-checked); a no-op when unpatched."""
+    src = _source(version, root, target)
+    status = _status_of(src)
+    backup = _backup_dir(src)
+    if (backup / MANIFEST).is_file():
+        if status.state == "pristine":
+            shutil.rmtree(backup)  # a leftover from an interrupted revert
+            return status
+        _restore_from_backup(src, backup)  # also finishes an interrupted apply
+    elif status.state == "patched":
+        _restore_by_reverse_edit(src)
+    else:
+        return status
+    result = _status_of(src)
+    result.changed = True
+    return result
+
+
+def _restore_from_backup(src: SglangSource, backup: Path) -> None:
+    manifest = json.loads((backup / MANIFEST).read_text(encoding="utf-8"))
+    entries = manifest["files"]
+    for rel, entry in entries.items():  # check everything before writing anything
+        current = ss.sha256_file(src.path(rel))
+        if current not in (entry["patched_sha256"], entry["orig_sha256"]):
+            raise PatchError(f"{rel} changed since it was patched (sha256 {current[:12]}...); not reverting")
+        saved = ss.sha256_file(backup / "files" / rel)
+        if saved != entry["orig_sha256"]:
+            raise PatchError(f"the backup of {rel} is damaged (sha256 {saved[:12]}...); not reverting")
+    for rel, entry in entries.items():
+        if ss.sha256_file(src.path(rel)) != entry["orig_sha256"]:
+            _write_atomic(src.path(rel), (backup / "files" / rel).read_bytes())
+    _verify_pristine(src, {rel: e["orig_sha256"] for rel, e in entries.items()})
+    shutil.rmtree(backup)
+
+
+def _restore_by_reverse_edit(src: SglangSource) -> None:
+    """No backup (deleted by hand): undo the replacement, then insist on the wheel's hash."""
+    record = src.record_hashes()
+    restored = {}
+    for edit in EDITS:
+        text = src.path(edit.file).read_text(encoding="utf-8")
+        restored[edit.file] = text.replace(edit.replacement, edit.anchor).encode("utf-8")
+        expected = record.get(edit.file)
+        if expected is None:
+            raise PatchError(f"no backup and no RECORD hash for {edit.file}: cannot prove a byte-exact revert")
+        if ss.sha256_bytes(restored[edit.file]) != expected:
+            raise PatchError(f"reverse edit of {edit.file} does not match the wheel's RECORD hash; not reverting")
+    for rel, data in restored.items():
+        _write_atomic(src.path(rel), data)
+
+
+def _verify_pristine(src: SglangSource, expected: dict[str, str]) -> None:
+    record = src.record_hashes()
+    for rel, sha in expected.items():
+        now = ss.sha256_file(src.path(rel))
+        if now != sha or (rel in record and record[rel] != now):
+            raise PatchError(f"{rel} does not match its pristine sha256 after revert")
+
+
+def show_diff(version: str, *, root: str | Path | None = None, target: str = "cache") -> str:
+    """Unified diff of pristine -> patched files, for display in a notebook."""
+    src = _source(version, root, target)
+    status = _status_of(src)
+    if status.state in ("not-needed", "unsupported"):
+        return f"# {status.message}\n"
+    chunks = []
+    backup = _backup_dir(src)
+    for edit in EDITS:
+        current = src.path(edit.file).read_text(encoding="utf-8")
+        if status.state == "patched":
+            saved = backup / "files" / edit.file
+            old = saved.read_text(encoding="utf-8") if saved.is_file() else current.replace(
+                edit.replacement, edit.anchor)
+            new = current
+        else:
+            old, new = current, current.replace(edit.anchor, edit.replacement)
+        chunks.extend(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                           fromfile=f"a/{edit.file}", tofile=f"b/{edit.file}", n=3))
+    return "".join(chunks)
+
+
+# --------------------------------------------------------------------------------------
+# CLI.
+
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _ArgError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m helpers patch-sglang",
+                description="Apply, revert or inspect the boundary-0 capture patch for SGLang.")
+    p.add_argument("action", choices=("apply", "revert", "status", "diff"))
+    p.add_argument("--version", required=True, help="sglang version, e.g. 0.5.9")
+    p.add_argument("--target", choices=("cache", "installed"), default="cache",
+                   help="patch the workbook's cached copy (default) or the installed sglang")
+    p.add_argument("--root", help="folder holding an sglang/ tree (overrides --target)")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: 0 = done (or nothing to do), 2 = bad input or the patch could not be applied."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(argv)
+        if args.action == "diff":
+            print(show_diff(args.version, root=args.root, target=args.target), end="")
+            return 0
+        action = {"apply": apply_patch, "revert": revert_patch, "status": patch_status}[args.action]
+        status = action(args.version, root=args.root, target=args.target)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except (_ArgError, PatchError, ValueError, ss.SglangSourceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+    else:
+        print(f"sglang {status.version} [{status.origin}] {status.root}: {status.state}"
+              + (" (changed)" if status.changed else ""))
+        print(f"  {status.message}")
+        for rel, sha in status.files.items():
+            print(f"  {rel}  sha256 {sha}")
+    return 0

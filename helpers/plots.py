@@ -1,0 +1,112 @@
+"""Figures, each drawn from data a helper returned (never from numbers typed in here)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .boundaries import boundary_label  # noqa: E402
+
+
+def throughput_bars(rows: pd.DataFrame, title: str = "Throughput, one run, same prompts"):
+    """rows: wiring, baseline_tok_s, spec_tok_s, tau (one row per wiring)."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    x = range(len(rows))
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], rows["baseline_tok_s"], w, label="baseline (no draft)", color="#9aa5b1")
+    bars = ax.bar([i + w / 2 for i in x], rows["spec_tok_s"], w, label="EAGLE-3", color="#2f6fde")
+    for b, tau, sp in zip(bars, rows["tau"], rows["spec_tok_s"] / rows["baseline_tok_s"]):
+        ax.annotate(f"tau {tau:.2f}\n{sp:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), rows["wiring"])
+    ax.set_ylabel("tokens / s (median)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def step_accuracy(rows: pd.DataFrame, steps: int, title: str = "Draft accuracy per TTT step"):
+    """rows: one per wiring/source with full_acc_0.. columns."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for _, r in rows.iterrows():
+        ys = [r[f"full_acc_{j}"] for j in range(steps)]
+        ax.plot(range(steps), ys, marker="o", label=r["wiring"])
+    ax.set_xticks(range(steps))
+    ax.set_xlabel("draft step k")
+    ax.set_ylabel("full_acc_k (steps 0..k all right)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def slot_heatmap(sweep: pd.DataFrame, num_layers: int, value: str = "acc0", base=None):
+    """Slots x boundaries: what each slot's accuracy would be with each boundary swapped in."""
+    table = sweep.pivot(index="slot", columns="boundary", values=value)
+    fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * table.shape[1], 14), 0.7 + 0.6 * table.shape[0]))
+    im = ax.imshow(table.values, aspect="auto", cmap="viridis" if value == "acc0" else "viridis_r")
+    ax.set_xticks(range(table.shape[1]), [boundary_label(b, num_layers) for b in table.columns], rotation=45)
+    ax.set_yticks(range(table.shape[0]), [f"slot {s}" + (f" (base {boundary_label(base[s], num_layers)})" if base else "")
+                                          for s in table.index])
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            ax.text(j, i, f"{table.values[i, j]:.2f}", ha="center", va="center", fontsize=7, color="w")
+    fig.colorbar(im, ax=ax, label=value)
+    ax.set_title(f"{value} with one slot swapped, others fixed")
+    fig.tight_layout()
+    return fig
+
+
+def ranking_bars(ranking: pd.DataFrame, top: int = 15, highlight: dict | None = None):
+    """The best layouts by cross-entropy; ``highlight`` maps a layout to a name (served, trained)."""
+    head = ranking.head(top).iloc[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(head) + 1))
+    names = {tuple(k): v for k, v in (highlight or {}).items()}
+    colors = ["#d9534f" if tuple(l) in names and names[tuple(l)] == "served" else
+              "#2f6fde" if tuple(l) in names else "#9aa5b1" for l in head["layout"]]
+    ax.barh(head["label"] + [f"  [{names[tuple(l)]}]" if tuple(l) in names else "" for l in head["layout"]],
+            head["ce"], color=colors)
+    ax.set_xlabel("draft cross-entropy vs target (nats/token, lower = better)")
+    ax.set_xlim(head["ce"].min() * 0.98, head["ce"].max() * 1.01)
+    ax.set_title(f"Top {len(head)} of {len(ranking)} layouts")
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_histograms(results: dict):
+    """results: name -> BenchResult; share of verify steps accepting n draft tokens."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    n = len(results)
+    w = 0.8 / max(n, 1)
+    for i, (name, r) in enumerate(results.items()):
+        total = sum(r.histogram) or 1
+        xs = [x + i * w - 0.4 + w / 2 for x in range(len(r.histogram))]
+        ax.bar(xs, [h / total for h in r.histogram], w, label=f"{name} (tau {r.tau:.2f})")
+    ax.set_xlabel("draft tokens accepted in a verify step")
+    ax.set_ylabel("share of verify steps")
+    ax.legend(fontsize=8)
+    ax.set_title("Acceptance histogram")
+    fig.tight_layout()
+    return fig
+
+
+def training_curve(history: list[dict], steps: int):
+    """full_acc_k over training, from a draft's training record."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    xs = [h["step"] for h in history]
+    for j in range(steps):
+        ax.plot(xs, [h["full_acc"][j] for h in history], marker=".", label=f"full_acc_{j}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8, ncol=3)
+    ax.grid(alpha=0.3)
+    ax.set_title("Training log (validation split)")
+    fig.tight_layout()
+    return fig

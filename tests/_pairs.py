@@ -1,0 +1,43 @@
+"""Tiny target/draft pairs built once per test session with the real build code.
+
+Plain cached functions rather than fixtures so several test modules share one build.
+"""
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+ROOT = Path(tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_default() -> Path:
+    """``build-default --tiny``: DeepSeek-V3 target, SGLang-format draft trained on (0, 3, 7)."""
+    from helpers.build import build_default
+
+    out = ROOT / "tiny-kimi"
+    build_default(out, layers=12, training_boundaries=(0, 3, 7), seed=0, tiny=True, log=lambda *_: None)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
+    """Another draft on the same tiny target, trained on ``layout``."""
+    from helpers.build import TINY, build_draft
+
+    base = tiny_default()
+    out = ROOT / f"draft-{'-'.join(map(str, layout))}-{fmt}"
+    build_draft(out, base / "target", layout, TINY, 0, fmt, log=lambda *_: None)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_llama() -> Path:
+    """A second family: Llama target with a speculators-format draft, 8 layers."""
+    from helpers.build import build_default
+
+    out = ROOT / "tiny-llama"
+    build_default(out, layers=8, training_boundaries=(0, 2, 4), seed=1, tiny=True, arch="llama",
+                  fmt="speculators", log=lambda *_: None)
+    return out

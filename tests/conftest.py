@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random Hugging Face causal LMs built from a fixed seed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "deepseek_v3")
+
+
+def tiny_lm_config(arch: str, hidden: int = 32, layers: int = 3, vocab: int = 128):
+    """A config of the asked family small enough to build and run in well under a second."""
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                  max_position_embeddings=64, tie_word_embeddings=False, rms_norm_eps=1e-6)
+    if arch == "llama":
+        return LlamaConfig(**common, intermediate_size=2 * hidden, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=hidden // 4)
+    if arch == "qwen2":
+        return Qwen2Config(**common, intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=2)
+    if arch == "qwen3":
+        return Qwen3Config(**common, intermediate_size=2 * hidden, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=hidden // 4)
+    if arch == "deepseek_v3":
+        # MLA (no q LoRA) + MoE with a shared expert; layer 0 dense, the rest MoE.
+        return DeepseekV3Config(**common, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+                                num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                                n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16,
+                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+    raise ValueError(f"unknown tiny arch {arch!r}; expected one of {TINY_ARCHS}")
+
+
+def build_tiny_lm(arch: str = "llama", seed: int = 0, **kw):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_lm_config(arch, **kw)).eval()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_lm():
+    """``make_tiny_lm(arch='llama', seed=0, hidden=32, layers=3, vocab=128)`` -> model in eval mode."""
+    return build_tiny_lm

@@ -1,0 +1,117 @@
+"""The reference engine: greedy equivalence, losslessness, rollback, metrics, the bench CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _pairs import tiny_default
+from helpers.bench import encode_prompts, run_bench
+from helpers.boundaries import CapturePlan
+from helpers.engine import (TargetRunner, accept, acceptance_histogram, baseline_generate, position_acceptance,
+                            speculative_generate)
+from helpers.pair import load_pair, read_prompts
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair(tiny_default() / "target", tiny_default() / "draft")
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    return encode_prompts(pair.tokenizer, read_prompts(tiny_default() / "prompts.jsonl")[:3])
+
+
+def test_baseline_equals_hf_generate(pair, prompts):
+    """The KV-cached loop must be plain greedy decoding: same tokens as transformers' generate."""
+    for ids in prompts:
+        ours = baseline_generate(pair.target, ids, 20).tokens
+        ref = pair.target.generate(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]),
+                                   max_new_tokens=20, do_sample=False, pad_token_id=2)[0, ids.numel():].tolist()
+        assert ours == ref
+
+
+@pytest.mark.parametrize("layout", [(0, 3, 7), (3, 7, 10), (12, 0, 5)])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_speculative_is_lossless(pair, prompts, layout, k):
+    plan = CapturePlan(layout, 12)
+    for ids in prompts:
+        base = baseline_generate(pair.target, ids, 40)
+        spec = speculative_generate(pair.target, pair.draft, plan, ids, 40, k)
+        assert spec.tokens == base.tokens
+        assert len(spec.tokens) == 40
+        assert all(0 <= n <= k for n in spec.accepted)
+        assert 1.0 <= spec.tau <= k + 1
+
+
+def test_trained_layout_accepts_more_than_a_wrong_one(pair, prompts):
+    taus = {}
+    for layout in [(0, 3, 7), (12, 11, 10)]:
+        plan = CapturePlan(layout, 12)
+        runs = [speculative_generate(pair.target, pair.draft, plan, ids, 48, 4) for ids in prompts]
+        taus[layout] = sum(sum(r.accepted) + r.verify_steps for r in runs) / sum(r.verify_steps for r in runs)
+    assert taus[(0, 3, 7)] > taus[(12, 11, 10)]
+
+
+def test_rollback_restores_cache_length(pair, prompts):
+    runner = TargetRunner(pair.target, CapturePlan((0, 3, 7), 12))
+    logits, fused = runner.forward(prompts[0][None])
+    n = runner.length
+    assert fused.shape == (prompts[0].numel(), 3 * pair.target.config.hidden_size)
+    runner.forward(torch.tensor([[5, 6, 7, 8]]))
+    assert runner.length == n + 4
+    runner.rollback(n + 1)
+    assert runner.length == n + 1
+
+
+def test_accept_and_histograms():
+    assert accept([1, 2, 3], [1, 2, 9, 4]) == 2
+    assert accept([7, 2], [1, 2, 3]) == 0
+    assert accept([1, 2], [1, 2, 3]) == 2
+    from helpers.engine import GenerationResult
+
+    r = GenerationResult([0] * 9, 1.0, 4, [0, 2, 3, 0], k=3)
+    assert r.tau == pytest.approx((5 + 4) / 4)
+    assert acceptance_histogram([r]) == [2, 0, 1, 1]
+    assert position_acceptance([r]) == [0.5, 0.5, 0.25]
+
+
+def test_plan_width_must_match_draft(pair, prompts):
+    with pytest.raises(ValueError, match="slots"):
+        speculative_generate(pair.target, pair.draft, CapturePlan((0, 3), 12), prompts[0], 8, 3)
+
+
+def test_run_bench_reports_medians_and_lossless(pair, prompts):
+    res = run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:2], steps=3, max_new_tokens=16,
+                    repeats=2, progress=False)
+    d = res.to_dict()
+    assert d["lossless"] is True and len(d["baseline_runs"]) == 2
+    assert d["speedup"] == pytest.approx(res.spec_tok_s / res.baseline_tok_s, rel=1e-3)
+    assert sum(d["histogram"]) == d["verify_steps"]
+
+
+def test_bench_cli_json(capsys):
+    from helpers.bench import main
+
+    d = tiny_default()
+    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "trained", "--steps", "3",
+               "--max-new-tokens", "12", "--repeats", "1", "--num-prompts", "2", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0
+    for key in ("baseline_tok_s", "spec_tok_s", "speedup", "tau", "accept_rate", "lossless", "layout", "steps"):
+        assert key in out
+    assert out["layout"] == [0, 3, 7] and out["steps"] == 3 and out["lossless"] is True
+
+
+def test_bench_cli_bad_input(capsys, tmp_path):
+    from helpers.bench import main
+
+    d = tiny_default()
+    assert main(["--target", str(tmp_path / "nope"), "--draft", str(d / "draft")]) == 2
+    assert "no target model" in capsys.readouterr().err
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "0,3,99"]) == 2
+    assert "outside 0..12" in capsys.readouterr().err
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "0,3"]) == 2
+    assert "slots" in capsys.readouterr().err

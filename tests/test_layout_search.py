@@ -1,0 +1,127 @@
+"""Offline evaluation and layout search: recover training layouts without being told them."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from _pairs import tiny_default, tiny_draft
+from helpers.boundaries import WiringError
+from helpers.draft import load_draft
+from helpers.evaluate import EvalInputError, evaluate_layout
+from helpers.layout_search import coordinate_search, full_search, permutation_search, search, slot_sweep
+from helpers.pair import eval_captures, load_pair, text_windows
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair(tiny_default() / "target", tiny_default() / "draft")
+
+
+@pytest.fixture(scope="module")
+def caps(pair):
+    return eval_captures(pair, max_windows=8)
+
+
+def _with_draft(pair, caps, path):
+    draft = load_draft(path, target=pair.target)
+    from helpers.evaluate import attach_draft_probs
+
+    attach_draft_probs(pair.target, caps, draft.draft_token_ids)
+    return draft
+
+
+@pytest.mark.parametrize("layout", [(0, 3, 7), (7, 0, 3), (4, 8, 12), (5, 6, 7)],
+                         ids=["default", "permutation", "with-final", "adjacent"])
+def test_full_search_recovers_training_layout(pair, caps, layout):
+    path = tiny_default() / "draft" if layout == (0, 3, 7) else tiny_draft(layout)
+    draft = _with_draft(pair, caps, path)
+    res = full_search(draft, caps, windows=6, progress=False)
+    assert res.evaluations == math.perm(13, 3)
+    assert res.best == layout, res.ranking.head(5)
+    assert res.margin_ce > 0
+
+
+def test_coordinate_search_finds_it_cheaper(pair, caps):
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    res = coordinate_search(draft, caps, windows=6, progress=False)
+    assert res.best == (0, 3, 7)
+    assert res.evaluations < math.perm(13, 3) / 4
+
+
+def test_served_layout_scores_far_below(pair, caps):
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    good = evaluate_layout(draft, caps, (0, 3, 7), steps=3)
+    bad = evaluate_layout(draft, caps, (3, 7, 10), steps=3)
+    assert good.acc0 > bad.acc0 + 0.05
+    assert good.ce < bad.ce
+    assert good.sim_accept_length > bad.sim_accept_length
+    assert len(good.full_acc) == 3 and good.full_acc[0] >= good.full_acc[1] >= good.full_acc[2]
+
+
+def test_slot_sweep_and_permutations(pair, caps):
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    sweep = slot_sweep(draft, caps, (0, 3, 7), windows=4)
+    assert len(sweep) == 3 * 13
+    best_per_slot = sweep.loc[sweep.groupby("slot")["ce"].idxmin()]["boundary"].tolist()
+    assert best_per_slot == [0, 3, 7]
+    perm = permutation_search(draft, caps, (0, 3, 7), windows=4)
+    assert len(perm.ranking) == 6 and perm.best == (0, 3, 7)
+
+
+def test_bad_inputs(pair, caps):
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    with pytest.raises(EvalInputError, match="slots"):
+        evaluate_layout(draft, caps, (0, 3), steps=1)
+    with pytest.raises(WiringError, match="outside 0..12"):
+        evaluate_layout(draft, caps, (0, 3, 13), steps=1)
+    with pytest.raises(EvalInputError, match="tokens"):
+        text_windows(pair.tokenizer, "def f(): pass", window=256)
+    with pytest.raises(ValueError, match="mode"):
+        search(draft, caps, mode="random")
+
+
+def test_diagnose_cli_json(capsys):
+    from helpers.diagnose import main
+
+    d = tiny_default()
+    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--windows", "6", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0
+    assert out["best_layout"] == [0, 3, 7]
+    assert out["served_layout"] == [3, 7, 10]
+    assert out["best_acc"] > out["served_acc"] and out["margin"] > 0 and out["ranking"]
+
+
+def test_diagnose_cli_bad_text(capsys, tmp_path):
+    from helpers.diagnose import main
+
+    short = tmp_path / "short.txt"
+    short.write_text("x = 1\n")
+    d = tiny_default()
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--text", str(short)]) == 2
+    assert "need at least" in capsys.readouterr().err
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--text", str(tmp_path / "no")]) == 2
+    assert "no text file" in capsys.readouterr().err
+
+
+def test_widget_callbacks(pair, caps):
+    from helpers.widgets import LayoutExplorer
+
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    ex = LayoutExplorer(draft, caps, (3, 7, 10), steps=2, presets={"trained": (0, 3, 7), "served": (3, 7, 10)})
+    served_acc = ex.last.acc0
+    assert "served" in ex.out.value
+    ex.slots[0].value = 0
+    ex.slots[1].value = 3
+    ex.slots[2].value = 7
+    assert ex.last.layout == (0, 3, 7) and ex.last.acc0 > served_acc
+    assert [h["layout"] for h in ex.history][-3:] == [(0, 7, 10), (0, 3, 10), (0, 3, 7)]
+    ex.steps_slider.value = 3
+    assert ex.last.steps == 3 and len(ex.last.full_acc) == 3
+    n = len(ex.history)
+    ex.buttons[1].click()          # the "served" preset: one evaluation, not three
+    assert ex.layout == (3, 7, 10) and len(ex.history) == n + 1
+    assert f"{ex.last.full_acc[0]:.3f}" in ex.out.value

@@ -1,0 +1,319 @@
+"""The resolver runs each SGLang version's own set_eagle3_layers_to_capture; expectations here
+were derived by reading that source (cited in the comments) for a 12-layer target."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from helpers import patch_sglang, sglang_source as ss, wiring
+from helpers.boundaries import CapturePlan, WiringError
+
+L = 12
+ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")
+
+
+def _pristine(version, tmp_path_factory) -> ss.SglangSource:
+    """The cached tree, or a reverted private copy if someone patched the shared cache."""
+    try:
+        src = ss.fetch_sglang(version)
+    except ss.IndexUnreachableError as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch sglang {version}: {exc}")
+    if patch_sglang.patch_status(version, root=src.root).state != "patched":
+        return src
+    copy = tmp_path_factory.mktemp(f"sglang-{version}")
+    shutil.copytree(src.root, copy, dirs_exist_ok=True)
+    patch_sglang.revert_patch(version, root=copy)
+    return ss.source_at(copy, version)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return {v: _pristine(v, tmp_path_factory) for v in ("0.5.9", "0.5.23")}
+
+
+def _resolve(src, version, arch, ids=None, draft=None):
+    return wiring.resolve(f"sglang=={version}", arch, L, ids=ids, draft=draft, source=src[version])
+
+
+# --------------------------------------------------------------------------------------
+# The must-show table: 2 versions x 2 archs x 4 id lists.
+# 0.5.9 llama.py / deepseek_v2.py: `layers_to_capture = [val + 1 for val in layer_ids]`;
+# 0.5.23 llama.py: the same; 0.5.23 deepseek_v2.py: `+1` only `if layer_ids and layer_ids[0] == 1`,
+# else `list(layer_ids)`. No ids: `[2, num_layers // 2, num_layers - 3]` everywhere.
+# Capture: 0.5.9 evaluates `hidden_states + residual` in the loop (residual None before layer 0);
+# 0.5.23 passes a collector to the layer, whose boundary code handles the missing residual.
+# The loop is `range(start_layer, end_layer)` = 0..11, so an index of -1 is never visited.
+
+EXPECTED = {
+    # (version, arch, ids): (layers_to_capture, served_layout, error substring or None)
+    ("0.5.9", "LlamaForCausalLM", (2, 6, 9)): ([3, 7, 10], (3, 7, 10), None),
+    ("0.5.9", "LlamaForCausalLM", (1, 5, 8)): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.9", "LlamaForCausalLM", (-1, 2, 6)): ([0, 3, 7], (0, 3, 7), "residual` is None"),
+    ("0.5.9", "LlamaForCausalLM", None): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.9", "DeepseekV3ForCausalLM", (2, 6, 9)): ([3, 7, 10], (3, 7, 10), None),
+    ("0.5.9", "DeepseekV3ForCausalLM", (1, 5, 8)): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.9", "DeepseekV3ForCausalLM", (-1, 2, 6)): ([0, 3, 7], (0, 3, 7), "residual` is None"),
+    ("0.5.9", "DeepseekV3ForCausalLM", None): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.23", "LlamaForCausalLM", (2, 6, 9)): ([3, 7, 10], (3, 7, 10), None),
+    ("0.5.23", "LlamaForCausalLM", (1, 5, 8)): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.23", "LlamaForCausalLM", (-1, 2, 6)): ([0, 3, 7], (0, 3, 7), None),
+    ("0.5.23", "LlamaForCausalLM", None): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.23", "DeepseekV3ForCausalLM", (2, 6, 9)): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.23", "DeepseekV3ForCausalLM", (1, 5, 8)): ([2, 6, 9], (2, 6, 9), None),
+    ("0.5.23", "DeepseekV3ForCausalLM", (-1, 2, 6)): ([-1, 2, 6], (2, 6), "capture index -1"),
+    ("0.5.23", "DeepseekV3ForCausalLM", None): ([2, 6, 9], (2, 6, 9), None),
+}
+
+
+@pytest.mark.parametrize("version, arch, ids", list(EXPECTED))
+def test_must_show_table(src, version, arch, ids):
+    ltc, served, error = EXPECTED[(version, arch, ids)]
+    r = _resolve(src, version, arch, ids=list(ids) if ids is not None else None)
+    assert r.layers_to_capture == ltc
+    assert r.served_layout == served
+    assert r.ids_source == ("explicit" if ids is not None else "default")
+    if error is None:
+        assert r.errors == [] and r.capturable
+    else:
+        assert any(error in e for e in r.errors), r.errors
+        assert not r.capturable
+    # every cited line is really that line of that version's file
+    for line in r.source_lines:
+        text = src[version].path(line["file"]).read_text(encoding="utf-8").splitlines()[line["line"] - 1]
+        assert text.strip() == line["text"]
+
+
+def test_executed_setter_lines_show_the_0523_deepseek_rule(src):
+    plus_one = _resolve(src, "0.5.23", "DeepseekV3ForCausalLM", ids=[1, 5, 8])
+    as_is = _resolve(src, "0.5.23", "DeepseekV3ForCausalLM", ids=[2, 6, 9])
+    texts = lambda r: [s["text"] for s in r.source_lines]  # noqa: E731
+    assert "if layer_ids and layer_ids[0] == 1:" in texts(plus_one)
+    assert "self.model.layers_to_capture = [val + 1 for val in layer_ids]" in texts(plus_one)
+    assert "self.model.layers_to_capture = list(layer_ids)" in texts(as_is)
+    assert "self.model.layers_to_capture = [val + 1 for val in layer_ids]" not in texts(as_is)
+
+
+def test_0523_deepseek_missing_capture_names_the_packer(src):
+    r = _resolve(src, "0.5.23", "DeepseekV3ForCausalLM", ids=[-1, 2, 6])
+    assert any("captured 2 of 3" in e for e in r.errors)
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_final_boundary_is_never_captured(src, version):
+    r = _resolve(src, version, "LlamaForCausalLM", ids=[2, 6, 11])  # +1 -> capture index 12 = L
+    assert r.layers_to_capture == [3, 7, 12]
+    assert r.served_layout == (3, 7)
+    assert any("boundary 12" in e and "never" in e for e in r.errors)
+
+
+def test_gpt_oss_0523_captures_the_final_boundary(src):
+    # gpt_oss.py 0.5.23: ids as-is when max(ids) == num_layers, and a capture after the loop
+    # `if self.end_layer in self.layers_to_capture`
+    r = _resolve(src, "0.5.23", "GptOssForCausalLM", ids=[2, 6, 12])
+    assert r.layers_to_capture == [2, 6, 12] and r.served_layout == (2, 6, 12) and r.errors == []
+    assert _resolve(src, "0.5.23", "GptOssForCausalLM", ids=[1, 5, 8]).served_layout == (2, 6, 9)
+
+
+def test_source_version_must_match_engine(src):
+    with pytest.raises(WiringError, match="source given is sglang 0.5.9"):
+        wiring.resolve("sglang==0.5.23", "LlamaForCausalLM", L, source=src["0.5.9"])
+
+
+def test_qwen_059_already_guards_the_residual(src):
+    for arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        r = _resolve(src, "0.5.9", arch, ids=[-1, 2, 6])
+        assert r.served_layout == (0, 3, 7) and r.errors == []
+
+
+# --------------------------------------------------------------------------------------
+# The inspector.
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_inspector_059_flags_residual_none(src, arch):
+    w = wiring.inspect_model(arch, source=src["0.5.9"])
+    c = w.capture
+    assert c.style == "inline-add" and c.boundary0_hazard and not w.boundary0_capturable
+    lines = src["0.5.9"].path(c.file).read_text().splitlines()
+    assert "hidden_states + residual" in lines[c.unguarded_add.line - 1]
+    assert lines[c.residual_none.line - 1].strip() == "residual = None"
+    assert lines[c.first_rank.line - 1].strip() == "if self.pp_group.is_first_rank:"
+    assert "in self.layers_to_capture" in lines[c.line - 1]
+    assert lines[c.loop_line - 1].strip().startswith("for i in range(")
+    assert w.setters[0].last_rank_only
+
+
+def test_inspector_deepseek_loop_and_tbo_note(src):
+    c = wiring.inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
+    assert c.loop_range == ("normal_start_layer", "normal_end_layer")
+    assert any("two-batch overlap" in n for n in c.notes)
+    assert c.file == "sglang/srt/models/deepseek_v2.py"
+
+
+@pytest.mark.parametrize("arch", ARCHS + ("Qwen2ForCausalLM", "Qwen3ForCausalLM"))
+def test_inspector_0523_delegates_capture(src, arch):
+    w = wiring.inspect_model(arch, source=src["0.5.23"])
+    assert w.capture.style == "delegated" and w.boundary0_capturable
+    assert any(h.file.endswith("layer_boundary/stage.py") and "residual is None" in h.text
+               for h in w.capture.handler)
+
+
+def test_inspector_follows_kimi_wrapper(src):
+    w = wiring.inspect_model("KimiK25ForConditionalGeneration", source=src["0.5.23"])
+    assert w.chain == ["KimiK25ForConditionalGeneration", "language_model:DeepseekV3ForCausalLM"]
+    assert [s.cls for s in w.setters] == ["KimiK25ForConditionalGeneration", "DeepseekV2ForCausalLM"]
+    assert w.owner == "DeepseekV2Model"
+    r = _resolve(src, "0.5.23", "KimiK25ForConditionalGeneration", ids=[1, 5, 8])
+    assert r.served_layout == (2, 6, 9) and r.errors == []
+
+
+def test_kimi_059_has_no_setter(src):
+    r = _resolve(src, "0.5.9", "KimiK25ForConditionalGeneration", ids=[2, 6, 9])
+    assert any("defines no set_eagle3_layers_to_capture" in e for e in r.errors)
+
+
+def test_capture_statement_raises_at_boundary0_in_059(src):
+    c = wiring.inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
+    assert wiring.exec_capture_site(c, 3, 1.0, 2.0, [3]) == [3.0]
+    with pytest.raises(TypeError):
+        wiring.exec_capture_site(c, 0, 1.0, None, [0])
+
+
+# --------------------------------------------------------------------------------------
+# Draft configs.
+
+
+def test_top_level_ids_are_ignored_by_sglang(src):
+    cfg = {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}
+    for version in ("0.5.9", "0.5.23"):
+        r = _resolve(src, version, "DeepseekV3ForCausalLM", draft=cfg)
+        assert r.ids_source == "default" and r.ids_used is None
+        assert r.served_layout == (2, 6, 9)
+        assert any("ignores them" in w for w in r.warnings)
+        assert any("eagle_config" in s["text"] for s in r.source_lines
+                   if "model_executor" in s["file"])
+
+
+def test_nested_ids_from_a_draft_folder(src, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}))
+    r = _resolve(src, "0.5.9", "DeepseekV3ForCausalLM", draft=tmp_path)
+    assert (r.ids_source, r.ids_used, r.served_layout) == ("eagle_config", [2, 6, 9], (3, 7, 10))
+
+
+def test_config_order_does_not_matter(src):
+    r = _resolve(src, "0.5.9", "LlamaForCausalLM", ids=[6, 2, 9])
+    assert r.layers_to_capture == [7, 3, 10] and r.served_layout == (3, 7, 10)
+
+
+def test_use_aux_hidden_state_false_is_an_error(src):
+    r = _resolve(src, "0.5.9", "LlamaForCausalLM", draft={"eagle_config": {"use_aux_hidden_state": False}})
+    assert r.errors and not r.capturable
+
+
+def test_vllm_rule():
+    top = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_aux_hidden_state_layer_ids": [7, 0, 3],
+                                                            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
+    assert (top.ids_source, top.served_layout, top.errors) == ("top-level", (0, 3, 7), [])
+    nested = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}})
+    assert (nested.ids_source, nested.served_layout) == ("eagle_config", (2, 6, 12))
+    default = wiring.resolve("vllm", "LlamaForCausalLM", L)
+    assert (default.ids_source, default.served_layout) == ("default", (2, 6, 9))
+    assert wiring.resolve("vllm", "X", L, ids=[-1, 2, 6]).errors
+
+
+# --------------------------------------------------------------------------------------
+# Bad input.
+
+
+def test_bad_input_raises_clear_errors(src, tmp_path):
+    with pytest.raises(WiringError, match="did you mean DeepseekV3ForCausalLM"):
+        _resolve(src, "0.5.9", "DeepseekV3ForCausalLm", ids=[2, 6, 9])
+    with pytest.raises(WiringError, match="layer id 40 is outside -1..12"):
+        _resolve(src, "0.5.9", "LlamaForCausalLM", ids=[2, 6, 40])
+    with pytest.raises(WiringError, match="not found"):
+        _resolve(src, "0.5.9", "LlamaForCausalLM", draft=tmp_path / "missing")
+    with pytest.raises(WiringError, match="no config.json"):
+        _resolve(src, "0.5.9", "LlamaForCausalLM", draft=tmp_path)
+    with pytest.raises(WiringError, match="num_layers"):
+        wiring.resolve("vllm", "LlamaForCausalLM", 0, ids=[1])
+    with pytest.raises(ValueError, match="unknown engine"):
+        wiring.resolve("tgi==1.0", "LlamaForCausalLM", L)
+
+
+# --------------------------------------------------------------------------------------
+# Conveniences.
+
+
+def test_served_plan(src):
+    cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}}
+    plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root)
+    assert isinstance(plan, CapturePlan) and plan.layout == (0, 3, 7)
+    assert "layers_to_capture [0, 3, 7]" in plan.source
+    assert any(n.startswith("error: boundary 0") for n in plan.notes)
+    with pytest.raises(WiringError):
+        wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root, strict=True)
+    ok = wiring.served_plan([1, 5, 8], L, "DeepseekV3ForCausalLM", engine="sglang==0.5.23",
+                            root=src["0.5.23"].root)
+    assert ok.layout == (2, 6, 9) and ok.notes == ()
+
+
+def test_conventions_table(src, monkeypatch):
+    monkeypatch.setattr(wiring, "_sglang_source", lambda version, root: src[version])
+    df = wiring.conventions_table([2, 6, 9], L)
+    assert isinstance(df, pd.DataFrame) and len(df) == 6
+    served = {(r.engine, r.arch): r.served_layout for r in df.itertuples()}
+    assert served[("sglang==0.5.9", "DeepseekV3ForCausalLM")] == (3, 7, 10)
+    assert served[("sglang==0.5.23", "DeepseekV3ForCausalLM")] == (2, 6, 9)
+    assert served[("sglang==0.5.23", "LlamaForCausalLM")] == (3, 7, 10)
+    assert served[("vllm", "LlamaForCausalLM")] == (2, 6, 9)
+
+
+def test_ids_for_layout(src, monkeypatch):
+    monkeypatch.setattr(wiring, "_sglang_source", lambda version, root: src[version])
+    assert wiring.ids_for_layout((0, 3, 7), "DeepseekV3ForCausalLM", L, "sglang==0.5.23") == [0, 3, 7]
+    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.23") == [-1, 2, 6]
+    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.9") is None  # unpatched
+
+
+# --------------------------------------------------------------------------------------
+# CLI.
+
+
+def _cli(capsys, *argv):
+    code = wiring.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json_and_exit_codes(src, capsys, tmp_path):
+    root = str(src["0.5.9"].root)
+    code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--arch", "DeepseekV3ForCausalLM",
+                        "--layers", "12", "--ids", "-1,2,6", "--json", "--sglang-root", root)
+    d = json.loads(out)
+    assert code == 1 and d["served_layout"] == [0, 3, 7] and d["errors"] and d["source_lines"]
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      "num_hidden_layers": 12}))
+    code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--target", str(tmp_path), "--ids", "2,6,9",
+                        "--json", "--sglang-root", root)
+    d = json.loads(out)
+    assert code == 0 and d["arch"] == "LlamaForCausalLM" and d["served_layout"] == [3, 7, 10] and d["errors"] == []
+    code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM", "--layers", "12",
+                        "--sglang-root", root)
+    assert code == 0 and "served layout     : (2, 6, 9)" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "vllm", "--arch", "X"], "need --arch and --layers"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "a,b"], "cannot read ids"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,2", "--draft", "d"], "not allowed"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--draft", "/nonexistent/draft"], "not found"),
+    (["--bogus"], "unrecognized"),
+])
+def test_cli_bad_input(capsys, argv, message):
+    code, out, err = _cli(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
