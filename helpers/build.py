@@ -43,12 +43,15 @@ class Scale:
     draft_steps: int
     ttt_steps: int
     prompts: int
+    target_lr: float = 2e-3
+    regen_fraction: float = 0.5
 
 
 FULL = Scale(corpus_chars=8_000_000, vocab=4096, hidden=256, target_steps=1100, target_batch=8, draft_vocab=1024,
              train_samples=640, val_samples=48, seq_len=256, draft_steps=1400, ttt_steps=5, prompts=24)
-TINY = Scale(corpus_chars=600_000, vocab=1024, hidden=64, target_steps=160, target_batch=8, draft_vocab=384,
-             train_samples=160, val_samples=16, seq_len=128, draft_steps=260, ttt_steps=3, prompts=6)
+TINY = Scale(corpus_chars=600_000, vocab=1024, hidden=64, target_steps=600, target_batch=8, draft_vocab=384,
+             train_samples=160, val_samples=16, seq_len=128, draft_steps=300, ttt_steps=3, prompts=6,
+             target_lr=3e-3, regen_fraction=0.25)
 
 
 def _round_to(model, dtype=torch.bfloat16):
@@ -74,7 +77,8 @@ def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log
     cfg = target_config(arch, tok.get_vocab_size(), layers, scale.hidden)
     model = AutoModelForCausalLM.from_config(cfg)
     report = train_target(model, train_ids, held_ids, scale.target_steps, batch=scale.target_batch,
-                          seq=scale.seq_len if scale is TINY else 256, seed=seed, desc=f"target ({arch}, L={layers})")
+                          seq=scale.seq_len if scale is TINY else 256, lr=scale.target_lr, seed=seed,
+                          desc=f"target ({arch}, L={layers})")
     _round_to(model.eval())
     report.val_loss = round(eval_loss(model, held_ids), 4)
     tdir = out / "target"
@@ -103,11 +107,13 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
     training_boundaries = check_layout(training_boundaries, L)
     capture = tuple(training_boundaries) + (L,)
     corpus = stdlib_corpus(max_chars=scale.corpus_chars)
-    train_ids = torch.tensor(hf_tok(corpus.train_text)["input_ids"], dtype=torch.long)
-    held_ids = torch.tensor(hf_tok(corpus.heldout_text)["input_ids"], dtype=torch.long)
+    train_ids = torch.tensor(hf_tok(corpus.train_text, verbose=False)["input_ids"], dtype=torch.long)
+    held_ids = torch.tensor(hf_tok(corpus.heldout_text, verbose=False)["input_ids"], dtype=torch.long)
     draft_ids = draft_vocab_from_counts(train_ids, target.config.vocab_size, scale.draft_vocab)
-    train = generate_samples(target, train_ids, scale.train_samples, scale.seq_len, capture, 0.5, seed, desc="train")
-    val = generate_samples(target, held_ids, scale.val_samples, scale.seq_len, capture, 0.5, seed + 1, desc="val")
+    train = generate_samples(target, train_ids, scale.train_samples, scale.seq_len, capture, scale.regen_fraction,
+                             seed, desc="train")
+    val = generate_samples(target, held_ids, scale.val_samples, scale.seq_len, capture, scale.regen_fraction,
+                           seed + 1, desc="val")
     torch.manual_seed(seed)
     ids = list(eagle_ids if eagle_ids is not None else deployed_eagle_ids(L))
     draft = Eagle3Draft(new_draft_config(target.config, scale.draft_vocab, ids, num_aux=len(training_boundaries)))
@@ -127,7 +133,7 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
         "deployed_eagle_ids": ids,
         "ttt_steps": scale.ttt_steps, "seed": seed,
         "train_tokens": int(train.input_ids.numel()), "val_tokens": int(val.input_ids.numel()),
-        "regenerated_fraction": 0.5,
+        "regenerated_fraction": scale.regen_fraction,
         "final_val": final, "log": log_.to_dict(),
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -146,6 +146,9 @@ class DraftAttention(nn.Module):
         at steps 1..j -- exactly what a chain step sees at inference after ``crop``."""
         q, k, v = self.qkv(x, positions)
         past_kv.append((k, v))
+        if len(past_kv) == 1:  # step 0 is plain causal attention: let SDPA do it
+            out = F.scaled_dot_product_attention(q, self._expand(k), self._expand(v), is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
         k0, v0 = self._expand(past_kv[0][0]), self._expand(past_kv[0][1])
         scale = 1.0 / math.sqrt(self.cfg.head_dim)
         t = x.shape[1]

@@ -83,7 +83,7 @@ def default_text(pair: Pair) -> Path:
 
 
 def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12, min_windows: int = 2) -> torch.Tensor:
-    ids = tokenizer(text)["input_ids"]
+    ids = tokenizer(text, verbose=False)["input_ids"]
     n = min(len(ids) // window, max_windows)
     if n < min_windows:
         raise EvalInputError(f"text gives {len(ids)} tokens; need at least {min_windows * window} "

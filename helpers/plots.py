@@ -1,13 +1,10 @@
 """Figures, each drawn from data a helper returned (never from numbers typed in here)."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .boundaries import boundary_label  # noqa: E402
+from .boundaries import boundary_label
 
 
 def throughput_bars(rows: pd.DataFrame, title: str = "Throughput, one run, same prompts"):

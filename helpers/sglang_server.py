@@ -698,7 +698,9 @@ def _print_report(cmp: LiveBenchComparison) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     python = args.python or _default_python()
-    prompts = load_prompts(args.prompts) if args.prompts else list(DEFAULT_PROMPTS)
+    beside = Path(args.target).parent / "prompts.jsonl"
+    prompts = (load_prompts(args.prompts) if args.prompts else
+               load_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
     kwargs = dict(
         steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, python=python, port=args.port,
         max_new_tokens=args.max_new_tokens, baseline=not args.no_baseline, tp_size=args.tp_size,

@@ -43,7 +43,9 @@ def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256
 def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """Any HF causal LM directory -> (model in eval mode, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with config.json")

@@ -115,3 +115,29 @@ def test_bench_cli_bad_input(capsys, tmp_path):
     assert "outside 0..12" in capsys.readouterr().err
     assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "0,3"]) == 2
     assert "slots" in capsys.readouterr().err
+
+
+def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):
+    """Patching the cached SGLang and giving a draft copy ids [-1, 2, 6] is what turns the
+    reference engine's wiring from (3, 7, 10) into (0, 3, 7); unpatched, it refuses."""
+    import shutil
+
+    from helpers.bench import main
+    from helpers.fixes import with_engine_ids
+    from helpers.patch_sglang import apply_patch
+    from helpers.sglang_source import fetch_sglang
+
+    pristine = fetch_sglang("0.5.9")
+    cache = tmp_path / "cache"
+    shutil.copytree(pristine.root, cache / "sglang" / "0.5.9", symlinks=True)
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(cache))
+    d = tiny_default()
+    fixed = with_engine_ids(d / "draft", tmp_path / "draft-fixA", [-1, 2, 6])
+    args = ["--target", str(d / "target"), "--draft", str(fixed), "--layout", "served", "--steps", "2",
+            "--max-new-tokens", "8", "--repeats", "1", "--num-prompts", "1", "--json"]
+    assert main(args) == 2
+    assert "residual" in capsys.readouterr().err
+    assert apply_patch("0.5.9").patched
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["layout"] == [0, 3, 7] and out["lossless"]
