@@ -41,6 +41,20 @@ class BenchResult:
     baseline_runs: list[float] = field(default_factory=list)
     spec_runs: list[float] = field(default_factory=list)
     plan_source: str = ""
+    decode_ms: float = 0.0          # baseline: one target forward per token
+    verify_ms: float = 0.0          # speculative: one target forward over k+1 tokens
+    draft_step_ms: float = 0.0      # one draft forward (extend or chain step)
+
+    @property
+    def draft_cost_ratio(self) -> float:
+        """A draft step's cost in target decode steps (EAGLE's 'c')."""
+        return self.draft_step_ms / self.decode_ms if self.decode_ms else 0.0
+
+    @property
+    def predicted_speedup(self) -> float:
+        """tau x decode / (verify + k draft steps): what accept length and overheads allow."""
+        cycle = self.verify_ms + self.steps * self.draft_step_ms
+        return self.tau * self.decode_ms / cycle if cycle else 0.0
 
     @property
     def speedup(self) -> float:
@@ -54,7 +68,8 @@ class BenchResult:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["layout"] = list(self.layout)
-        d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3))
+        d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3),
+                 draft_cost_ratio=round(self.draft_cost_ratio, 3), predicted_speedup=round(self.predicted_speedup, 3))
         return d
 
 
@@ -88,6 +103,9 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         base_last, spec_last = base_rep, spec_rep
     bar.close()
     lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
+    decode_ms = 1000 * sum(b.seconds for b in base_last) / max(sum(len(b.tokens) for b in base_last), 1)
+    verify_ms = 1000 * sum(s.verify_seconds for s in spec_last) / max(sum(s.verify_steps for s in spec_last), 1)
+    draft_ms = 1000 * sum(s.draft_seconds for s in spec_last) / max(sum(s.draft_calls for s in spec_last), 1)
     accepted = sum(sum(r.accepted) for r in spec_last)
     verifies = sum(r.verify_steps for r in spec_last)
     return BenchResult(
@@ -99,7 +117,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         position_acceptance=[round(x, 3) for x in position_acceptance(spec_last)], verify_steps=verifies,
         tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
         baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
-        plan_source=plan.source,
+        plan_source=plan.source, decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3),
+        draft_step_ms=round(draft_ms, 3),
     )
 
 
@@ -140,4 +159,6 @@ def main(argv=None) -> int:
         print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
         print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   accept rate {res.accept_rate:.2f}")
         print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   lossless: {res.lossless}")
+        print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
+              f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) -> predicted {res.predicted_speedup:.2f}x")
     return 0 if res.lossless else 1

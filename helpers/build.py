@@ -146,7 +146,7 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
 
 def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries=(0, 3, 7), seed: int = 0,
                   tiny: bool = False, arch: str = "deepseek_v3", fmt: str = "sglang", retrained: bool | None = None,
-                  log=print) -> dict:
+                  log=print, reuse_target: bool = False) -> dict:
     scale = TINY if tiny else FULL
     training_boundaries = check_layout(training_boundaries, layers)   # before anything is written
     out = Path(out)
@@ -154,7 +154,15 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
     t0 = time.perf_counter()
     summary = {"scale": "tiny" if tiny else "full", "seed": seed, "arch": arch, "layers": layers,
                "draft_format": fmt, "deployed_eagle_ids": deployed_eagle_ids(layers)}
-    summary["target"] = build_target(out, arch, layers, scale, seed, log)
+    record = out / "target" / "training.json"
+    if reuse_target and record.is_file():
+        summary["target"] = json.loads(record.read_text())
+        if (summary["target"].get("arch"), summary["target"].get("num_hidden_layers")) != (arch, layers):
+            raise ValueError(f"--reuse-target: {out / 'target'} is {summary['target'].get('arch')} with "
+                             f"{summary['target'].get('num_hidden_layers')} layers; asked for {arch} with {layers}")
+        log(f"reusing the target in {out / 'target'}")
+    else:
+        summary["target"] = build_target(out, arch, layers, scale, seed, log)
     summary["draft"] = build_draft(out / "draft", out / "target", training_boundaries, scale, seed, fmt, log=log)
     if retrained if retrained is not None else not tiny:
         served = sglang_plus_one(deployed_eagle_ids(layers))
@@ -179,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--retrained", dest="retrained", action="store_true", default=None,
                     help="also train a draft on the served layout (fix B); default on for full builds")
     ap.add_argument("--no-retrained", dest="retrained", action="store_false")
+    ap.add_argument("--reuse-target", action="store_true",
+                    help="keep DIR/target (same family and layers) and rebuild only the drafts")
     a = ap.parse_args(argv)
     if a.layers < 4:
         ap.error(f"--layers must be at least 4 (the deployed ids [2, L//2, L-3] need it); got {a.layers}")
@@ -187,5 +197,10 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    build_default(a.out, a.layers, layout, a.seed, a.tiny, a.arch, a.draft_format, a.retrained)
+    try:
+        build_default(a.out, a.layers, layout, a.seed, a.tiny, a.arch, a.draft_format, a.retrained,
+                      reuse_target=a.reuse_target)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0

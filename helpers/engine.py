@@ -41,6 +41,9 @@ class GenerationResult:
     verify_steps: int = 0
     accepted: list[int] = field(default_factory=list)   # accepted draft tokens per verify step
     k: int = 0
+    draft_seconds: float = 0.0      # time inside draft forwards (extend + chain)
+    verify_seconds: float = 0.0     # time inside target verify forwards
+    draft_calls: int = 0
 
     @property
     def tok_s(self) -> float:
@@ -149,19 +152,29 @@ def accept(proposals: list[int], target_next: list[int]) -> int:
 
 
 def speculative_round(target: TargetRunner, draft: DraftRunner, pending: int, proposal: int,
-                      state: torch.Tensor, k: int):
-    """One draft-verify-accept-extend cycle -> (new tokens, accepted count, next pending, proposal, state)."""
+                      state: torch.Tensor, k: int, clock: dict | None = None):
+    """One draft-verify-accept-extend cycle -> (new tokens, accepted count, next pending, proposal, state).
+
+    ``clock`` (optional) accumulates seconds spent in the draft and in the verify forward,
+    which is what says whether accuracy or overhead limits the speedup.
+    """
+    t0 = time.perf_counter()
     proposals = draft.chain(proposal, state, k)
+    t1 = time.perf_counter()
     base = target.length
     ids = torch.tensor([[pending] + proposals], device=target.model.device)
     logits, fused = target.forward(ids)
     target_next = logits.argmax(-1).tolist()
+    t2 = time.perf_counter()
     n = accept(proposals, target_next)
     bonus = target_next[n]
     target.rollback(base + n + 1)
     new_tokens = proposals[:n] + [bonus]
     next_ids = torch.tensor(new_tokens, device=fused.device)
     proposal, state = draft.extend(next_ids, fused[: n + 1])
+    if clock is not None:
+        clock["draft"] += (t1 - t0) + (time.perf_counter() - t2)
+        clock["verify"] += t2 - t1
     return new_tokens, n, bonus, proposal, state
 
 
@@ -178,11 +191,13 @@ def speculative_generate(model, draft: Eagle3Draft, plan: CapturePlan, prompt: t
     proposal, state = runner.extend(next_tokens, fused)
     out = [pending]
     accepted = []
+    clock = {"draft": 0.0, "verify": 0.0}
     while len(out) < max_new_tokens:
-        new, n, pending, proposal, state = speculative_round(target, runner, pending, proposal, state, k)
+        new, n, pending, proposal, state = speculative_round(target, runner, pending, proposal, state, k, clock)
         out.extend(new)
         accepted.append(n)
-    return GenerationResult(out[:max_new_tokens], time.perf_counter() - t0, len(accepted), accepted, k)
+    return GenerationResult(out[:max_new_tokens], time.perf_counter() - t0, len(accepted), accepted, k,
+                            clock["draft"], clock["verify"], len(accepted) * k)
 
 
 # -- metrics ------------------------------------------------------------------------------

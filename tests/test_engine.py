@@ -90,6 +90,9 @@ def test_run_bench_reports_medians_and_lossless(pair, prompts):
     assert d["lossless"] is True and len(d["baseline_runs"]) == 2
     assert d["speedup"] == pytest.approx(res.spec_tok_s / res.baseline_tok_s, rel=1e-3)
     assert sum(d["histogram"]) == d["verify_steps"]
+    assert d["decode_ms"] > 0 and d["verify_ms"] > 0 and d["draft_step_ms"] > 0
+    assert d["predicted_speedup"] == pytest.approx(
+        res.tau * res.decode_ms / (res.verify_ms + 3 * res.draft_step_ms), rel=1e-3)
 
 
 def test_bench_cli_json(capsys):

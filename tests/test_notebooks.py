@@ -61,8 +61,11 @@ def test_workbook_on_second_family_with_inferred_layout(tmp_path):
     draft = tmp_path / "draft"
     shutil.copytree(d / "draft", draft)
     (draft / "training.json").unlink()
-    params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(draft), "PATCH_ROOT": str(tmp_path / "sglang-cache")}
+    params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(draft), "PATCH_ROOT": str(tmp_path / "sglang-cache"),
+              "ENGINE": "sglang"}   # no GPU / sglang here: the notebooks must say so and fall back
     runs = run_workbook(tmp_path / "reports", params, progress=False)
     _check_reports(tmp_path / "reports", runs)
+    executed = nbformat.read(tmp_path / "reports" / "01_baseline_throughput.ipynb", as_version=4)
+    assert "SGLang is not usable here" in json.dumps([c.outputs for c in executed.cells if c.cell_type == "code"])
     iso = json.loads((tmp_path / "reports" / "02_isolate.json").read_text())
     assert iso["trained"]["layout"] == [0, 2, 4] and "inferred" in iso["trained"]["source"]
