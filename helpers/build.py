@@ -50,7 +50,7 @@ class Scale:
 FULL = Scale(corpus_chars=8_000_000, vocab=4096, hidden=256, target_steps=1100, target_batch=8, draft_vocab=1024,
              train_samples=640, val_samples=48, seq_len=256, draft_steps=1400, ttt_steps=5, prompts=24)
 TINY = Scale(corpus_chars=600_000, vocab=1024, hidden=64, target_steps=600, target_batch=8, draft_vocab=384,
-             train_samples=160, val_samples=16, seq_len=128, draft_steps=300, ttt_steps=3, prompts=6,
+             train_samples=160, val_samples=16, seq_len=128, draft_steps=900, ttt_steps=3, prompts=6,
              target_lr=3e-3, regen_fraction=0.25)
 
 
