@@ -5,10 +5,12 @@ Plain cached functions rather than fixtures so several test modules share one bu
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 from pathlib import Path
 
-ROOT = Path(tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
+# WORKBOOK_TEST_PAIRS=DIR keeps (and reuses) the built pairs between runs while developing.
+ROOT = Path(os.environ.get("WORKBOOK_TEST_PAIRS") or tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -17,6 +19,8 @@ def tiny_default() -> Path:
     from helpers.build import build_default
 
     out = ROOT / "tiny-kimi"
+    if (out / "build.json").is_file():
+        return out
     build_default(out, layers=12, training_boundaries=(0, 3, 7), seed=0, tiny=True, log=lambda *_: None)
     return out
 
@@ -28,6 +32,8 @@ def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
 
     base = tiny_default()
     out = ROOT / f"draft-{'-'.join(map(str, layout))}-{fmt}"
+    if (out / "training.json").is_file():
+        return out
     build_draft(out, base / "target", layout, TINY, 0, fmt, log=lambda *_: None)
     return out
 
@@ -38,6 +44,8 @@ def tiny_llama() -> Path:
     from helpers.build import build_default
 
     out = ROOT / "tiny-llama"
+    if (out / "build.json").is_file():
+        return out
     build_default(out, layers=8, training_boundaries=(0, 2, 4), seed=1, tiny=True, arch="llama",
                   fmt="speculators", log=lambda *_: None)
     return out

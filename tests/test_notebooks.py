@@ -62,7 +62,7 @@ def test_workbook_on_second_family_with_inferred_layout(tmp_path):
     shutil.copytree(d / "draft", draft)
     (draft / "training.json").unlink()
     params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(draft), "PATCH_ROOT": str(tmp_path / "sglang-cache"),
-              "ENGINE": "sglang"}   # no GPU / sglang here: the notebooks must say so and fall back
+              "ENGINE": "sglang", "EVAL_WINDOWS": 10, "SEARCH_WINDOWS": 4}   # no GPU / sglang here: the notebooks must say so and fall back
     runs = run_workbook(tmp_path / "reports", params, progress=False)
     _check_reports(tmp_path / "reports", runs)
     executed = nbformat.read(tmp_path / "reports" / "01_baseline_throughput.ipynb", as_version=4)
