@@ -149,7 +149,7 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
     return out
 
 
-def full_search(draft, caps: TargetCaptures, windows: int | None = 6, progress: bool = True,
+def full_search(draft, caps: TargetCaptures, windows: int | None = 4, progress: bool = True,
                 rerank_top: int = 12) -> SearchResult:
     """Every ordered tuple of distinct boundaries (1716 for 13 boundaries and 3 slots)."""
     t0 = time.perf_counter()
@@ -221,7 +221,7 @@ def coordinate_search(draft, caps: TargetCaptures, starts=None, windows: int | N
     return rerank(draft, caps, _rank(list(cache.values()), L, "coordinate", t0, sp.labels.numel()))
 
 
-def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None = 6, progress: bool = True) -> SearchResult:
+def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None = 4, progress: bool = True) -> SearchResult:
     n = math.perm(len(caps.states), draft.cfg.num_aux)
     if mode == "auto":
         mode = "full" if n <= 3000 else "coordinate"
