@@ -5,7 +5,6 @@ import hashlib
 import json
 
 import pytest
-import torch
 
 from _pairs import tiny_default
 from helpers.boundaries import WiringError

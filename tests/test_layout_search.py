@@ -5,7 +5,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from _pairs import tiny_default, tiny_draft
 from helpers.boundaries import WiringError
