@@ -140,8 +140,10 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
         hit = (pred == caps.target_argmax[: sp.n, 1:1 + n]).float()
         scored.append({"layout": lay, "ce": ce / steps, "hit": hit})
     out = _rank(scored, caps.num_layers, f"{result.mode}+rerank", t0, scored[0]["hit"].numel())
+    out.ranking["scored_by"] = f"{steps}-step ce, all tokens"
     rest = result.ranking.iloc[top:].copy()
     rest["rank"] = range(len(out.ranking) + 1, len(out.ranking) + 1 + len(rest))
+    rest["scored_by"] = "step-0 ce, sweep tokens"   # the two ce columns are not comparable across this line
     out.ranking = pd.concat([out.ranking, rest], ignore_index=True)
     out.evaluations = result.evaluations
     out.seconds = round(result.seconds + out.seconds, 2)
