@@ -44,6 +44,18 @@ class BenchResult:
     decode_ms: float = 0.0          # baseline: one target forward per token
     verify_ms: float = 0.0          # speculative: one target forward over k+1 tokens
     draft_step_ms: float = 0.0      # one draft forward (extend or chain step)
+    per_prompt: list[dict] = field(default_factory=list)  # tau and median tok/s of each prompt
+
+    @property
+    def break_even_tau(self) -> float:
+        """The accept length at which speculation only ties the baseline here: one round's measured
+        cost in baseline decode steps (tau / speedup). Above it speculation pays; below it, it loses."""
+        return self.tau / self.speedup if self.speedup else 0.0
+
+    @property
+    def slower_prompts(self) -> int:
+        """Prompts on which speculation lost to the baseline: a fleet average can hide them."""
+        return sum(1 for p in self.per_prompt if p["speedup"] < 1.0)
 
     @property
     def draft_cost_ratio(self) -> float:
@@ -69,7 +81,8 @@ class BenchResult:
         d = dict(self.__dict__)
         d["layout"] = list(self.layout)
         d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3),
-                 draft_cost_ratio=round(self.draft_cost_ratio, 3), predicted_speedup=round(self.predicted_speedup, 3))
+                 draft_cost_ratio=round(self.draft_cost_ratio, 3), predicted_speedup=round(self.predicted_speedup, 3),
+                 break_even_tau=round(self.break_even_tau, 3), slower_prompts=self.slower_prompts)
         return d
 
 
@@ -81,17 +94,24 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
               max_new_tokens: int = 96, repeats: int = 3, progress: bool = True, label: str = "") -> BenchResult:
     if not prompt_ids:
         raise ValueError("no prompts to benchmark")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 (the warm-up pass is not counted), got {repeats}")
     spec_last: list[GenerationResult] = []
     base_last: list[GenerationResult] = []
     base_runs, spec_runs = [], []
+    base_secs = [[] for _ in prompt_ids]     # per prompt, one wall time per measured repeat
+    spec_secs = [[] for _ in prompt_ids]
     total = (repeats + 1) * len(prompt_ids)
     bar = tqdm(total=total, desc=f"bench {label or plan.layout}", disable=not progress, mininterval=1.0)
     for rep in range(repeats + 1):  # rep 0 warms up
         b_tok = b_sec = s_tok = s_sec = 0.0
         base_rep, spec_rep = [], []
-        for ids in prompt_ids:
+        for i, ids in enumerate(prompt_ids):
             b = baseline_generate(target, ids, max_new_tokens)
             s = speculative_generate(target, draft, plan, ids, max_new_tokens, steps)
+            if rep:
+                base_secs[i].append(b.seconds)
+                spec_secs[i].append(s.seconds)
             b_tok, b_sec = b_tok + len(b.tokens), b_sec + b.seconds
             s_tok, s_sec = s_tok + len(s.tokens), s_sec + s.seconds
             base_rep.append(b)
@@ -107,6 +127,13 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     verify_ms = 1000 * sum(s.verify_seconds for s in spec_last) / max(sum(s.verify_steps for s in spec_last), 1)
     draft_ms = 1000 * sum(s.draft_seconds for s in spec_last) / max(sum(s.draft_calls for s in spec_last), 1)
     accepted = sum(sum(r.accepted) for r in spec_last)
+    per_prompt = []
+    for i, (b, s) in enumerate(zip(base_last, spec_last)):
+        b_tok_s = len(b.tokens) / statistics.median(base_secs[i])
+        s_tok_s = len(s.tokens) / statistics.median(spec_secs[i])
+        per_prompt.append({"prompt": i, "tau": round(s.tau, 3), "baseline_tok_s": round(b_tok_s, 2),
+                           "spec_tok_s": round(s_tok_s, 2), "speedup": round(s_tok_s / b_tok_s, 3),
+                           "lossless": lossless[i]})
     verifies = sum(r.verify_steps for r in spec_last)
     return BenchResult(
         layout=tuple(plan.layout), label=label or plan.label, steps=steps,
@@ -118,7 +145,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
         baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
         plan_source=plan.source, decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3),
-        draft_step_ms=round(draft_ms, 3),
+        draft_step_ms=round(draft_ms, 3), per_prompt=per_prompt,
     )
 
 
@@ -140,6 +167,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.steps < 1:
         ap.error("--steps must be at least 1")
+    if a.repeats < 1:
+        ap.error("--repeats must be at least 1 (a warm-up pass runs before them)")
     try:
         pair = load_pair(a.target, a.draft, a.device)
         plan = plan_for(pair, a.layout, a.engine)
@@ -161,4 +190,6 @@ def main(argv=None) -> int:
         print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   lossless: {res.lossless}")
         print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
               f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) -> predicted {res.predicted_speedup:.2f}x")
+        print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
+              f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
     return 0 if res.lossless else 1

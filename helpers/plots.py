@@ -107,3 +107,26 @@ def training_curve(history: list[dict], steps: int):
     ax.set_title("Training log (validation split)")
     fig.tight_layout()
     return fig
+
+
+def speedup_vs_tau(results: dict, title: str = "Each prompt: accept length against speedup"):
+    """results: name -> BenchResult. One point per prompt; the dashed line is speedup = tau / break-even,
+    where the run's measured round cost puts a prompt with that accept length."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    top = 1.0
+    for name, r in results.items():
+        taus = [p["tau"] for p in r.per_prompt]
+        ax.scatter(taus, [p["speedup"] for p in r.per_prompt], label=f"{name} (break-even tau {r.break_even_tau:.2f})",
+                   s=22, alpha=0.8)
+        top = max([top] + taus)
+        if r.break_even_tau:
+            ax.plot([1.0, top], [1.0 / r.break_even_tau, top / r.break_even_tau], ls="--", lw=0.8, alpha=0.6)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.text(1.0, 1.0, " slower than baseline below", va="top", fontsize=7)
+    ax.set_xlabel("accept length tau (per prompt)")
+    ax.set_ylabel("speedup over baseline")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -93,6 +93,13 @@ def test_run_bench_reports_medians_and_lossless(pair, prompts):
     assert d["decode_ms"] > 0 and d["verify_ms"] > 0 and d["draft_step_ms"] > 0
     assert d["predicted_speedup"] == pytest.approx(
         res.tau * res.decode_ms / (res.verify_ms + 3 * res.draft_step_ms), rel=1e-3)
+    # break-even: speculation ties the baseline when tau equals one round's cost in decodes
+    assert d["break_even_tau"] == pytest.approx(res.tau / res.speedup, rel=1e-3)
+    assert [p["prompt"] for p in d["per_prompt"]] == [0, 1]
+    assert all(p["lossless"] for p in d["per_prompt"]) and all(p["tau"] >= 1.0 for p in d["per_prompt"])
+    assert d["slower_prompts"] == sum(p["speedup"] < 1.0 for p in d["per_prompt"])
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:1], repeats=0, progress=False)
 
 
 def test_bench_cli_json(capsys):
