@@ -150,7 +150,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
 
 
 def main(argv=None) -> int:
-    from .pair import DEFAULT_ENGINE, default_prompts, load_pair, plan_for, read_prompts
+    from .evaluate import EvalInputError
+    from .pair import DEFAULT_ENGINE, default_prompts, load_pair, plan_for, plan_problems, read_prompts
 
     ap = argparse.ArgumentParser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
     ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
@@ -169,13 +170,18 @@ def main(argv=None) -> int:
         ap.error("--steps must be at least 1")
     if a.repeats < 1:
         ap.error("--repeats must be at least 1 (a warm-up pass runs before them)")
+    if a.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
+    if a.num_prompts is not None and a.num_prompts < 1:
+        ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
     try:
         pair = load_pair(a.target, a.draft, a.device)
         plan = plan_for(pair, a.layout, a.engine)
-        if plan.errors:
-            raise ValueError(f"{a.engine} cannot serve layout {plan.layout}: {'; '.join(plan.errors)}")
+        problems = plan_problems(pair, plan)
+        if problems:
+            raise ValueError(f"layout {plan.layout} ({plan.source}) cannot feed this draft: {'; '.join(problems)}")
         prompts = read_prompts(a.prompts or default_prompts(pair))[: a.num_prompts]
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .boundaries import layout_label
@@ -23,8 +23,8 @@ class Diagnosis:
     best_acc: float
     best_ce: float
     served_layout: tuple[int, ...]
-    served_acc: float
-    served_ce: float
+    served_acc: float | None        # None: the engine cannot fill the draft's fc (see served_errors)
+    served_ce: float | None
     served_source: str
     served_notes: list[str]
     recorded_layout: tuple[int, ...] | None
@@ -32,11 +32,22 @@ class Diagnosis:
     num_layers: int
     steps: int
     best_full_acc: list[float]
-    served_full_acc: list[float]
+    served_full_acc: list[float] | None
+    served_errors: list[str] = field(default_factory=list)
+
+    @property
+    def trained_layout(self) -> tuple[int, ...]:
+        """The record when there is one (it was written by the training run), else the search's answer."""
+        return tuple(self.recorded_layout) if self.recorded_layout else tuple(self.best_layout)
 
     @property
     def mismatch(self) -> bool:
-        return tuple(self.best_layout) != tuple(self.served_layout)
+        return bool(self.served_errors) or self.trained_layout != tuple(self.served_layout)
+
+    @property
+    def record_disagrees(self) -> bool:
+        """The search prefers another layout than the record: a stale record, or too little text."""
+        return bool(self.recorded_layout) and tuple(self.recorded_layout) != tuple(self.best_layout)
 
     def to_dict(self) -> dict:
         return {
@@ -46,7 +57,9 @@ class Diagnosis:
             "served_label": layout_label(self.served_layout, self.num_layers),
             "served_acc": self.served_acc, "served_ce": self.served_ce, "served_full_acc": self.served_full_acc,
             "served_source": self.served_source, "served_notes": self.served_notes,
+            "served_errors": self.served_errors,
             "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
+            "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
             "mismatch": self.mismatch, "margin": self.search.margin_ce, "margin_acc": self.search.margin_acc,
             "z": self.search.z, "confident": self.search.confident, "search_seconds": self.search.seconds,
             "search_mode": self.search.mode, "evaluations": self.search.evaluations,
@@ -55,15 +68,18 @@ class Diagnosis:
 
 
 def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> Diagnosis:
-    from .pair import served_plan
+    from .pair import plan_problems, served_plan
 
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    served = served_plan(pair, engine)  # first: a bad engine string should not wait for the search
+    errors = plan_problems(pair, served)
     res = search(pair.draft, caps, progress=progress)
-    served = served_plan(pair, engine)
     best = evaluate_layout(pair.draft, caps, res.best, steps)
-    srv = evaluate_layout(pair.draft, caps, served.layout, steps)
-    return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv.acc0, srv.ce, served.source,
+    srv = None if errors else evaluate_layout(pair.draft, caps, served.layout, steps)
+    return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv and srv.acc0, srv and srv.ce, served.source,
                      list(served.notes), pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
-                     srv.full_acc)
+                     srv and srv.full_acc, errors)
 
 
 def main(argv=None) -> int:
@@ -79,6 +95,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.steps < 1:
+        ap.error(f"--steps must be at least 1, got {a.steps}")
+    if a.windows < 2:
+        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got {a.windows}")
     try:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")
@@ -96,11 +116,19 @@ def main(argv=None) -> int:
           f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
     print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = {d.search.z:.1f}"
           f" ({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
-    print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
-          f"step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   [{d.served_source}]")
+    if d.served_errors:
+        print(f"served by {a.engine}: {layout_label(d.served_layout, L) if d.served_layout else 'nothing'} = "
+              f"{d.served_layout}   [{d.served_source}]  CANNOT FEED THIS DRAFT")
+        for e in d.served_errors:
+            print(f"   error: {e}")
+    else:
+        print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
+              f"step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   [{d.served_source}]")
     for n in d.served_notes:
         print(f"   note: {n}")
     if d.recorded_layout:
-        print(f"training record says: {d.recorded_layout}")
+        print(f"training record says: {d.recorded_layout}"
+              + ("  (the search prefers another layout: stale record, or evaluate on more text)"
+                 if d.record_disagrees else "  (the search agrees)"))
     print("MISMATCH: the engine feeds a layout the draft was not trained on" if d.mismatch else "wiring matches")
     return 0

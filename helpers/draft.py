@@ -7,15 +7,23 @@ what the next draft step is fed and, after ``norm`` and ``lm_head``, a distribut
 reduced *draft vocabulary* mapped back with ``d2t`` (``target_id = draft_id + d2t[id]``).
 
 Formats read and written:
-- SGLang / SpecForge: ``architectures: ["LlamaForCausalLMEagle3"]``, ids under
+- SGLang / SpecForge / EAGLE reference: ``architectures: ["LlamaForCausalLMEagle3"]``, ids under
   ``eagle_config.eagle_aux_hidden_state_layer_ids``, weights ``midlayer.*``.
 - speculators: ``architectures: ["Eagle3Speculator"]``, ``transformer_layer_config``,
   top-level ``eagle_aux_hidden_state_layer_ids``, weights ``layers.0.*``.
+
+Weights are read from ``model.safetensors``, a sharded ``model.safetensors.index.json``, or
+``pytorch_model.bin`` (the EAGLE reference code and some SpecForge runs write only that), under
+either layer prefix, since tools mix them. Real drafts differ in ways that change the forward
+without changing any tensor shape (``norm_before_residual``, a missing or partial vocabulary
+map), so those are read and checked here rather than left to defaults that would run silently.
 """
 from __future__ import annotations
 
 import json
 import math
+import pickle
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +38,23 @@ SPECULATORS_ARCH = "Eagle3Speculator"
 
 class DraftFormatError(ValueError):
     """A draft checkpoint that does not fit the target or is not an EAGLE-3 draft."""
+
+
+class ServingMismatchWarning(UserWarning):
+    """The draft loads and runs here, but an engine would run it with a different forward."""
+
+
+# speculators config flags that change the forward and that this draft does not implement:
+# loading them as if unset would evaluate a model the checkpoint is not.
+UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+
+NORM_BEFORE_RESIDUAL_ON_SGLANG = (
+    "the draft sets norm_before_residual=true (the residual of its fused hidden input is taken "
+    "after hidden_norm). SGLang's llama_eagle3.py (0.5.9 and 0.5.23) ignores the flag and always "
+    "takes the residual from the raw hidden state, so SGLang serves this draft with a different "
+    "forward from the one it was trained with; vLLM's llama_eagle3.py honours it. Evaluate what "
+    "SGLang runs by setting draft.cfg.norm_before_residual = False."
+)
 
 
 @dataclass
@@ -49,6 +74,7 @@ class DraftConfig:
     eagle_ids: list[int] | None = None      # as the config file holds them
     ids_location: str = "eagle_config"       # where the file held them: eagle_config | top_level | none
     format: str = "sglang"
+    norm_before_residual: bool = False       # residual of the hidden input taken after hidden_norm
 
     @property
     def fc_in(self) -> int:
@@ -177,6 +203,7 @@ class DraftMLP(nn.Module):
 class DraftLayer(nn.Module):
     def __init__(self, cfg: DraftConfig):
         super().__init__()
+        self.cfg = cfg      # shared with the draft: flipping norm_before_residual there takes effect here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg)
@@ -184,8 +211,12 @@ class DraftLayer(nn.Module):
         self.mlp = DraftMLP(cfg)
 
     def forward(self, embeds, hidden, attend):
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], -1)
+        """``norm_before_residual`` (speculators, vLLM) adds the attention output to the
+        *normed* hidden input instead of the raw one; SGLang and the EAGLE reference always
+        use the raw one. Same weights, different function: it must follow the checkpoint."""
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.cfg.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
         residual = attend(x) + residual
         return self.mlp(self.post_attention_layernorm(residual)) + residual
 
@@ -282,7 +313,8 @@ def read_draft_config(path: str | Path) -> dict:
     path = Path(path)
     f = path / "config.json"
     if not f.is_file():
-        raise FileNotFoundError(f"no draft at {path}: expected config.json and model.safetensors")
+        raise FileNotFoundError(f"no draft at {path}: expected config.json beside model.safetensors, "
+                                f"model.safetensors.index.json or pytorch_model.bin")
     return json.loads(f.read_text())
 
 
@@ -307,9 +339,25 @@ def eagle_ids_of(cfg_json: dict) -> tuple[list[int] | None, str]:
     return None, "none"
 
 
+def _flag(cfg_json: dict, layer: dict, name: str) -> bool:
+    """A boolean the tools write top-level (speculators, SGLang-style configs) or, rarely, in the
+    layer config. A string such as "true" is refused: it would read as set whatever it says."""
+    value = cfg_json.get(name, layer.get(name, False))
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise DraftFormatError(f"config {name} is {value!r}; expected true or false")
+    return value
+
+
 def config_from_json(cfg_json: dict) -> DraftConfig:
     fmt = draft_format(cfg_json)
     layer = _layer_cfg_from(cfg_json)
+    for name in UNSUPPORTED_FLAGS:
+        if _flag(cfg_json, layer, name):
+            raise DraftFormatError(f"config sets {name}=true; this draft implements only {name}=false, so it would "
+                                   f"run a different forward from the checkpoint's (SGLang's llama_eagle3.py has no "
+                                   f"{name} either)")
     h = layer["hidden_size"]
     heads = layer["num_attention_heads"]
     ids, where = eagle_ids_of(cfg_json)
@@ -326,6 +374,7 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
         max_position_embeddings=layer.get("max_position_embeddings", 2048),
         eagle_ids=ids, ids_location=where, format=fmt,
+        norm_before_residual=_flag(cfg_json, layer, "norm_before_residual"),
     )
 
 
@@ -347,10 +396,12 @@ def config_to_json(cfg: DraftConfig, fmt: str, extra: dict | None = None) -> dic
         if cfg.eagle_ids is not None:
             out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.eagle_ids),
                                    "use_aux_hidden_state": True}
+        if cfg.norm_before_residual:      # vLLM reads it top-level; SGLang ignores it (see load_draft)
+            out["norm_before_residual"] = True
     elif fmt == "speculators":
         out = {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "eagle3",
                "transformer_layer_config": _llama_layer_json(cfg), "draft_vocab_size": cfg.draft_vocab_size,
-               "target_hidden_size": cfg.target_hidden_size, "norm_before_residual": False,
+               "target_hidden_size": cfg.target_hidden_size, "norm_before_residual": cfg.norm_before_residual,
                "speculators_version": "0.5.0"}
         if cfg.eagle_ids is not None:
             out["eagle_aux_hidden_state_layer_ids"] = list(cfg.eagle_ids)
@@ -365,67 +416,195 @@ def _layer_prefix(fmt: str) -> str:
 
 
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, fmt: str = "sglang", extra_config: dict | None = None,
-               dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``config.json`` + ``model.safetensors``; the embedding stays with the target."""
+               dtype: torch.dtype = torch.bfloat16, with_embedding: bool | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors``.
+
+    The embedding normally stays with the target (engines borrow it); a draft whose width
+    differs from the target's cannot borrow it, so by default its own is written, or the
+    checkpoint could not be loaded again. ``with_embedding`` overrides that choice.
+    """
     out = Path(out_dir)
+    if with_embedding is None:
+        with_embedding = draft.cfg.hidden_size != draft.cfg.target_hidden_size
+    cfg_json = config_to_json(draft.cfg, fmt, extra_config)     # rejects an unknown format before any write
     out.mkdir(parents=True, exist_ok=True)
     prefix = _layer_prefix(fmt)
     tensors = {}
     for name, t in draft.state_dict().items():
-        if name.startswith("embed_tokens."):
+        if name.startswith("embed_tokens.") and not with_embedding:
             continue
         key = prefix + name[len("midlayer."):] if name.startswith("midlayer.") else name
         tensors[key] = t.detach().to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    cfg_json = config_to_json(draft.cfg, fmt, extra_config)
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
     return out
 
 
+# Looked for in this order (the order transformers prefers); the first present is read.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+_LAYER_PREFIXES = ("midlayer.", "layers.0.")
+# Some speculators versions keep the verifier's frozen head beside the draft; it is the
+# target's, not part of the draft's forward.
+_VERIFIER_PREFIXES = ("verifier_lm_head.", "verifier_norm.")
+
+
+def _read_weight_file(f: Path) -> dict[str, torch.Tensor]:
+    if f.name.endswith(".safetensors"):
+        return load_file(str(f))
+    try:
+        obj = torch.load(f, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        raise DraftFormatError(f"{f} is not a weights-only PyTorch state dict: {e}") from e
+    if not isinstance(obj, dict):
+        raise DraftFormatError(f"{f} holds a {type(obj).__name__}; expected a dict of tensor name -> tensor")
+    bad = [f"{k!r} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise DraftFormatError(f"{f} holds non-tensor entries {bad[:5]}; expected a dict of tensor name -> tensor")
+    return obj
+
+
+def _read_sharded(index: Path) -> dict[str, torch.Tensor]:
+    """Shards named by ``weight_map``; every mapped key must be found in its shard, or the
+    checkpoint is incomplete (a shard overwritten or from another run)."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise DraftFormatError(f"{index} is not a shard index: expected JSON with a weight_map") from e
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise DraftFormatError(f"{index} has no weight_map {{tensor name: shard file}}; got {weight_map!r}")
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        f = index.parent / shard
+        if not f.is_file():
+            raise FileNotFoundError(f"{index} names shard {shard}, which is not in {index.parent}")
+        out.update(_read_weight_file(f))
+    lost = [f"{k} (in {v})" for k, v in weight_map.items() if k not in out]
+    if lost:
+        raise DraftFormatError(f"{index} maps tensors its shards do not hold: {lost[:5]}")
+    return out
+
+
+def read_draft_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """The raw tensors of a draft directory, and the file they came from (for error messages)."""
+    path = Path(path)
+    for name in WEIGHT_FILES:
+        f = path / name
+        if f.is_file():
+            return (_read_sharded(f) if name.endswith(".index.json") else _read_weight_file(f)), f
+    raise FileNotFoundError(f"no weights at {path / WEIGHT_FILES[0]}: expected one of {', '.join(WEIGHT_FILES)} "
+                            f"in {path}")
+
+
+def canonical_state(raw: dict[str, torch.Tensor], source: str | Path = "checkpoint") -> dict[str, torch.Tensor]:
+    """Map the names real drafts use onto this module's: the layer as ``midlayer.*`` whether
+    the file says ``midlayer.*`` (SGLang, SpecForge, EAGLE reference) or ``layers.0.*``
+    (speculators), with an HF-style ``model.`` wrapper dropped. A second decoder layer is
+    refused rather than dropped: the draft would run without it."""
+    state: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}
+    deeper: set[str] = set()
+    for key, v in raw.items():
+        k = key[len("model."):] if key.startswith("model.") else key
+        if k.startswith(_VERIFIER_PREFIXES):
+            continue
+        if k.startswith("layers.0."):
+            k = "midlayer." + k[len("layers.0."):]
+        elif k.startswith("layers.") and k.split(".")[1].isdigit():
+            deeper.add(f"layers.{k.split('.')[1]}.*")
+            continue
+        if k in state:
+            raise DraftFormatError(f"{source} holds both {origin[k]!r} and {key!r}, two names for the draft's {k}")
+        state[k] = v
+        origin[k] = key
+    if deeper:
+        raise DraftFormatError(f"{source} has weights for more decoder layers ({', '.join(sorted(deeper))}); "
+                               f"this draft, like SGLang's LlamaForCausalLMEagle3, runs exactly one "
+                               f"(midlayer.* or layers.0.*)")
+    return state
+
+
+def _vocab_buffers(state: dict, cfg: DraftConfig, source) -> tuple[torch.Tensor, torch.Tensor]:
+    """``d2t`` is what engines use (vLLM and SGLang drop ``t2d``), so it is required whenever
+    the draft vocabulary is a subset; ``t2d`` follows from it and, when shipped, must agree."""
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    if d2t is None:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            has = "t2d but no d2t" if t2d is not None else "no d2t"
+            raise DraftFormatError(
+                f"{source} has {has}, but draft_vocab_size {cfg.draft_vocab_size} differs from the target vocab_size "
+                f"{cfg.vocab_size}: an identity map (draft id i = target id i) is only right when they are equal, "
+                f"and engines read only d2t")
+        d2t = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+    if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.dim() != 1:
+        raise DraftFormatError(f"d2t is {d2t.dtype} of shape {tuple(d2t.shape)}; expected int64 offsets of shape "
+                               f"({cfg.draft_vocab_size},)")
+    d2t = d2t.long()
+    check_vocab_map(d2t, cfg)
+    derived = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    derived[torch.arange(d2t.numel()) + d2t] = True
+    if t2d is None:
+        return d2t, derived
+    if tuple(t2d.shape) != (cfg.vocab_size,):
+        raise DraftFormatError(f"t2d has shape {tuple(t2d.shape)}; expected ({cfg.vocab_size},), one flag per "
+                               f"target id")
+    t2d = t2d.bool()
+    if not torch.equal(t2d, derived):
+        i = int((t2d != derived).nonzero()[0])
+        raise DraftFormatError(
+            f"t2d and d2t disagree: t2d marks {int(t2d.sum())} target ids, d2t maps to {int(derived.sum())}; first "
+            f"difference at target id {i} (t2d says {bool(t2d[i])}, d2t says {bool(derived[i])})")
+    return d2t, t2d
+
+
 def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32) -> Eagle3Draft:
-    """Read either format. ``target`` supplies the embedding (and is checked for fit)."""
+    """Read any of the formats above.
+
+    ``target`` supplies the embedding when the checkpoint has none (and is checked for fit);
+    a checkpoint's own ``embed_tokens`` wins, as it does in SGLang and vLLM. Warns with
+    :class:`ServingMismatchWarning` where SGLang would run the draft differently.
+    """
     path = Path(path)
     cfg_json = read_draft_config(path)
     cfg = config_from_json(cfg_json)
-    wfile = path / "model.safetensors"
-    if not wfile.is_file():
-        raise FileNotFoundError(f"no weights at {wfile}")
-    raw = load_file(str(wfile))
-    prefix = _layer_prefix(cfg.format)
-    state = {}
-    for k, v in raw.items():
-        if k.startswith(prefix):
-            k = "midlayer." + k[len(prefix):]
-        state[k] = v
+    raw, source = read_draft_weights(path)
+    state = canonical_state(raw, source)
     if "fc.weight" not in state:
-        raise DraftFormatError(f"{wfile} has no fc.weight; keys start {sorted(state)[:5]}")
+        raise DraftFormatError(f"{source} has no fc.weight; keys start {sorted(raw)[:5]}")
     fc_in = state["fc.weight"].shape[1]
+    stated = cfg_json.get("target_hidden_size") or _layer_cfg_from(cfg_json).get("target_hidden_size")
+    hint = "" if stated else " (the config has no target_hidden_size, so the draft's own hidden size was assumed)"
     if fc_in % cfg.target_hidden_size:
         raise DraftFormatError(f"fc.weight is {tuple(state['fc.weight'].shape)}; its input width {fc_in} is not a "
-                               f"multiple of the target hidden size {cfg.target_hidden_size}")
+                               f"multiple of the target hidden size {cfg.target_hidden_size}{hint}")
+    if target is not None and hint and cfg.target_hidden_size != target.config.hidden_size:
+        raise DraftFormatError(f"draft expects target hidden size {cfg.target_hidden_size}; the target has "
+                               f"{target.config.hidden_size}{hint}; fc.weight is {tuple(state['fc.weight'].shape)}")
     cfg.num_aux = fc_in // cfg.target_hidden_size
+    own_embedding = "embed_tokens.weight" in state
     if target is not None:
-        check_fits_target(cfg, target)
+        check_fits_target(cfg, target, has_own_embedding=own_embedding)
     draft = Eagle3Draft(cfg)
-    if "embed_tokens.weight" not in state:
+    if not own_embedding:
         if target is None:
             raise DraftFormatError("the draft has no embed_tokens; pass the target to borrow its embedding")
         state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().float()
-    if "d2t" not in state:
-        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
-        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
-    state["d2t"] = state["d2t"].long()
-    state["t2d"] = state["t2d"].bool()
-    check_vocab_map(state["d2t"], cfg)
+    state["d2t"], state["t2d"] = _vocab_buffers(state, cfg, source)
     expected = draft.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (config implies {tuple(expected[k].shape)})"
              for k, v in state.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
     if wrong:
         raise DraftFormatError(f"draft weights disagree with {path / 'config.json'}: " + "; ".join(wrong))
-    missing, unexpected = draft.load_state_dict({k: v.float() if v.is_floating_point() else v
-                                                 for k, v in state.items()}, strict=False)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise DraftFormatError(f"draft weights do not match an EAGLE-3 layer: missing {missing}, unexpected {unexpected}")
+        raise DraftFormatError(
+            f"{source} does not match an EAGLE-3 draft: missing {missing}, unexpected {unexpected} (expected "
+            f"fc.weight, norm.weight, lm_head.weight, one decoder layer under midlayer.* or layers.0.*, optionally "
+            f"embed_tokens.weight, d2t, t2d)")
+    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    if cfg.norm_before_residual:
+        warnings.warn(f"{path}: {NORM_BEFORE_RESIDUAL_ON_SGLANG}", ServingMismatchWarning, stacklevel=2)
     return draft.to(device=device, dtype=dtype).eval()
 
 
@@ -440,7 +619,9 @@ def check_vocab_map(d2t: torch.Tensor, cfg: DraftConfig) -> None:
                                f"vocabulary 0..{cfg.vocab_size - 1}")
 
 
-def check_fits_target(cfg: DraftConfig, target) -> None:
+def check_fits_target(cfg: DraftConfig, target, has_own_embedding: bool = False) -> None:
+    """A draft may be narrower or wider than its target (``target_hidden_size`` set, fc input
+    n x target width); then it cannot borrow the target's embedding and must ship its own."""
     tcfg = target.config
     th = tcfg.hidden_size
     tv = tcfg.vocab_size
@@ -450,9 +631,12 @@ def check_fits_target(cfg: DraftConfig, target) -> None:
         raise DraftFormatError(f"draft fc input {cfg.fc_in} is not a multiple of the target hidden size {th}")
     if cfg.vocab_size != tv:
         raise DraftFormatError(f"draft vocab_size is {cfg.vocab_size}; the target's vocabulary has {tv} tokens")
-    if cfg.hidden_size != target.get_input_embeddings().weight.shape[1]:
-        raise DraftFormatError(f"draft hidden size {cfg.hidden_size} differs from the target's embedding width "
-                               f"{target.get_input_embeddings().weight.shape[1]}, so it cannot share it")
+    width = target.get_input_embeddings().weight.shape[1]
+    if cfg.hidden_size != width and not has_own_embedding:
+        raise DraftFormatError(
+            f"draft hidden size {cfg.hidden_size} differs from the target's embedding width {width}, so it cannot "
+            f"share it: expected the checkpoint to ship its own embed_tokens.weight [{cfg.vocab_size}, "
+            f"{cfg.hidden_size}]; it has none")
 
 
 def read_training_record(path: str | Path) -> dict | None:

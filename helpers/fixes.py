@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from .boundaries import WiringError
-from .draft import read_draft_config
+from .draft import read_draft_config, read_draft_weights
 
 
 def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
@@ -32,14 +32,33 @@ def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def with_engine_ids(draft_dir, out_dir, ids: list[int]) -> Path:
-    """A copy of the draft whose config carries ``ids`` where SGLang reads them (nested
-    ``eagle_config``) and where vLLM/speculators read them (top level)."""
+def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", layout=None) -> Path:
+    """A copy of the draft whose config makes ``engine`` serve the intended layout.
+
+    Engines read different keys with different conventions: SGLang reads only the nested
+    ``eagle_config`` ids (and maps them through its model's setter, usually id + 1), vLLM and
+    speculators read the top-level ids as boundaries. Writing one list into both keys would
+    make the copy mean two layouts, so each key present is written in its own reader's
+    convention: for SGLang ``ids`` go nested and ``layout`` (boundaries) top level; for vLLM
+    ``ids`` are the boundaries and the nested key gets SGLang's id + 1 inverse.
+    """
+    ids = [int(i) for i in ids]
+    cfg = read_draft_config(draft_dir)
+    has_top = "eagle_aux_hidden_state_layer_ids" in cfg
+    has_nested = "eagle_aux_hidden_state_layer_ids" in (cfg.get("eagle_config") or {})
+    if engine.lower().startswith("vllm"):
+        top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
+    else:
+        if has_top and layout is None:
+            raise ValueError("the draft also carries top-level (vLLM/speculators) ids; pass the layout those ids "
+                             "should mean, so both engines serve the same boundaries")
+        top, nested = ([int(b) for b in layout] if has_top else None), ids
     out = _fresh_copy(draft_dir, out_dir)
     cfg = json.loads((out / "config.json").read_text())
-    cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
-    if "eagle_aux_hidden_state_layer_ids" in cfg:
-        cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
+    if nested is not None:
+        cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = nested
+    if top is not None:
+        cfg["eagle_aux_hidden_state_layer_ids"] = top
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return out
 
@@ -55,15 +74,20 @@ def reorder_fc(draft_dir, out_dir, trained_layout, served_layout) -> Path:
         raise WiringError(f"reordering needs the same distinct boundaries on both sides; "
                           f"trained {trained}, served {served}")
     out = _fresh_copy(draft_dir, out_dir)
-    weights = load_file(str(out / "model.safetensors"))
-    fc = weights["fc.weight"]
+    weights, source = read_draft_weights(out)  # any layout real drafts ship: .bin, sharded, model.-prefixed
+    fc_keys = [k for k in weights if k == "fc.weight" or k.endswith(".fc.weight") and "midlayer" not in k]
+    if len(fc_keys) != 1:
+        raise WiringError(f"{source} should hold one fc weight; found {fc_keys or 'none'}")
+    fc = weights[fc_keys[0]]
     k = len(trained)
     if fc.shape[1] % k:
         raise WiringError(f"fc.weight {tuple(fc.shape)} does not split into {k} slots")
     width = fc.shape[1] // k
     blocks = fc.split(width, dim=1)
-    weights["fc.weight"] = torch.cat([blocks[trained.index(b)] for b in served], 1).contiguous()
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights[fc_keys[0]] = torch.cat([blocks[trained.index(b)] for b in served], 1).contiguous()
+    for stale in [f for f in out.iterdir() if f.name.startswith(("model.safetensors", "pytorch_model", "model-"))]:
+        stale.unlink()  # one weight file in the copy, so no loader can pick the unreordered one
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     record = out / "training.json"
     if record.is_file():
         rec = json.loads(record.read_text())

@@ -49,23 +49,66 @@ class Pair:
         return None
 
 
+def check_device(device: str) -> str:
+    """Fail before any model loads, naming what this machine has."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but this torch build sees no CUDA device "
+                         f"(torch {torch.__version__}); use --device cpu")
+    if str(device).startswith("mps") and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} requested but MPS is not available here; use --device cpu")
+    return device
+
+
 def load_pair(target_dir=None, draft_dir=None, device: str = "cpu") -> Pair:
+    """A target with its draft. Given a target but no draft, the draft is looked for beside the
+    target (``<target>/../draft``, the layout ``build-default`` writes): pairing a user's target
+    with the embedded default draft would only fail later with a confusing size mismatch."""
+    check_device(device)
+    if target_dir is not None and draft_dir is None:
+        beside = Path(target_dir).parent / "draft"
+        if not (beside / "config.json").is_file():
+            raise FileNotFoundError(f"a target was given ({target_dir}) but no draft, and there is no draft "
+                                    f"beside it at {beside}: pass the draft directory too (--draft / DRAFT)")
+        draft_dir = beside
     target_dir = Path(target_dir or DEFAULT_DIR / "target")
     draft_dir = Path(draft_dir or DEFAULT_DIR / "draft")
     target, tok = load_target(target_dir, device)
     draft = load_draft(draft_dir, target=target, device=device)
-    return Pair(target, tok, draft, target_dir, draft_dir, read_draft_config(draft_dir), read_training_record(draft_dir))
+    try:
+        record = read_training_record(draft_dir)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{draft_dir / 'training.json'} is not valid JSON: {exc}") from None
+    return Pair(target, tok, draft, target_dir, draft_dir, read_draft_config(draft_dir), record)
 
 
 def read_prompts(path) -> list[str]:
-    """JSONL with a ``prompt`` field per line, or plain text with one prompt per line."""
+    """JSONL with a ``prompt`` field per line, or plain text with one prompt per line.
+
+    The format is decided by the content, not the file name: a ``.json`` file of JSONL
+    lines would otherwise be benchmarked as its raw JSON strings.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no prompts file at {path}")
     lines = [l for l in path.read_text().splitlines() if l.strip()]
-    if path.suffix == ".jsonl":
-        return [json.loads(l)["prompt"] for l in lines]
-    return lines
+    jsonl = path.suffix in (".jsonl", ".json") or (bool(lines) and lines[0].lstrip().startswith("{"))
+    if not jsonl:
+        prompts = lines
+    else:
+        prompts = []
+        for n, line in enumerate(lines, 1):
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg}); expected {{\"prompt\": \"...\"}} "
+                                 "per line, or use a .txt file with one prompt per line") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise ValueError(f"{path}:{n}: expected an object with a string 'prompt' field, got "
+                                 f"{type(obj).__name__} {sorted(obj) if isinstance(obj, dict) else ''}".rstrip())
+            prompts.append(obj["prompt"])
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
 
 
 def default_prompts(pair: Pair) -> Path:
@@ -109,6 +152,17 @@ def served_plan(pair: Pair, engine: str = DEFAULT_ENGINE, config: dict | None = 
     return resolve_plan(engine, pair.arch, pair.num_layers, cfg, root)
 
 
+def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:
+    """Why this plan cannot feed this draft at all (empty when it can): the engine's own wiring
+    errors, or a feature count the draft's fc does not take. Such a deployment does not serve
+    badly, it fails, so the notebooks report it instead of benchmarking it."""
+    problems = list(plan.errors)
+    if not problems and len(plan.layout) != pair.draft.cfg.num_aux:
+        problems.append(f"{plan.source} feeds {len(plan.layout)} features {plan.layout}; the draft's fc takes "
+                        f"{pair.draft.cfg.num_aux} ({pair.draft.cfg.fc_in} wide)")
+    return problems
+
+
 def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, root=None) -> CapturePlan:
     from .sglang_source import SglangSourceError
 
@@ -116,27 +170,59 @@ def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, ro
         from . import wiring
         return wiring.served_plan(draft_config, num_layers, arch, engine=engine, root=root)
     except (SglangSourceError, OSError) as exc:  # no source reachable: say so, use the documented rule
-        return rule_plan(engine, num_layers, draft_config, note=f"engine source unavailable ({exc}); documented rule used")
+        return rule_plan(engine, num_layers, draft_config, note=f"engine source unavailable ({exc}); documented rule used",
+                         arch=arch)
 
 
-def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "") -> CapturePlan:
-    """DESIGN.md section 3 rules, for when the engine's source cannot be read."""
+def _version_tuple(version: str | None) -> tuple[int, ...]:
+    parts = []
+    for piece in (version or "").split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "", arch: str = "") -> CapturePlan:
+    """DESIGN.md section 3 rules, for when the engine's source cannot be read.
+
+    SGLang's DeepSeek classes changed rule (PR #25454): 0.5.9 adds one to every id, 0.5.23
+    uses the ids as given unless the first is 1. Versions in between are not pinned down,
+    so the note says which rule was assumed.
+    """
     from .draft import eagle_ids_of
+    from .sglang_source import parse_engine
 
+    name, version = parse_engine(engine)
     ids, where = eagle_ids_of(draft_config)
-    if engine.startswith("vllm"):
+    notes = [note] if note else []
+    if name == "vllm":
         layout = vllm_ids_to_boundaries(ids) if ids is not None else eagle3_default_boundaries(num_layers)
+    elif where != "eagle_config":
+        layout = eagle3_default_boundaries(num_layers)
+    elif "deepseek" in arch.lower() and _version_tuple(version) >= (0, 5, 23):
+        layout = sglang_plus_one(ids) if ids and ids[0] == 1 else tuple(sorted(ids))
+        notes.append("DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1")
     else:
-        layout = sglang_plus_one(ids) if where == "eagle_config" else eagle3_default_boundaries(num_layers)
-    return CapturePlan(layout, num_layers, f"{engine} (rule)", (note,) if note else ())
+        layout = sglang_plus_one(ids)
+    return CapturePlan(layout, num_layers, f"{engine} (rule)", tuple(notes))
 
 
 def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
     """From the training record; without one, the layout search's best guess (and it says so)."""
     if pair.recorded_layout is not None:
-        return CapturePlan(check_layout(pair.recorded_layout, pair.num_layers), pair.num_layers, "training record")
+        where = pair.draft_dir / "training.json"
+        try:
+            layout = check_layout(pair.recorded_layout, pair.num_layers, pair.draft.cfg.num_aux)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: training_boundaries {list(pair.recorded_layout)} do not fit this pair: "
+                             f"{exc}") from None
+        return CapturePlan(layout, pair.num_layers, "training record")
     if caps is None:
-        raise EvalInputError("the draft has no training.json; pass captures so the training layout can be inferred")
+        raise EvalInputError("the draft has no training record (training.json with training_boundaries), so the "
+                             "training layout must be inferred from captures; or state it (--layout a,b,c / "
+                             "TRAINING_LAYOUT)")
     from .layout_search import search
 
     res = search(pair.draft, caps, progress=False)
@@ -151,6 +237,8 @@ def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) ->
     if which == "served":
         return served_plan(pair, engine)
     if which == "trained":
+        if pair.recorded_layout is None and caps is None:
+            caps = eval_captures(pair)  # no record: infer the layout from held-out text
         return trained_plan(pair, caps)
     return CapturePlan(check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux),
                        pair.num_layers, "explicit")

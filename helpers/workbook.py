@@ -132,6 +132,70 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
     return runs
 
 
+def normalise_notebook_name(name: str) -> str:
+    """'01', '01_baseline_throughput' and '01_baseline_throughput.ipynb' all name notebook 01."""
+    stem = Path(name).name.removesuffix(".ipynb")
+    hits = [n for n in ORDER if n == stem or n.split("_", 1)[0] == stem]
+    return hits[0] if len(hits) == 1 else stem
+
+
+def _draft_width(draft) -> int | None:
+    """The draft's fc slot count from its config alone (no weights loaded), None if unreadable."""
+    from .draft import config_from_json, read_draft_config
+
+    try:
+        return config_from_json(read_draft_config(Path(draft) if draft else REPO / "data" / "tiny-kimi" / "draft")).num_aux
+    except Exception:  # the notebooks will report a bad draft in full
+        return None
+
+
+def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
+    """Everything that can be checked before a kernel starts, so a typo fails in a second
+    instead of inside notebook 02 after the old reports were overwritten."""
+    from .boundaries import parse_layout
+    from .sglang_source import parse_engine
+
+    problems = []
+    for name in only or []:
+        if normalise_notebook_name(name) not in ORDER:
+            problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} (or 01..06)")
+    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS"):
+        if params.get(key) and not Path(params[key]).exists():
+            problems.append(f"{key.lower()} {params[key]} does not exist")
+    if params.get("TARGET") and not params.get("DRAFT") and not (Path(params["TARGET"]).parent / "draft").is_dir():
+        problems.append(f"a target was given ({params['TARGET']}) without a draft, and no draft/ beside it: pass --draft")
+    known = {}
+    for nb in ORDER:
+        known.update(notebook_parameters(NOTEBOOKS / f"{nb}.ipynb"))
+    for key in params:
+        if key not in known:
+            problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
+    try:
+        name, version = parse_engine(params.get("ENGINE_VERSION", "sglang==0.5.9"))
+        if name == "sglang" and not version:
+            problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; expected e.g. sglang==0.5.9")
+    except ValueError as exc:
+        problems.append(str(exc))
+    if params.get("TRAINING_LAYOUT") not in (None, ""):
+        try:
+            layout = parse_layout(str(params["TRAINING_LAYOUT"]))
+            if not layout or len(set(layout)) != len(layout) or min(layout) < 0:
+                raise ValueError(f"expected distinct boundaries >= 0 like '0,3,7', got {params['TRAINING_LAYOUT']!r}")
+            width = _draft_width(params.get("DRAFT"))
+            if width is not None and len(layout) != width:
+                raise ValueError(f"layout {layout} has {len(layout)} slots; the draft's fc takes {width}")
+        except ValueError as exc:
+            problems.append(f"--training-layout: {exc}")
+    for key in ("NUM_PROMPTS", "MAX_NEW_TOKENS", "REPEATS", "EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS"):
+        v = params.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            problems.append(f"{key} must be a positive integer, got {v!r}")
+    for key in ("EVAL_WINDOWS", "SEARCH_WINDOWS"):
+        if isinstance(params.get(key), int) and params[key] < 2:
+            problems.append(f"{key} must be at least 2 (confidence needs more than one window), got {params[key]}")
+    return problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m helpers run-workbook", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "reports")
@@ -164,10 +228,14 @@ def main(argv=None) -> int:
             params[k] = json.loads(v)
         except json.JSONDecodeError:
             params[k] = v
+    problems = check_run_inputs(params, a.only)
+    if problems:
+        for msg in problems:
+            print(f"error: {msg}", file=sys.stderr)
+        print("nothing was run and nothing under --out was touched", file=sys.stderr)
+        return 2
+    a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS"):
-        if params.get(key) and not Path(params[key]).exists():
-            print(f"error: {key.lower()} {params[key]} does not exist", file=sys.stderr)
-            return 2
         if params.get(key):
             params[key] = str(Path(params[key]).resolve())
     t0 = time.perf_counter()

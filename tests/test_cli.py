@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,3 +44,31 @@ def test_run_workbook_rejects_missing_paths(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "r"), "--target", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--only", "07_nope"], "is not a notebook"),
+    (["--training-layout", "2,4"], "the draft's fc takes 3"),
+    (["--training-layout", "a,b"], "cannot read a layout"),
+    (["--engine-version", "sglang=0.5.9"], "unknown engine"),
+    (["--engine-version", "sglang"], "names no version"),
+    (["-p", "NUM_PROMT=4"], "no notebook takes a parameter 'NUM_PROMT'"),
+    (["-p", "NUM_PROMPTS=0"], "NUM_PROMPTS must be a positive integer"),
+])
+def test_run_workbook_checks_inputs_before_any_kernel(tmp_path, capsys, args, expected):
+    """Bad input fails in a second and leaves an earlier run's reports as they were."""
+    from helpers.workbook import main
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "keep.txt").write_text("earlier run")
+    assert main(["--out", str(out)] + args) == 2
+    assert expected in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_notebook_names_accept_short_forms():
+    from helpers.workbook import normalise_notebook_name
+
+    for name in ("01", "01_baseline_throughput", "01_baseline_throughput.ipynb", "notebooks/01_baseline_throughput.ipynb"):
+        assert normalise_notebook_name(name) == "01_baseline_throughput"

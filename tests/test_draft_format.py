@@ -4,10 +4,16 @@ Formats as DESIGN.md section 3 describes them: SGLang/SpecForge keep ids under
 ``eagle_config`` and weights under ``midlayer.*``; speculators keeps ids top-level, the layer
 config under ``transformer_layer_config`` and weights under ``layers.0.*``. Both store
 ``fc.weight [H, 3H]``, ``d2t`` (int64 offsets) and ``t2d`` (bool mask), and no embedding.
+
+Drafts written by other tools also arrive as ``pytorch_model.bin`` (EAGLE reference) or sharded
+safetensors, with only ``d2t``, with their own embedding (a draft wider than its target), or
+with speculators' ``norm_before_residual``, which changes the forward without changing a shape.
 """
 from __future__ import annotations
 
 import json
+import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,8 +27,10 @@ from helpers.draft import (
     DraftFormatError,
     DraftKVCache,
     Eagle3Draft,
+    ServingMismatchWarning,
     check_fits_target,
     config_from_json,
+    config_to_json,
     draft_format,
     eagle_ids_of,
     load_draft,
@@ -509,3 +517,444 @@ def test_weight_shape_mismatch_is_a_format_error(saved, target):
     _edit_weights(path, lambda w: w.update({"lm_head.weight": w["lm_head.weight"][:60].clone()}))
     with pytest.raises(DraftFormatError):
         load_draft(path, target=target)
+
+
+# -- norm_before_residual (speculators / vLLM) ------------------------------------------------------
+
+
+def _rms(x, w, eps):
+    return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def _rotate(x, pos, theta):
+    """Llama RoPE on one row [heads, D]: dims i and i + D/2 turn together by pos * theta^(-2i/D)."""
+    d = x.shape[-1]
+    half = d // 2
+    ang = pos * torch.tensor([theta ** (-2.0 * i / d) for i in range(half)], dtype=torch.float64)
+    c, s = ang.cos(), ang.sin()
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * c - b * s, b * c + a * s], -1)
+
+
+def _reference_logits(draft, rows, norm_before_residual: bool) -> torch.Tensor:
+    """The EAGLE-3 layer written out row by row in float64, independently of helpers.draft.
+
+    ``rows`` is a list of (token id, position, source); source is a fused target feature
+    (goes through fc) or the index of an earlier row whose pre-norm output is fed back (a
+    chain step). Each row attends to every earlier row and itself. With the flag, the
+    attention output is added to hidden_norm(h) instead of h (speculators
+    ``Eagle3FirstLayerMixin.forward``, vLLM ``_norm_before_residual``).
+    """
+    c = draft.cfg
+    w = {k: v.double() for k, v in draft.state_dict().items()}
+    m = "midlayer."
+    eps, hd, nh, nkv = c.rms_norm_eps, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    outs, logits, keys, vals = [], [], [], []
+    for tok, pos, src in rows:
+        h = outs[src] if isinstance(src, int) else w["fc.weight"] @ src.double()
+        e = w["embed_tokens.weight"][tok]
+        hn = _rms(h, w[m + "hidden_norm.weight"], eps)
+        x = torch.cat([_rms(e, w[m + "input_layernorm.weight"], eps), hn])
+        q = _rotate((w[m + "self_attn.q_proj.weight"] @ x).view(nh, hd), pos, c.rope_theta)
+        keys.append(_rotate((w[m + "self_attn.k_proj.weight"] @ x).view(nkv, hd), pos, c.rope_theta))
+        vals.append((w[m + "self_attn.v_proj.weight"] @ x).view(nkv, hd))
+        heads = []
+        for i in range(nh):
+            g = i // (nh // nkv)                       # query head i reads kv head g
+            scores = torch.stack([k[g] @ q[i] for k in keys]) / math.sqrt(hd)
+            p = scores.softmax(0)
+            heads.append(sum(pj * v[g] for pj, v in zip(p, vals)))
+        attn = w[m + "self_attn.o_proj.weight"] @ torch.cat(heads)
+        resid = (hn if norm_before_residual else h) + attn
+        u = _rms(resid, w[m + "post_attention_layernorm.weight"], eps)
+        gate = w[m + "mlp.gate_proj.weight"] @ u
+        out = resid + w[m + "mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * (w[m + "mlp.up_proj.weight"] @ u))
+        outs.append(out)
+        logits.append(w["lm_head.weight"] @ _rms(out, w["norm.weight"], eps))
+    return torch.stack(logits)
+
+
+def _flagged(target, tmp_path, fmt="speculators", seed=4):
+    """A GQA draft saved with norm_before_residual=true and loaded back (float32 on disk)."""
+    draft = make_draft(target, seed=seed, kv_heads=2, bf16=False)
+    draft.cfg.norm_before_residual = True
+    path = save_draft(draft, tmp_path / f"flagged_{fmt}", fmt=fmt, dtype=torch.float32)
+    with pytest.warns(ServingMismatchWarning, match="SGLang"):
+        loaded = load_draft(path, target=target)
+    return loaded, path
+
+
+def _engine_logits(draft, ids, fused, c):
+    """Columns 0..c extended with the target's features, then one chain step at column c."""
+    with torch.no_grad():
+        cache = DraftKVCache(draft.cfg, 1, 32)
+        ext, state = draft.step(ids[:, 1:c + 2], fused[:, :c + 1], torch.arange(c + 1)[None], cache)
+        chain, _ = draft.step(ids[:, c + 2:c + 3], state[:, -1:], torch.tensor([[c + 1]]), cache)
+        ttt = draft.ttt_forward(ids, fused, steps=2)
+    return torch.cat([ext[0], chain[0]]), torch.cat([ttt[0][0, :c + 1], ttt[1][0, c:c + 1]])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_norm_before_residual_matches_reference(target, tmp_path, flag):
+    """Cached path and TTT unroll both equal the hand-written layer, with the flag and without."""
+    loaded, _ = _flagged(target, tmp_path)
+    loaded.cfg.norm_before_residual = flag
+    ids, fused = _inputs(seed=11, t=8)
+    c = 5
+    rows = [(int(ids[0, r + 1]), r, fused[0, r]) for r in range(c + 1)] + [(int(ids[0, c + 2]), c + 1, c)]
+    want = _reference_logits(loaded, rows, norm_before_residual=flag).float()
+    cached, ttt = _engine_logits(loaded, ids, fused, c)
+    torch.testing.assert_close(cached, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ttt, want, atol=1e-4, rtol=1e-4)
+
+
+def test_norm_before_residual_changes_logits(target, tmp_path):
+    """Same weights, flag on vs off: the logits differ well beyond rounding, at every step."""
+    loaded, _ = _flagged(target, tmp_path)
+    assert loaded.cfg.norm_before_residual
+    ids, fused = _inputs(seed=12, t=8)
+    flagged = _engine_logits(loaded, ids, fused, 5)[0]
+    loaded.cfg.norm_before_residual = False          # what SGLang runs
+    plain = _engine_logits(loaded, ids, fused, 5)[0]
+    gap = (flagged - plain).abs().amax(-1)
+    assert (gap > 1e-2).all(), gap
+    # The unflagged draft is the one saved without the flag: the toggle is the whole difference.
+    same = make_draft(target, seed=4, kv_heads=2, bf16=False)
+    torch.testing.assert_close(_engine_logits(same, ids, fused, 5)[0], plain, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_norm_before_residual_round_trip(target, tmp_path, fmt):
+    loaded, path = _flagged(target, tmp_path, fmt=fmt)
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["norm_before_residual"] is True        # top-level, where speculators and vLLM read it
+    assert loaded.cfg.norm_before_residual and loaded.cfg.format == fmt
+
+
+def test_norm_before_residual_off_is_written_as_before(saved):
+    _, path = saved("speculators")
+    assert json.loads((path / "config.json").read_text())["norm_before_residual"] is False
+    _, path = saved("sglang")
+    assert "norm_before_residual" not in json.loads((path / "config.json").read_text())
+
+
+def test_sglang_config_with_flag_warns(saved, target):
+    """SGLang's llama_eagle3.py never reads the flag: loading such a draft says so."""
+    _, path = saved("sglang")
+    _edit_config(path, lambda c: c.update({"norm_before_residual": True}))
+    with pytest.warns(ServingMismatchWarning, match=r"SGLang.*ignores the flag"):
+        loaded = load_draft(path, target=target)
+    assert loaded.cfg.norm_before_residual
+
+
+def test_unflagged_load_does_not_warn(saved, target):
+    _, path = saved("speculators")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ServingMismatchWarning)
+        assert not load_draft(path, target=target).cfg.norm_before_residual
+
+
+def test_flag_in_layer_config_is_read():
+    cfg = config_from_json({"architectures": [SPECULATORS_ARCH], "draft_vocab_size": 50,
+                            "transformer_layer_config": {"hidden_size": 32, "intermediate_size": 64,
+                                                         "num_attention_heads": 4, "vocab_size": 100,
+                                                         "norm_before_residual": True}})
+    assert cfg.norm_before_residual
+
+
+@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm", "norm_output"])
+def test_unsupported_speculators_flags_are_refused(saved, target, flag):
+    """Each changes the forward; loading as if unset would evaluate another model."""
+    _, path = saved("speculators")
+    _edit_config(path, lambda c: c.update({flag: True}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError, f"{flag}=true")
+
+
+def test_non_boolean_flag_is_refused(saved, target):
+    _, path = saved("speculators")
+    _edit_config(path, lambda c: c.update({"norm_before_residual": "false"}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      "norm_before_residual is 'false'; expected true or false")
+
+
+# -- vocabulary buffers as other tools ship them ----------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_d2t_without_t2d_derives_t2d(saved, target, fmt):
+    draft, path = saved(fmt)
+    _edit_weights(path, lambda w: w.pop("t2d"))
+    loaded = load_draft(path, target=target)
+    assert loaded.t2d.dtype == torch.bool
+    assert torch.equal(loaded.t2d, draft.t2d)
+    assert torch.equal(loaded.d2t, draft.d2t)
+
+
+@pytest.mark.parametrize("drop", [("d2t", "t2d"), ("d2t",)])
+def test_no_d2t_with_reduced_vocab_is_refused(saved, target, drop):
+    _, path = saved("sglang")
+    _edit_weights(path, lambda w: [w.pop(k) for k in drop])
+    has = "t2d but no d2t" if drop == ("d2t",) else "no d2t"
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      f"has {has}, but draft_vocab_size {DRAFT_VOCAB} differs from the target vocab_size {VOCAB}")
+
+
+def test_no_d2t_with_full_vocab_is_identity(target, tmp_path):
+    draft = Eagle3Draft(new_draft_config(target.config, VOCAB, IDS))
+    path = save_draft(draft, tmp_path / "full")
+    _edit_weights(path, lambda w: (w.pop("d2t"), w.pop("t2d")))
+    loaded = load_draft(path, target=target)
+    assert torch.equal(loaded.draft_token_ids, torch.arange(VOCAB))
+    assert loaded.t2d.all() and loaded.t2d.shape == (VOCAB,)
+
+
+def test_t2d_disagreeing_with_d2t_is_refused(saved, target):
+    draft, path = saved("sglang")
+    i = int((~draft.t2d).nonzero()[0])
+
+    def edit(w):
+        t2d = w["t2d"].clone()
+        t2d[i] = True
+        w["t2d"] = t2d
+    _edit_weights(path, edit)
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      rf"t2d and d2t disagree: t2d marks {DRAFT_VOCAB + 1} target ids, d2t maps to {DRAFT_VOCAB}; "
+                      rf"first difference at target id {i}")
+
+
+def test_t2d_wrong_length_is_refused(saved, target):
+    _, path = saved("sglang")
+    _edit_weights(path, lambda w: w.update({"t2d": w["t2d"][:-1].clone()}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      rf"t2d has shape \({VOCAB - 1},\); expected \({VOCAB},\)")
+
+
+def test_float_d2t_is_refused(saved, target):
+    _, path = saved("sglang")
+    _edit_weights(path, lambda w: w.update({"d2t": w["d2t"].float()}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      "d2t is torch.float32")
+
+
+# -- weight files and key names other tools write -----------------------------------------------------
+
+
+def _eagle_reference_dir(draft, path: Path, embed: bool = True, rename=None) -> Path:
+    """An EAGLE reference (SafeAILab) style draft: SGLang config, ``pytorch_model.bin`` with
+    ``midlayer.*``, ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d`` and
+    usually ``embed_tokens.weight``; no safetensors."""
+    path.mkdir(parents=True)
+    sd = {k: v.clone() for k, v in draft.state_dict().items() if embed or not k.startswith("embed_tokens.")}
+    if rename:
+        sd = {rename(k): v for k, v in sd.items()}
+    torch.save(sd, path / "pytorch_model.bin")
+    (path / "config.json").write_text(json.dumps(config_to_json(draft.cfg, "sglang")))
+    return path
+
+
+def _same_draft(a, b):
+    for k, v in a.state_dict().items():
+        assert torch.equal(b.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("embed", [True, False])
+def test_pytorch_model_bin(target, tmp_path, embed):
+    draft = make_draft(target, seed=6, bf16=False)
+    path = _eagle_reference_dir(draft, tmp_path / "eagle", embed=embed)
+    assert not (path / "model.safetensors").exists()
+    loaded = load_draft(path, target=target)
+    _same_draft(draft, loaded)
+    ids, fused = _inputs()
+    with torch.no_grad():
+        for w, g in zip(draft.ttt_forward(ids, fused, 2), loaded.ttt_forward(ids, fused, 2)):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
+
+
+def test_pytorch_model_bin_own_embedding_wins(target, tmp_path):
+    """As in SGLang and vLLM, a shipped embedding is used rather than the target's."""
+    draft = make_draft(target, seed=6, bf16=False)
+    with torch.no_grad():
+        draft.embed_tokens.weight.mul_(2.0)
+    loaded = load_draft(_eagle_reference_dir(draft, tmp_path / "eagle"), target=target)
+    assert torch.equal(loaded.embed_tokens.weight, draft.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("rename", [
+    lambda k: "layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k,     # speculators names
+    lambda k: k if k.startswith(("lm_head", "d2t", "t2d")) else "model." + k,          # HF-style wrapper
+])
+def test_pytorch_model_bin_other_key_names(target, tmp_path, rename):
+    draft = make_draft(target, seed=6, bf16=False)
+    _same_draft(draft, load_draft(_eagle_reference_dir(draft, tmp_path / "eagle", rename=rename), target=target))
+
+
+def test_pytorch_model_bin_missing_keys_are_listed(target, tmp_path):
+    draft = make_draft(target, seed=6, bf16=False)
+    drop = {"norm.weight", "midlayer.hidden_norm.weight"}
+    path = _eagle_reference_dir(draft, tmp_path / "eagle", rename=lambda k: "gone." + k if k in drop else k)
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      r"missing \['midlayer.hidden_norm.weight', 'norm.weight'\], unexpected "
+                      r"\['gone.midlayer.hidden_norm.weight', 'gone.norm.weight'\]")
+
+
+def test_pytorch_model_bin_non_tensor_entries(target, tmp_path):
+    path = tmp_path / "eagle"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [SGLANG_ARCH], "hidden_size": H,
+                                                  "intermediate_size": 3 * H, "num_attention_heads": 4,
+                                                  "vocab_size": VOCAB}))
+    torch.save({"fc.weight": torch.zeros(H, 3 * H), "step": 7}, path / "pytorch_model.bin")
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      r"non-tensor entries \[\"'step' \(int\)\"\]")
+
+
+class _NotWeights:
+    pass
+
+
+def test_pytorch_model_bin_is_read_weights_only(target, tmp_path):
+    """A pickle that would run code on load (here: rebuild an arbitrary class) is refused."""
+    path = tmp_path / "eagle"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": [SGLANG_ARCH], "hidden_size": H,
+                                                  "intermediate_size": 3 * H, "num_attention_heads": 4,
+                                                  "vocab_size": VOCAB}))
+    torch.save({"fc.weight": _NotWeights()}, path / "pytorch_model.bin")
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      "not a weights-only PyTorch state dict")
+
+
+def _shard(path: Path):
+    """Split model.safetensors into two shards plus an index, as save_pretrained does."""
+    w = load_file(str(path / "model.safetensors"))
+    names = sorted(w)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for f, keys in halves.items():
+        save_file({k: w[k] for k in keys}, str(path / f), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in halves.items() for k in keys}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    (path / "model.safetensors").unlink()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sharded_safetensors(saved, target, fmt):
+    draft, path = saved(fmt)
+    _shard(path)
+    _same_draft(draft, load_draft(path, target=target))
+
+
+def test_sharded_safetensors_missing_shard(saved, target):
+    _, path = saved("sglang")
+    _shard(path)
+    (path / "model-00002-of-00002.safetensors").unlink()
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), FileNotFoundError,
+                      "names shard model-00002-of-00002.safetensors, which is not in")
+
+
+def test_sharded_safetensors_key_not_in_its_shard(saved, target):
+    _, path = saved("sglang")
+    _shard(path)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["midlayer.extra.weight"] = "model-00001-of-00002.safetensors"
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      r"maps tensors its shards do not hold: \['midlayer.extra.weight \(in model-00001")
+
+
+def test_missing_weights_lists_what_was_looked_for(saved, target):
+    _, path = saved("sglang")
+    (path / "model.safetensors").unlink()
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), FileNotFoundError,
+                      "expected one of model.safetensors, model.safetensors.index.json, pytorch_model.bin")
+
+
+def test_second_decoder_layer_is_refused(saved, target):
+    _, path = saved("speculators")
+    _edit_weights(path, lambda w: w.update({"layers.1.mlp.down_proj.weight": torch.zeros(H, 3 * H)}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      r"more decoder layers \(layers.1.\*\)")
+
+
+def test_both_layer_prefixes_is_refused(saved, target):
+    _, path = saved("sglang")
+    _edit_weights(path, lambda w: w.update({"layers.0.hidden_norm.weight": w["midlayer.hidden_norm.weight"].clone()}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      "two names for the draft's midlayer.hidden_norm.weight")
+
+
+def test_verifier_head_beside_the_draft_is_ignored(saved, target):
+    draft, path = saved("speculators")
+    _edit_weights(path, lambda w: w.update({"verifier_lm_head.weight": torch.zeros(VOCAB, H),
+                                            "verifier_norm.weight": torch.ones(H)}))
+    _same_draft(draft, load_draft(path, target=target))
+
+
+# -- a draft wider than its target ---------------------------------------------------------------
+
+
+WIDE = 48
+
+
+def _wide_draft(seed: int = 7) -> Eagle3Draft:
+    """Draft hidden 48 on a 32-wide target: fc [48, 3 x 32], its own embedding [VOCAB, 48]."""
+    cfg = DraftConfig(hidden_size=WIDE, intermediate_size=2 * WIDE, num_attention_heads=4, num_key_value_heads=4,
+                      head_dim=WIDE // 4, vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, target_hidden_size=H,
+                      eagle_ids=IDS)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.embed_tokens.weight.normal_()
+        d2t, t2d = vocab_maps(_draft_target_ids(seed), VOCAB)
+        draft.d2t.copy_(d2t)
+        draft.t2d.copy_(t2d)
+    return draft.eval()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_wide_draft_with_its_own_embedding(target, tmp_path, fmt):
+    draft = _wide_draft()
+    path = save_draft(draft, tmp_path / fmt, fmt=fmt, dtype=torch.float32)
+    w = load_file(str(path / "model.safetensors"))
+    assert w["embed_tokens.weight"].shape == (VOCAB, WIDE)      # written because it cannot be borrowed
+    assert w["fc.weight"].shape == (WIDE, 3 * H)
+    loaded = load_draft(path, target=target)
+    assert (loaded.cfg.hidden_size, loaded.cfg.target_hidden_size, loaded.cfg.num_aux) == (WIDE, H, 3)
+    _same_draft(draft, loaded)
+    ids, fused = _inputs()
+    with torch.no_grad():
+        for w_, g in zip(draft.ttt_forward(ids, fused, 2), loaded.ttt_forward(ids, fused, 2)):
+            torch.testing.assert_close(g, w_, atol=1e-6, rtol=0)
+
+
+def test_wide_draft_without_embedding_is_refused(target, tmp_path):
+    path = save_draft(_wide_draft(), tmp_path / "wide", with_embedding=False)
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      rf"draft hidden size {WIDE} differs from the target's embedding width {H}, so it cannot share "
+                      rf"it: expected the checkpoint to ship its own embed_tokens.weight \[{VOCAB}, {WIDE}\]; it has none")
+
+
+def test_wide_draft_embedding_of_the_wrong_width(target, tmp_path):
+    path = save_draft(_wide_draft(), tmp_path / "wide")
+    _edit_weights(path, lambda w: w.update({"embed_tokens.weight": torch.zeros(VOCAB, H, dtype=torch.bfloat16)}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      rf"embed_tokens.weight \({VOCAB}, {H}\) \(config implies \({VOCAB}, {WIDE}\)\)")
+
+
+def test_check_fits_target_accepts_own_embedding(target):
+    cfg = _wide_draft().cfg
+    with pytest.raises(DraftFormatError, match="cannot share"):
+        check_fits_target(cfg, target)
+    check_fits_target(cfg, target, has_own_embedding=True)
+
+
+@pytest.mark.parametrize("fc_in, match", [
+    (3 * H, rf"draft expects target hidden size {WIDE}; the target has {H} \(the config has no target_hidden_size"),
+    (3 * H + 8, rf"input width {3 * H + 8} is not a multiple of the target hidden size {WIDE} \(the config has no "
+                rf"target_hidden_size"),
+])
+def test_wide_draft_config_without_target_hidden_size(target, tmp_path, fc_in, match):
+    """Without target_hidden_size the draft's own width is assumed; the error says so."""
+    path = save_draft(_wide_draft(), tmp_path / "wide")
+    _edit_config(path, lambda c: c.pop("target_hidden_size"))
+    _edit_weights(path, lambda w: w.update({"fc.weight": torch.zeros(WIDE, fc_in, dtype=torch.bfloat16)}))
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError, match)

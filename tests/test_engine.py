@@ -125,6 +125,34 @@ def test_bench_cli_bad_input(capsys, tmp_path):
     assert "outside 0..12" in capsys.readouterr().err
     assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "0,3"]) == 2
     assert "slots" in capsys.readouterr().err
+    base = ["--target", str(d / "target"), "--draft", str(d / "draft")]
+    for flag, value in (("--num-prompts", "0"), ("--num-prompts", "-1"), ("--max-new-tokens", "0"), ("--repeats", "0")):
+        with pytest.raises(SystemExit):
+            main(base + [flag, value])
+        assert "at least 1" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "def f():"}\n{"text": "no prompt key"}\n')
+    assert main(base + ["--prompts", str(bad)]) == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(base + ["--prompts", str(empty)]) == 2
+    assert "holds no prompts" in capsys.readouterr().err
+
+
+def test_read_prompts_decides_format_by_content(tmp_path):
+    from helpers.pair import read_prompts
+
+    f = tmp_path / "prompts.json"
+    f.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    assert read_prompts(f) == ["a", "b"]
+    g = tmp_path / "plain.txt"
+    g.write_text("def f():\n\nclass A:\n")
+    assert read_prompts(g) == ["def f():", "class A:"]
+    h = tmp_path / "broken.jsonl"
+    h.write_text('{"prompt": "a"\n')
+    with pytest.raises(ValueError, match="broken.jsonl:1: not a JSON line"):
+        read_prompts(h)
 
 
 def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):

@@ -29,6 +29,25 @@ def test_with_engine_ids_writes_a_copy(tmp_path):
         with_engine_ids(src, src, [0, 1, 2])
 
 
+def test_with_engine_ids_keeps_both_keys_meaning_one_layout(tmp_path):
+    """A draft carrying both keys: SGLang's nested ids and vLLM's top-level boundaries must agree."""
+    from helpers.wiring import resolve
+
+    src = tmp_path / "both"
+    import shutil
+    shutil.copytree(tiny_default() / "draft", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 7, 10]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="pass the layout"):
+        with_engine_ids(src, tmp_path / "nolayout", [-1, 2, 6])
+    assert not (tmp_path / "nolayout").exists()
+    for engine, ids in (("sglang==0.5.9", [1, 3, 4]), ("vllm", [2, 4, 5])):
+        out = with_engine_ids(src, tmp_path / engine, ids, engine, layout=(2, 4, 5))
+        for reader in ("sglang==0.5.9", "vllm"):
+            assert resolve(reader, "LlamaForCausalLM", 6, draft=out).served_layout == (2, 4, 5), (engine, reader)
+
+
 def test_reorder_fc_is_exact(tmp_path):
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     caps = eval_captures(pair, max_windows=2)

@@ -94,6 +94,38 @@ def test_diagnose_cli_json(capsys):
     assert out["best_layout"] == [0, 3, 7]
     assert out["served_layout"] == [3, 7, 10]
     assert out["best_acc"] > out["served_acc"] and out["margin"] > 0 and out["ranking"]
+    assert out["trained_layout"] == [0, 3, 7] and out["mismatch"] and not out["record_disagrees"]
+
+
+def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp_path):
+    """ids [2, 6, 11] on 12 layers: SGLang 0.5.9 would capture before layer 12, which never runs,
+    so the draft gets two features. diagnose says so and still names the training layout."""
+    import shutil
+
+    from helpers.diagnose import main
+
+    d = tiny_default()
+    draft = tmp_path / "draft"
+    shutil.copytree(d / "draft", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 11]
+    (draft / "config.json").write_text(json.dumps(cfg))
+    rc = main(["--target", str(d / "target"), "--draft", str(draft), "--windows", "2", "--steps", "1", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["mismatch"] and out["served_errors"] and out["served_acc"] is None
+    assert out["trained_layout"] == [0, 3, 7]
+
+
+def test_diagnose_cli_checks_arguments_first(capsys):
+    from helpers.diagnose import main
+
+    d = tiny_default()
+    for args, msg in ((["--steps", "0"], "--steps must be at least 1"), (["--windows", "1"], "--windows must be at least 2")):
+        with pytest.raises(SystemExit):
+            main(["--target", str(d / "target"), "--draft", str(d / "draft")] + args)
+        assert msg in capsys.readouterr().err
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--engine", "sglang=0.5.9"]) == 2
+    assert "unknown engine" in capsys.readouterr().err
 
 
 def test_diagnose_cli_bad_text(capsys, tmp_path):
