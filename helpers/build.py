@@ -149,6 +149,11 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
                   log=print, reuse_target: bool = False) -> dict:
     scale = TINY if tiny else FULL
     training_boundaries = check_layout(training_boundaries, layers)   # before anything is written
+    if len(training_boundaries) != 3 or len(set(training_boundaries)) != 3:
+        # the deployed config carries SGLang's three default ids, so the pair reproduces the
+        # seed only when the draft also takes three distinct features
+        raise ValueError(f"the embedded pair's draft takes three distinct boundaries, like the deployed ids "
+                         f"{deployed_eagle_ids(layers)}; got {tuple(training_boundaries)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

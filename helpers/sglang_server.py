@@ -640,18 +640,33 @@ def sglang_available(python: str | None = None, timeout: float = 120.0) -> Avail
 
 
 def load_prompts(path: str | os.PathLike) -> list[str]:
-    """JSONL with a "prompt" field per line (the project's format), or plain text, one per line."""
-    path = Path(path)
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    if path.suffix == ".txt":
-        return lines
-    prompts = []
-    for n, line in enumerate(lines, 1):
-        obj = json.loads(line)
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise ValueError(f"{path}:{n}: expected an object with a string 'prompt' field")
-        prompts.append(obj["prompt"])
-    return prompts
+    """The project's prompt files (JSONL with a "prompt" field, or one prompt per line): one parser
+    for both benchmarks, so the reference and the live numbers come from the same prompts."""
+    from .pair import read_prompts
+
+    return read_prompts(path)
+
+
+def _looks_local(ref: str) -> bool:
+    """A path the user typed (absolute or relative), as opposed to a hub id like org/name."""
+    return ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
+
+
+def draft_wiring_notes(draft: str) -> list[str]:
+    """What SGLang will read from a local draft's config: only the nested eagle_config ids."""
+    from .draft import eagle_ids_of, read_draft_config
+
+    if not _looks_local(draft):
+        return [f"{draft} is not a local directory; its ids are not checked here"]
+    cfg = read_draft_config(Path(draft).expanduser())
+    ids, where = eagle_ids_of(cfg)
+    if where == "eagle_config":
+        return [f"SGLang reads eagle_config ids {ids}; `python -m helpers wiring --engine sglang==VERSION` "
+                "says which boundaries that version captures for them"]
+    if where == "top_level":
+        return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures its "
+                "defaults; write them into eagle_config (helpers.fixes.with_engine_ids) if they are the training layout"]
+    return ["the draft config carries no ids: SGLang captures its defaults"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -696,11 +711,27 @@ def _print_report(cmp: LiveBenchComparison) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for flag in ("steps", "topk", "max_new_tokens", "tp_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.draft_tokens is not None and args.draft_tokens < 2:
+        parser.error(f"--draft-tokens must be at least 2 (one verified token plus a draft), got {args.draft_tokens}")
     python = args.python or _default_python()
-    beside = Path(args.target).parent / "prompts.jsonl"
-    prompts = (load_prompts(args.prompts) if args.prompts else
-               load_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
+    try:
+        for what in ("target", "draft"):
+            ref = getattr(args, what)
+            if _looks_local(ref) and not (Path(ref).expanduser() / "config.json").is_file():
+                raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a hub id "
+                                        "like org/name is expected)")
+        beside = Path(args.target).parent / "prompts.jsonl"
+        prompts = (load_prompts(args.prompts) if args.prompts else
+                   load_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
+        notes = draft_wiring_notes(args.draft)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     kwargs = dict(
         steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, python=python, port=args.port,
         max_new_tokens=args.max_new_tokens, baseline=not args.no_baseline, tp_size=args.tp_size,
@@ -709,10 +740,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         cmp = live_bench(args.target, args.draft, prompts, dry_run=True, **kwargs)
         if args.json:
-            print(json.dumps({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()}}, indent=2))
+            print(json.dumps({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()}, "wiring_notes": notes},
+                             indent=2))
         else:
             for name, cmd in cmp.commands.items():
                 print(f"# {name}\n{shlex.join(cmd)}")
+            for n in notes:
+                print(f"# wiring: {n}")
         return 0
     ok, reason = sglang_available(python)
     if not ok:

@@ -49,6 +49,14 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with config.json")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    archs = cfg.get("architectures") or []
+    if cfg.get("speculators_model_type") or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs):
+        raise ValueError(f"{path} holds an EAGLE-3 draft ({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
+                         "not a target: pass the target model as the target and the draft as the draft")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok

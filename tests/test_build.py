@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +97,9 @@ def test_target_training_is_deterministic():
     (["--layers", "2"], "at least 4"),
     (["--training-boundaries", "0,3,20"], "outside 0..12"),
     (["--training-boundaries", "a,b"], "cannot read a layout"),
+    (["--training-boundaries", ""], "three distinct boundaries"),
+    (["--training-boundaries", "0,3,7,9"], "three distinct boundaries"),
+    (["--training-boundaries", "3,3,7"], "three distinct boundaries"),
 ])
 def test_build_rejects_bad_input(tmp_path, capsys, args, msg):
     from helpers.build import main
@@ -108,3 +112,11 @@ def test_build_rejects_bad_input(tmp_path, capsys, args, msg):
     assert rc == 2
     assert msg in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_draft_is_not_taken_for_a_target():
+    from helpers.target import load_target
+
+    draft = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi" / "draft"
+    with pytest.raises(ValueError, match="holds an EAGLE-3 draft"):
+        load_target(draft)

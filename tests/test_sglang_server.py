@@ -397,12 +397,30 @@ def test_sglang_available_reasons(tmp_path):
     assert not missing.ok and "not found" in missing.reason
 
 
-def test_main_dry_run_prints_commands(capsys):
-    code = ss.main(["--target", "/m/t dir", "--draft", "/m/d", "--steps", "4", "--python", "/py", "--dry-run"])
+def test_main_dry_run_prints_commands(capsys, tmp_path):
+    import shutil
+
+    data = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"
+    target = tmp_path / "t dir"
+    target.mkdir()
+    shutil.copy(data / "target" / "config.json", target / "config.json")
+    code = ss.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4", "--python", "/py",
+                    "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0
     assert "# baseline" in out and "# speculative" in out
-    assert "'/m/t dir'" in out and "--speculative-num-draft-tokens 5" in out
+    assert f"'{target}'" in out and "--speculative-num-draft-tokens 5" in out
+    assert "# wiring: SGLang reads eagle_config ids [2, 6, 9]" in out
+
+
+def test_main_checks_input_before_anything(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        ss.main(["--target", "T", "--draft", "D", "--steps", "0", "--dry-run"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert ss.main(["--target", str(tmp_path / "nope"), "--draft", "D", "--dry-run"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert ss.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"), "--dry-run"]) == 2
+    assert "no prompts file" in capsys.readouterr().err
 
 
 def test_main_dry_run_json(capsys):
