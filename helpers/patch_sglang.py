@@ -8,10 +8,15 @@ change. What fails is the forward loop: before layer 0 on the first pipeline ran
 makes that one capture take ``hidden_states`` alone (which *is* the embedding output) when
 there is no residual yet on the first rank, in ``llama.py`` and ``deepseek_v2.py``.
 
-The edits are exact, anchored text replacements. Every anchor must occur exactly once
-before anything is written; pristine copies are kept beside the tree with their sha256 so
-``revert`` restores every file byte for byte. Versions whose own code already captures
-boundary 0 (0.5.23 moved capture into the layers) are reported as not needing the patch.
+The edits are exact, anchored text replacements, judged file by file: a version can have
+the Llama capture but no DeepSeek capture at all (0.5.4 has no EAGLE3 for DeepSeek), and a
+Llama user should not be refused because of a file that has nothing to fix. A file is
+written only when its anchor occurs exactly once and the result compiles; a file that does
+not fit is reported and left byte for byte as it was. ``apply --arch`` insists on the file
+that architecture captures in, so the command ``wiring`` advises fails loudly rather than
+patching something else. Pristine copies of the written files are kept beside the tree with
+their sha256 so ``revert`` restores every file byte for byte. Versions whose own code
+already captures boundary 0 (0.5.23 moved capture into the layers) need no patch.
 """
 from __future__ import annotations
 
@@ -32,8 +37,6 @@ from helpers.sglang_source import SglangSource
 MARKER = "eagle3-workbook patch"
 BACKUP_DIR = ".eagle3-workbook-patch"
 MANIFEST = "manifest.json"
-TESTED_ON = ("0.5.9",)
-CHECKED_ARCHS = ("DeepseekV3ForCausalLM", "LlamaForCausalLM")
 
 
 class PatchError(RuntimeError):
@@ -42,12 +45,17 @@ class PatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Edit:
-    """Replace ``anchor`` (which must occur exactly once) by ``replacement`` in ``file``."""
+    """Replace ``anchor`` (which must occur exactly once) by ``replacement`` in ``file``.
+
+    ``arch`` is an architecture whose capture loop lives in ``file``: when the anchor does not
+    fit, inspecting it tells a version with nothing to patch from one the patch misfits.
+    """
 
     file: str
     anchor: str
     replacement: str
     why: str
+    arch: str
 
 
 _LLAMA_ANCHOR = """\
@@ -85,16 +93,25 @@ _DEEPSEEK_REPLACEMENT = f"""\
 
 EDITS: tuple[Edit, ...] = (
     Edit("sglang/srt/models/llama.py", _LLAMA_ANCHOR, _LLAMA_REPLACEMENT,
-         "LlamaModel.forward: capture the embedding output when residual is None (first PP rank)"),
+         "LlamaModel.forward: capture the embedding output when residual is None (first PP rank)",
+         "LlamaForCausalLM"),
     Edit("sglang/srt/models/deepseek_v2.py", _DEEPSEEK_ANCHOR, _DEEPSEEK_REPLACEMENT,
          "DeepseekV2Model.forward: capture the embedding output when residual is None (first PP rank); "
-         "the all-gather branch only runs for i > first_k_dense_replace, never at i == 0"),
+         "the all-gather branch only runs for i > first_k_dense_replace, never at i == 0",
+         "DeepseekV3ForCausalLM"),
 )
+CHECKED_ARCHS = tuple(e.arch for e in EDITS)
 
 
 @dataclass
 class PatchStatus:
-    """Where a tree stands. ``state``: pristine | patched | not-needed | unsupported."""
+    """Where a tree stands.
+
+    ``state``: pristine (the patch would apply) | patched | partial (some files patched, some
+    still pristine: an interrupted apply; revert it) | not-needed | unsupported (nothing fits).
+    ``file_states`` holds each edited file's own state (pristine, patched, not-needed,
+    no-capture, misfit, missing) and ``skipped`` why apply leaves a file alone.
+    """
 
     version: str
     root: str
@@ -106,6 +123,8 @@ class PatchStatus:
     backup: str | None = None
     message: str = ""
     changed: bool = False  # whether this call wrote anything
+    file_states: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # file -> why apply leaves it alone
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -124,21 +143,48 @@ def _source(version: str, root: str | Path | None, target: str) -> SglangSource:
         raise PatchError(str(exc)) from None
 
 
-def _file_state(text: str, edit: Edit) -> str:
+def _file_state(src: SglangSource, edit: Edit) -> tuple[str, str]:
+    """(state, why) of one edited file: pristine | patched | not-needed | no-capture | misfit | missing."""
+    path = src.path(edit.file)
+    if not path.is_file():
+        return "missing", f"{edit.file} is not in {src.root}"
+    text = path.read_text(encoding="utf-8")
     anchors, replacements = text.count(edit.anchor), text.count(edit.replacement)
     if anchors == 1 and replacements == 0:
-        return "pristine"
+        return "pristine", ""
     if anchors == 0 and replacements == 1:
-        return "patched"
-    return f"anchor found {anchors} times, patched block {replacements} times"
+        return "patched", ""
+    misfit = f"anchor found {anchors} times, patched block {replacements} times (expected exactly one)"
+    w = _inspect(src, edit.arch)
+    if w is None:
+        return "misfit", misfit
+    if not w.setters or w.capture is None:
+        return "no-capture", _no_capture(src, edit.arch, w)
+    if w.capture.file != edit.file:
+        return "misfit", f"{misfit}; {edit.arch} captures in {w.capture.file} in this version"
+    if w.boundary0_capturable:
+        return "not-needed", f"sglang {src.version}'s own {w.capture.style} capture already handles boundary 0"
+    return "misfit", misfit
 
 
-def _states(src: SglangSource) -> dict[str, str]:
-    out = {}
-    for edit in EDITS:
-        path = src.path(edit.file)
-        out[edit.file] = _file_state(path.read_text(encoding="utf-8"), edit) if path.is_file() else "missing"
-    return out
+def _no_capture(src: SglangSource, arch: str, w) -> str:
+    if not w.setters:
+        return (f"{arch} cannot use EAGLE3 in sglang {src.version} (no set_eagle3_layers_to_capture), "
+                f"so there is no capture to patch")
+    return f"{arch} has no capture to patch in sglang {src.version}: {w.errors[0] if w.errors else 'none found'}"
+
+
+def _inspect(src: SglangSource, arch: str):
+    from helpers import wiring
+
+    try:
+        return wiring.inspect_model(arch, source=src)
+    except (ss.SglangSourceError, SyntaxError):
+        return None
+
+
+def _states(src: SglangSource) -> dict[str, tuple[str, str]]:
+    return {edit.file: _file_state(src, edit) for edit in EDITS}
 
 
 def _hashes(src: SglangSource) -> dict[str, str]:
@@ -149,19 +195,12 @@ def _backup_dir(src: SglangSource) -> Path:
     return src.root / BACKUP_DIR
 
 
-def _not_needed_message(src: SglangSource) -> str | None:
-    """Why this version needs no patch, from its own code; None when it does need one."""
-    from helpers import wiring
-
+def _not_needed_message(src: SglangSource, archs: Sequence[str]) -> str:
+    """Why this version needs no patch, from its own code, and which id reaches the embedding."""
     lines, embed_ids = [], []
-    for arch in CHECKED_ARCHS:
-        try:
-            w = wiring.inspect_model(arch, source=src)
-        except (ss.SglangSourceError, SyntaxError):
-            return None
-        if not w.boundary0_capturable:
-            return None
-        lines.extend(f"{h.file}:{h.line}" for h in (w.capture.handler if w.capture else []))
+    for arch in archs:
+        w = _inspect(src, arch)
+        lines.extend(f"{h.file}:{h.line}" for h in (w.capture.handler if w and w.capture else []))
         embed_ids.append(f"{arch}: id {_embedding_id(src, arch)}")
     where = f" (missing residual handled at {', '.join(sorted(set(lines)))})" if lines else ""
     return (f"sglang {src.version} already captures boundary 0{where}; no patch needed. "
@@ -188,34 +227,79 @@ def patch_status(version: str, *, root: str | Path | None = None, target: str = 
 def _status_of(src: SglangSource) -> PatchStatus:
     states = _states(src)
     backup = str(_backup_dir(src)) if (_backup_dir(src) / MANIFEST).is_file() else None
-    base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup)
-    values = set(states.values())
-    if values == {"pristine"}:
-        return PatchStatus(state="pristine", patched=False, needed=True,
-                           message=f"sglang {src.version} is unpatched: boundary 0 raises TypeError", **base)
-    if values == {"patched"}:
+    by: dict[str, list[str]] = {}
+    for f, (state, _) in states.items():
+        by.setdefault(state, []).append(f)
+    skipped = {f: why for f, (state, why) in states.items() if state not in ("pristine", "patched")}
+    base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup,
+                file_states={f: st for f, (st, _) in states.items()}, skipped=skipped)
+    left = "".join(f"; {f} left alone: {why}" for f, why in skipped.items())
+    patched, pristine = by.get("patched", []), by.get("pristine", [])
+    if patched and pristine:
+        return PatchStatus(state="partial", patched=False, needed=True,
+                           message=f"sglang {src.version} is partly patched ({', '.join(patched)} patched, "
+                                   f"{', '.join(pristine)} not): an interrupted apply; revert it, then apply "
+                                   f"again{left}", **base)
+    if patched:
         return PatchStatus(state="patched", patched=True, needed=True,
-                           message=f"sglang {src.version} is patched ({len(states)} files)", **base)
-    reason = _not_needed_message(src)
-    if reason is not None:
-        return PatchStatus(state="not-needed", patched=False, needed=False, message=reason, **base)
-    detail = "; ".join(f"{f}: {s}" for f, s in states.items())
+                           message=f"sglang {src.version} is patched ({', '.join(patched)}){left}", **base)
+    if pristine:
+        return PatchStatus(state="pristine", patched=False, needed=True,
+                           message=f"sglang {src.version} is unpatched: boundary 0 raises TypeError "
+                                   f"({', '.join(pristine)}){left}", **base)
+    if by.get("not-needed") and not by.get("misfit") and not by.get("missing"):
+        archs = [e.arch for e in EDITS if e.file in by["not-needed"]]
+        return PatchStatus(state="not-needed", patched=False, needed=False,
+                           message=_not_needed_message(src, archs), **base)
+    detail = "; ".join(f"{f}: {why}" for f, why in skipped.items())
     return PatchStatus(state="unsupported", patched=False, needed=True,
-                       message=f"sglang {src.version} needs a boundary-0 fix but the patch does not fit: {detail}",
-                       **base)
+                       message=f"the boundary-0 patch fits no file of sglang {src.version}: {detail}", **base)
+
+
+def _arch_file(src: SglangSource, arch: str, status: PatchStatus) -> str:
+    """The edited file ``arch`` captures in; PatchError when the patch cannot help that arch."""
+    w = _inspect(src, arch)
+    if w is None:
+        raise PatchError(f"sglang {src.version} has no architecture '{arch}' the patch can check; nothing written")
+    if w.capture is None:
+        raise PatchError(f"{_no_capture(src, arch, w)}; nothing written")
+    edit = next((e for e in EDITS if e.file == w.capture.file), None)
+    if edit is None:
+        raise PatchError(f"{arch} captures in {w.capture.file}, which the patch does not edit (it edits "
+                         f"{', '.join(e.file for e in EDITS)}); nothing written")
+    state = status.file_states.get(edit.file)
+    if state not in ("pristine", "patched", "not-needed"):
+        raise PatchError(f"the patch does not fit {edit.file}, where {arch} captures: "
+                         f"{status.skipped.get(edit.file, state)}; nothing written")
+    return edit.file
+
+
+def fix_advice(src: SglangSource, arch: str, capture_file: str) -> str:
+    """What ``wiring`` tells a user whose capture raises at boundary 0, true to what apply does."""
+    edit = next((e for e in EDITS if e.file == capture_file), None)
+    if edit is None:
+        return (f"the workbook's patch does not cover {capture_file} (it edits "
+                f"{', '.join(e.file for e in EDITS)}): choose ids that avoid boundary 0, or retrain the "
+                f"draft on a layout this version can serve")
+    state, why = _file_state(src, edit)
+    if state in ("pristine", "patched"):
+        where = {"root": f" --root {src.root}", "installed": " --target installed"}.get(src.origin, "")
+        return f"fix: `python -m helpers patch-sglang apply --version {src.version}{where} --arch {arch}`"
+    return (f"the workbook's patch does not fit {capture_file} in sglang {src.version} ({why}): choose ids "
+            f"that avoid boundary 0, or retrain the draft on a layout this version can serve")
 
 
 # --------------------------------------------------------------------------------------
 # Apply / revert.
 
 
-def _patched_texts(src: SglangSource) -> dict[str, tuple[str, str]]:
-    """file -> (pristine text, patched text), after checking every anchor and compiling."""
+def _patched_texts(src: SglangSource, files: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """file -> (pristine text, patched text) for ``files``, after checking every anchor and compiling."""
     out = {}
     for edit in EDITS:
+        if edit.file not in files:
+            continue
         path = src.path(edit.file)
-        if not path.is_file():
-            raise PatchError(f"{edit.file} is missing from {src.root}")
         text = path.read_text(encoding="utf-8")
         n = text.count(edit.anchor)
         if n != 1:
@@ -241,15 +325,21 @@ def _write_atomic(path: Path, data: bytes) -> None:
             os.unlink(tmp)
 
 
-def apply_patch(version: str, *, root: str | Path | None = None, target: str = "cache") -> PatchStatus:
-    """Patch the tree; a second call is a no-op; a version that needs none is left alone."""
+def apply_patch(version: str, *, root: str | Path | None = None, target: str = "cache",
+                arch: str | None = None) -> PatchStatus:
+    """Patch every file whose anchor fits; a second call is a no-op; a version that needs
+    none is left alone. With ``arch``, refuse (writing nothing) unless that architecture's
+    capture file is among those the patch fits."""
     src = _source(version, root, target)
     status = _status_of(src)
+    if arch is not None:
+        _arch_file(src, arch, status)
     if status.state in ("patched", "not-needed"):
         return status
-    if status.state == "unsupported":
+    if status.state in ("unsupported", "partial"):
         raise PatchError(status.message + "; nothing written")
-    texts = _patched_texts(src)
+    todo = [f for f, st in status.file_states.items() if st == "pristine"]
+    texts = _patched_texts(src, todo)
     backup = _backup_dir(src)
     if backup.exists():
         raise PatchError(f"{backup} exists from an earlier patch but the files are pristine; remove it "
@@ -288,8 +378,8 @@ def revert_patch(version: str, *, root: str | Path | None = None, target: str = 
             shutil.rmtree(backup)  # a leftover from an interrupted revert
             return status
         _restore_from_backup(src, backup)  # also finishes an interrupted apply
-    elif status.state == "patched":
-        _restore_by_reverse_edit(src)
+    elif status.state in ("patched", "partial"):
+        _restore_by_reverse_edit(src, [f for f, st in status.file_states.items() if st == "patched"])
     else:
         return status
     result = _status_of(src)
@@ -314,11 +404,13 @@ def _restore_from_backup(src: SglangSource, backup: Path) -> None:
     shutil.rmtree(backup)
 
 
-def _restore_by_reverse_edit(src: SglangSource) -> None:
+def _restore_by_reverse_edit(src: SglangSource, files: Sequence[str]) -> None:
     """No backup (deleted by hand): undo the replacement, then insist on the wheel's hash."""
     record = src.record_hashes()
     restored = {}
     for edit in EDITS:
+        if edit.file not in files:
+            continue
         text = src.path(edit.file).read_text(encoding="utf-8")
         restored[edit.file] = text.replace(edit.replacement, edit.anchor).encode("utf-8")
         expected = record.get(edit.file)
@@ -339,7 +431,8 @@ def _verify_pristine(src: SglangSource, expected: dict[str, str]) -> None:
 
 
 def show_diff(version: str, *, root: str | Path | None = None, target: str = "cache") -> str:
-    """Unified diff of pristine -> patched files, for display in a notebook."""
+    """Unified diff of pristine -> patched files, for display in a notebook; files the patch
+    leaves alone are named with the reason, so the diff never looks more complete than it is."""
     src = _source(version, root, target)
     status = _status_of(src)
     if status.state in ("not-needed", "unsupported"):
@@ -347,8 +440,12 @@ def show_diff(version: str, *, root: str | Path | None = None, target: str = "ca
     chunks = []
     backup = _backup_dir(src)
     for edit in EDITS:
+        state = status.file_states.get(edit.file)
+        if state not in ("pristine", "patched"):
+            chunks.append(f"# {edit.file}: not patched ({status.skipped.get(edit.file, state)})\n")
+            continue
         current = src.path(edit.file).read_text(encoding="utf-8")
-        if status.state == "patched":
+        if state == "patched":
             saved = backup / "files" / edit.file
             old = saved.read_text(encoding="utf-8") if saved.is_file() else current.replace(
                 edit.replacement, edit.anchor)
@@ -381,6 +478,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("cache", "installed"), default="cache",
                    help="patch the workbook's cached copy (default) or the installed sglang")
     p.add_argument("--root", help="folder holding an sglang/ tree (overrides --target)")
+    p.add_argument("--arch", help="apply only if this architecture's capture file is patchable, "
+                                  "e.g. LlamaForCausalLM")
     p.add_argument("--json", action="store_true")
     return p
 
@@ -393,8 +492,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.action == "diff":
             print(show_diff(args.version, root=args.root, target=args.target), end="")
             return 0
-        action = {"apply": apply_patch, "revert": revert_patch, "status": patch_status}[args.action]
-        status = action(args.version, root=args.root, target=args.target)
+        if args.arch is not None and args.action != "apply":
+            raise PatchError(f"--arch only applies to `apply`, not `{args.action}`")
+        if args.action == "apply":
+            status = apply_patch(args.version, root=args.root, target=args.target, arch=args.arch)
+        else:
+            action = {"revert": revert_patch, "status": patch_status}[args.action]
+            status = action(args.version, root=args.root, target=args.target)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except (_ArgError, PatchError, ValueError, ss.SglangSourceError) as exc:
@@ -407,5 +511,5 @@ def main(argv: Sequence[str] | None = None) -> int:
               + (" (changed)" if status.changed else ""))
         print(f"  {status.message}")
         for rel, sha in status.files.items():
-            print(f"  {rel}  sha256 {sha}")
+            print(f"  {rel}  [{status.file_states.get(rel, '?')}]  sha256 {sha}")
     return 0

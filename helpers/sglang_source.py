@@ -169,7 +169,7 @@ def fetch_sglang(version: str, cache: Path | str | None = None) -> SglangSource:
         return found
     base = Path(cache) if cache else cache_root()
     with tempfile.TemporaryDirectory(prefix="sglang-dl-") as tmp:
-        wheel = _download_wheel(version, Path(tmp))
+        wheel = _download_wheel(version, Path(tmp), base)
         base.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))
         try:
@@ -202,30 +202,63 @@ def _listed_versions(pip_output: str) -> list[str] | None:
     return [v.strip() for v in m.group(1).split(",") if v.strip() and v.strip() != "none"]
 
 
-def _download_wheel(version: str, dest: Path) -> Path:
+def _download_wheel(version: str, dest: Path, cache: Path | None = None) -> Path:
     proc = _pip_download(version, dest)
     if proc.returncode != 0:
         output = proc.stdout + proc.stderr
         listed = _listed_versions(output)
-        if listed is not None and version not in listed:
-            raise UnknownVersionError(
-                f"sglang {version} does not exist on the package index "
-                f"(latest listed: {', '.join(listed[-5:]) or 'none'})")
+        if listed == []:
+            # pip prints "(from versions: none)" when no index answered at all (offline, a dead
+            # PIP_INDEX_URL): sglang has hundreds of releases, so an empty list never means
+            # that this version is missing, only that nothing could be asked.
+            raise IndexUnreachableError(
+                f"cannot fetch sglang {version}: pip listed no sglang versions at all, so the package "
+                f"index is unreachable or does not carry sglang ({_network_reason(output)}); "
+                f"{_cached_hint(cache)}")
         if listed is None and "No matching distribution" not in output:
             raise IndexUnreachableError(
-                f"pip could not download sglang {version}: {_last_line(output)}")
-        for py, platform in _FALLBACK_WHEEL_TAGS:  # exists, but not for this interpreter
+                f"pip could not download sglang {version}: {_last_line(output)}; {_cached_hint(cache)}")
+        # pip lists only the versions with a wheel for this interpreter, so a release built for
+        # another Python (0.5.23 ships cp311 only) looks absent until the other tags are tried.
+        for py, platform in _FALLBACK_WHEEL_TAGS:
             proc = _pip_download(version, dest, ("--only-binary=:all:", "--python-version", py,
                                                  "--platform", platform))
             if proc.returncode == 0:
                 break
         else:
+            if listed is not None and version not in listed:
+                raise UnknownVersionError(
+                    f"sglang {version} does not exist on the package index "
+                    f"(latest listed: {', '.join(listed[-5:])})")
             raise UnknownVersionError(f"sglang {version}: no wheel could be downloaded "
                                       f"({_last_line(proc.stdout + proc.stderr)})")
     wheels = sorted(dest.glob("sglang-*.whl"))
     if not wheels:
         raise SglangSourceError(f"pip reported success but left no sglang {version} wheel in {dest}")
     return wheels[0]
+
+
+_NETWORK_HINTS = ("NewConnectionError", "Connection refused", "Name or service not known",
+                  "Temporary failure in name resolution", "Network is unreachable", "timed out",
+                  "ProxyError", "SSLError")
+
+
+def _network_reason(output: str) -> str:
+    """The line of pip's output that says why no index answered, if pip gave one."""
+    for line in output.splitlines():
+        hint = next((h for h in _NETWORK_HINTS if h in line), None)
+        if hint is not None:
+            m = re.search(r"\[Errno [^\]]*\][^'\")]*", line)
+            return f"pip: {m.group(0).strip() if m else hint}"
+    return "no index answered pip"
+
+
+def _cached_hint(cache: Path | None = None) -> str:
+    """Which versions can still be read offline, so the user can pick one or pass a tree."""
+    root = Path(cache) if cache else cache_root()
+    have = sorted(p.name for p in root.iterdir() if (p / _COMPLETE_MARKER).is_file()) if root.is_dir() else []
+    cached = f"cached here: {', '.join(have)}" if have else f"nothing is cached in {root}"
+    return f"{cached}; go online once to fetch it, or point at an sglang tree (--sglang-root / root=)"
 
 
 def _last_line(text: str) -> str:
@@ -317,11 +350,33 @@ class ParsedFile:
     text: str
     tree: ast.Module
 
+    @functools.cached_property
+    def _raw_lines(self) -> list[str]:
+        # the split `ast` itself uses for offsets (\r\n, \r, \n only), kept once per file:
+        # ast.get_source_segment re-splits the whole file on every call, which dominated
+        # the inspector's time on 3000-line model files
+        return re.findall(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$", self.text)
+
+    @functools.cached_property
+    def _lines(self) -> list[str]:
+        return self.text.splitlines()
+
     def segment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.text, node, padded=True) or ""
+        """``ast.get_source_segment(text, node, padded=True)``, without re-splitting the file."""
+        pos = [getattr(node, a, None) for a in ("lineno", "end_lineno", "col_offset", "end_col_offset")]
+        if None in pos:
+            return ""
+        first, last, col, end_col = pos[0] - 1, pos[1] - 1, pos[2], pos[3]
+        lines = self._raw_lines
+        if first == last:
+            return lines[first].encode()[col:end_col].decode()
+        head = lines[first].encode()
+        padding = "".join(c if c in " \t\f" else " " for c in head[:col].decode())
+        body = [padding + head[col:].decode(), *lines[first + 1:last], lines[last].encode()[:end_col].decode()]
+        return "".join(body)
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
+        lines = self._lines
         return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
 
 
@@ -351,18 +406,29 @@ def entry_class_names(parsed: ParsedFile) -> list[str]:
 
 
 def entry_class_index(source: SglangSource) -> dict[str, Path]:
-    """Every architecture name of the version -> the model file that registers it."""
+    """Every architecture name of the version -> the model file that registers it.
+
+    Only the ``EntryClass = ...`` statement of each file is parsed, not the whole file: a
+    version has hundreds of model files and the index is consulted for every suggestion.
+    """
     index: dict[str, Path] = {}
     for path in sorted(source.models_dir.glob("*.py")):
-        if not _ENTRY_RE.search(_safe_read(path)):
-            continue
-        try:
-            names = entry_class_names(parse_file(path))
-        except SyntaxError:  # a file for a newer Python than this one: skip, do not fail the index
-            continue
-        for name in names:
+        for name in _entry_names_in_text(_safe_read(path)):
             index.setdefault(name, path)
     return index
+
+
+def _entry_names_in_text(text: str) -> list[str]:
+    names: list[str] = []
+    for m in _ENTRY_RE.finditer(text):  # the last assignment wins, as in the module itself
+        try:
+            node = ast.parse(m.group(0)).body[0]
+        except SyntaxError:
+            continue
+        value = node.value
+        elts = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+        names = [e.id for e in elts if isinstance(e, ast.Name)]
+    return names
 
 
 def find_model_file(source: SglangSource, arch: str) -> Path:
@@ -373,10 +439,38 @@ def find_model_file(source: SglangSource, arch: str) -> Path:
             continue  # cheap text test first: parse only files whose EntryClass names the arch
         if arch in entry_class_names(parse_file(path)):
             return path
-    close = difflib.get_close_matches(arch, list(entry_class_index(source)), n=4)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    close = suggest_architectures(source, arch)
+    hint = (f"; did you mean {', '.join(close)}?" if close else
+            "; the name must be an HF `architectures` entry such as LlamaForCausalLM")
     raise UnknownArchitectureError(
         f"sglang {source.version} has no model class registered for architecture '{arch}'{hint}")
+
+
+def suggest_architectures(source: SglangSource, name: str, n: int = 6) -> list[str]:
+    """Registered names a person most likely meant by ``name``.
+
+    People type the family (``llama``, ``deepseek_v3``) or get the case wrong, and difflib
+    alone finds nothing for a short name against ``LlamaForCausalLM``; so a match ignoring case
+    comes first, then names that contain the typed text (ignoring case and ``_``/``-``), then
+    difflib's near misses.
+    """
+    names = list(entry_class_index(source))
+    squash = lambda t: re.sub(r"[-_\s]", "", t).lower()  # noqa: E731
+    key = squash(name)
+    if not key:
+        return []
+    by_lower = {}
+    for nm in names:
+        by_lower.setdefault(nm.lower(), nm)
+    contains = sorted((nm for nm in names if key in squash(nm)),
+                      key=lambda nm: (not squash(nm).startswith(key), "ForCausalLM" not in nm, len(nm), nm))
+    near = [by_lower[m] for m in difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=0.6)]
+    exact = [nm for nm in names if squash(nm) == key]
+    out: list[str] = []
+    for nm in exact + contains + near:
+        if nm not in out:
+            out.append(nm)
+    return out[:n]
 
 
 @dataclass(frozen=True)
@@ -503,12 +597,18 @@ def linear_bases(source: SglangSource, cls: ClassRef) -> list[ClassRef]:
 
 def _class_of_call(source: SglangSource, cls: ClassRef, owner: ClassRef, value: ast.expr) -> ClassRef | None:
     """Class names resolve in the file that wrote the call (``owner``); ``self.f()`` dispatches
-    on the instance's class (``cls``), so a subclass's ``_init_model`` override wins."""
+    on the instance's class (``cls``), so a subclass's ``_init_model`` override wins.
+
+    Newer model files also build the inner model from a name that is not a class: a
+    constructor argument (``language_model_cls=Qwen3LLMModel``, passed up by subclasses),
+    a class attribute (``self.body_cls(...)``) or a module attribute (``qwen3_5.X(...)``).
+    Each is followed the way Python would bind it on an instance of ``cls``.
+    """
     if not isinstance(value, ast.Call):
         return None
     func = value.func
     if isinstance(func, ast.Name):
-        return find_class(source, func.id, owner.path)
+        return find_class(source, func.id, owner.path) or _class_from_init_default(source, cls, func.id)
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
         factory = find_method(source, cls, func.attr)  # e.g. LlamaForCausalLM._init_model
         if factory is not None:
@@ -518,6 +618,75 @@ def _class_of_call(source: SglangSource, cls: ClassRef, owner: ClassRef, value: 
                     ref = _class_of_call(source, cls, fowner, node.value)
                     if ref is not None:
                         return ref
+            return None
+        return _class_from_class_attr(source, cls, func.attr)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return _class_in_module(source, owner.path, func.value.id, func.attr)
+    return None
+
+
+def _class_named_by(source: SglangSource, path: Path, expr: ast.expr | None) -> ClassRef | None:
+    """The class a bare name or ``module.Name`` expression refers to, as seen from ``path``."""
+    if isinstance(expr, ast.Name):
+        return find_class(source, expr.id, path)
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        return _class_in_module(source, path, expr.value.id, expr.attr)
+    return None
+
+
+def _class_from_init_default(source: SglangSource, cls: ClassRef, param: str) -> ClassRef | None:
+    """``X(...)`` where X is an ``__init__`` parameter: the most derived class's default wins,
+    because subclasses declare their own default and hand it to ``super().__init__``."""
+    for c in linear_bases(source, cls):
+        init = next((n for n in c.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is None:
+            continue
+        a = init.args
+        positional = a.posonlyargs + a.args
+        pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+        pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+        for arg, default in pairs:
+            if arg.arg == param:
+                ref = _class_named_by(source, c.path, default)
+                if ref is not None:
+                    return ref
+    return None
+
+
+def _class_from_class_attr(source: SglangSource, cls: ClassRef, attr: str) -> ClassRef | None:
+    """``self.body_cls(...)`` with ``body_cls = SomeModel`` in the class body (subclass first)."""
+    for c in linear_bases(source, cls):
+        for node in c.node.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == attr
+                                                    for t in node.targets):
+                ref = _class_named_by(source, c.path, node.value)
+                if ref is not None:
+                    return ref
+    return None
+
+
+def _class_in_module(source: SglangSource, path: Path, alias: str, name: str) -> ClassRef | None:
+    """``alias.name`` where ``alias`` is a module imported into ``path``."""
+    if not path.is_file():
+        return None
+    for node in ast.walk(parse_file(path).tree):
+        module = None
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if (a.asname or a.name) == alias:
+                    base = (_relative_module(path, source, node.level, node.module) if node.level
+                            else node.module or "")
+                    module = f"{base}.{a.name}" if base else a.name
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname == alias or (a.asname is None and a.name == alias):
+                    module = a.name
+        if module:
+            other = _module_file(source, module)
+            if other is not None:
+                found = find_class(source, name, other)
+                if found is not None:
+                    return found
     return None
 
 

@@ -17,6 +17,7 @@ import ast
 import builtins
 import copy
 import json
+import re
 import sys
 import textwrap
 import types
@@ -75,8 +76,15 @@ class CaptureSite:
 
     ``style`` is ``inline-add`` (the loop itself evaluates ``hidden_states + residual``,
     unguarded at i == 0), ``inline-guarded`` (same, but the missing residual is handled),
-    ``delegated`` (the loop hands a collector to the layer, whose boundary code captures
-    the residual stream itself) or ``unknown``.
+    ``inline-hidden-only`` (the loop appends ``hidden_states`` alone while the layers hand
+    the residual back separately, so past layer 0 the feature is one layer's output branch,
+    not a boundary), ``delegated`` (the loop hands a collector to the layer, whose boundary
+    code captures the residual stream itself) or ``unknown``.
+
+    Which layers capture is decided either by the loop index (``i in self.layers_to_capture``)
+    or, in the Qwen-MoE family, by a per-layer attribute that the setter sets
+    (``setattr(self.layers[k], "_is_layer_to_capture", True)``); ``flag`` names that
+    attribute, and then ``self.layers[k]`` indexing, negative k included, decides the boundary.
     """
 
     cls: str
@@ -96,6 +104,9 @@ class CaptureSite:
     post_loop_exprs: list[str] = field(default_factory=list)  # e.g. 'self.end_layer'
     handler: list[SourceLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    flag: str | None = None  # per-layer attribute tested instead of the index (Qwen-MoE family)
+    layer_call: SourceLine | None = None  # where the decoder layer hands the collector on
+    split_residual: SourceLine | None = None  # `hidden_states, residual = layer(...)` (hidden-only)
 
     @property
     def boundary0_hazard(self) -> bool:
@@ -131,7 +142,8 @@ class ModelWiring:
         if c is not None:
             out.append(SourceLine(c.file, c.loop_line, c.loop_text))
             out.append(SourceLine(c.file, c.line, ss.parse_file(c.path).line(c.line).strip()))
-            out.extend(x for x in (c.unguarded_add, c.first_rank, c.residual_none) if x)
+            out.extend(x for x in (c.unguarded_add, c.first_rank, c.residual_none, c.split_residual,
+                                   c.layer_call) if x)
             out.extend(c.post_loop)
             out.extend(c.handler)
         return _dedupe(out)
@@ -160,7 +172,12 @@ def _dedupe(lines: list[SourceLine]) -> list[SourceLine]:
 
 def inspect_model(arch: str, version: str | None = None, *, source: SglangSource | None = None,
                   root: str | Path | None = None) -> ModelWiring:
-    """Locate the setter chain and the forward-loop capture site for ``arch``."""
+    """Locate the setter chain and the forward-loop capture site for ``arch``.
+
+    Every way this can fail becomes one error that names the reason, because each failure
+    means the same thing to the user (this engine version will not serve the draft's ids
+    for this architecture) and a pile of follow-on errors would hide which one it is.
+    """
     src = source or ss.get_source(version, root=root)
     top = ss.class_for_arch(src, arch)
     chain, setters, errors, notes = [top.name], [], [], []
@@ -169,37 +186,82 @@ def inspect_model(arch: str, version: str | None = None, *, source: SglangSource
     if found is None:
         attr = ss.wrapped_attr(src, cls)
         inner = ss.child_class(src, cls, attr) if attr else None
+        if inner is None or ss.find_method(src, inner, SETTER) is None:
+            who = (f"neither {top.name} ({src.rel(top.path)}) nor the model it wraps (self.{attr} is "
+                   f"{inner.name}) defines {SETTER}" if inner else
+                   f"{top.name} ({src.rel(top.path)}) defines no {SETTER}")
+            errors.append(
+                f"{who} in sglang {src.version}: "
+                f"SGLang cannot turn on EAGLE3 aux-hidden-state capture for this architecture, so no "
+                f"draft ids can be served")
+            return ModelWiring(src.version, arch, src.rel(top.path), top.name, chain, [], None, None, errors)
         errors.append(
             f"{top.name} defines no {SETTER} in sglang {src.version}: SGLang cannot enable EAGLE3 "
-            f"aux capture for it" + (f" (the wrapped self.{attr} is {inner.name}; shown below)" if inner else ""))
-        if inner is None:
-            return ModelWiring(src.version, arch, src.rel(top.path), top.name, chain, [], None, None, errors)
+            f"aux capture for it (the wrapped self.{attr} is {inner.name}; shown below)")
         cls = inner
         chain.append(f"{attr}:{inner.name}")
-    owner = _follow_setters(src, cls, setters, chain, notes)
+    owner, why = _follow_setters(src, cls, setters, chain, notes)
     capture = None
     if owner is None:
-        errors.append(f"could not tell which model class receives layers_to_capture in sglang {src.version}")
+        errors.append(f"could not tell which model class receives layers_to_capture in sglang "
+                      f"{src.version}: {why}")
     else:
-        fwd = ss.find_method(src, owner, "forward")
-        if fwd is None:
-            errors.append(f"{owner.name} has no forward method in sglang {src.version}")
-        else:
-            capture = analyse_forward(src, fwd[0], fwd[1])
-            if capture is None:
-                errors.append(f"no `i in self.layers_to_capture` loop found in {fwd[0].name}.forward "
-                              f"({src.rel(fwd[0].path)})")
+        capture, why = _find_capture(src, top, owner)
+        if capture is None:
+            errors.append(why)
     return ModelWiring(src.version, arch, src.rel(top.path), top.name, chain, setters, capture,
                        owner.name if owner else None, errors, notes)
 
 
+_DRAFT_HEAD = re.compile(r"Eagle|NextN|MTP|Mtp")
+
+
+def _find_capture(src: SglangSource, top: ClassRef, owner: ClassRef) -> tuple[CaptureSite | None, str]:
+    """The capture site in ``owner``'s forward, following ``super().forward(...)`` hand-offs
+    (TeleFLM's forward only scales the embedding, then runs LlamaModel's loop)."""
+    fwd = ss.find_method(src, owner, "forward")
+    if fwd is None:
+        return None, f"{owner.name} has no forward method in sglang {src.version}"
+    cls, fn = fwd
+    first = cls
+    files = [top.path, owner.path] + [b.path for b in ss.linear_bases(src, owner)]
+    for _ in range(4):
+        site = analyse_forward(src, cls, fn, layer_files=files)
+        if site is not None:
+            return site, ""
+        if not _calls_super_forward(fn):
+            break
+        base = next((m for b in ss.base_classes(src, cls) if (m := ss.find_method(src, b, "forward"))), None)
+        if base is None:
+            break
+        cls, fn = base
+    why = (f"{first.name}.forward ({src.rel(first.path)}) never captures: no loop over the layers tests "
+           f"`i in self.layers_to_capture` or a per-layer capture flag, so the ids the setter records "
+           f"are never turned into aux hidden states")
+    if _DRAFT_HEAD.search(top.name) or re.search(r"_(eagle3?|nextn|mtp)$", top.path.stem):
+        why += (f"; {top.name} is a speculative-decoding draft/MTP head that inherits the setter from "
+                f"its target class: give the target model's architecture instead")
+    return None, why
+
+
+def _calls_super_forward(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "forward"
+               and isinstance(n.func.value, ast.Call) and isinstance(n.func.value.func, ast.Name)
+               and n.func.value.func.id == "super" for n in ast.walk(fn))
+
+
 def _follow_setters(src: SglangSource, cls: ClassRef, setters: list[SetterSite], chain: list[str],
-                    notes: list[str]) -> ClassRef | None:
-    """Walk setter -> inner setter until one assigns ``layers_to_capture``; return its owner."""
+                    notes: list[str]) -> tuple[ClassRef | None, str]:
+    """Walk setter -> inner setter until one assigns ``layers_to_capture``; return its owner.
+
+    A setter that both calls an inner setter and assigns the list as a fallback (Qwen3-VL:
+    ``if hasattr(self.model, ...)``) is followed into the inner setter when that exists,
+    because that is the branch that runs.
+    """
     for _ in range(5):
         found = ss.find_method(src, cls, SETTER)
         if found is None:
-            return None
+            return None, f"{cls.name} has no {SETTER} to receive the ids"
         owner_cls, fn = found
         parsed = ss.parse_file(owner_cls.path)
         delegate = _delegated_attr(fn)
@@ -210,18 +272,26 @@ def _follow_setters(src: SglangSource, cls: ClassRef, setters: list[SetterSite],
             notes.append(f"{owner_cls.name}.{SETTER} returns early unless pp_group.is_last_rank: with "
                          f"pipeline parallelism only the last stage gets layers_to_capture")
         target = _capture_target(fn)
+        inner = ss.child_class(src, cls, delegate) if delegate is not None else None
+        if inner is not None and (target is None or ss.find_method(src, inner, SETTER) is not None):
+            chain.append(f"{delegate}:{inner.name}")
+            cls = inner
+            continue
         if target == "self":
-            return cls
+            return cls, ""
         if target is not None:
-            return ss.child_class(src, cls, target)
-        if delegate is None:
-            return None
-        inner = ss.child_class(src, cls, delegate)
-        if inner is None:
-            return None
-        chain.append(f"{delegate}:{inner.name}")
-        cls = inner
-    return None
+            child = ss.child_class(src, cls, target)
+            if child is None:
+                return None, (f"{owner_cls.name}.{SETTER} ({site.file}:{site.line}) assigns "
+                              f"self.{target}.layers_to_capture, but the class of self.{target} could "
+                              f"not be read from {cls.name}.__init__")
+            return child, ""
+        if delegate is not None:
+            return None, (f"{owner_cls.name}.{SETTER} ({site.file}:{site.line}) hands the ids to "
+                          f"self.{delegate}, whose class could not be read from {cls.name}.__init__")
+        return None, (f"{owner_cls.name}.{SETTER} ({site.file}:{site.line}) neither assigns "
+                      f"layers_to_capture nor hands the ids to an inner model")
+    return None, f"{SETTER} hands the ids on more than 5 times"
 
 
 def _delegated_attr(fn: ast.FunctionDef) -> str | None:
@@ -269,59 +339,120 @@ def _is_capture_test(node: ast.AST) -> bool:
             and node.comparators[0].attr == "layers_to_capture")
 
 
-def analyse_forward(src: SglangSource, cls: ClassRef, fn: ast.FunctionDef) -> CaptureSite | None:
-    """Classify the capture in the forward loop and find what boundary 0 depends on."""
+def _flag_test(node: ast.AST) -> str | None:
+    """The attribute name in ``getattr(layer, "_is_layer_to_capture", False)``, else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str) and "capture" in node.args[1].value):
+        return node.args[1].value
+    return None
+
+
+def analyse_forward(src: SglangSource, cls: ClassRef, fn: ast.FunctionDef,
+                    layer_files: Sequence[Path] = ()) -> CaptureSite | None:
+    """Classify the capture in the forward loop and find what boundary 0 depends on.
+
+    ``layer_files`` are where to look for the decoder layer class when the loop hands the
+    collector to the layer (the architecture's own file first: Qwen3-MoE runs Qwen2-MoE's
+    loop over its own Qwen3MoeDecoderLayer).
+    """
     parsed = ss.parse_file(cls.path)
     parents = _parents(fn)
-    loop, test = _capture_loop(fn)
+    loop, test, flag = _capture_loop(fn)
     if loop is None:
         return None
     rel = src.rel(cls.path)
-    loop_var = loop.target.id if isinstance(loop.target, ast.Name) else None
+    loop_var = _loop_var(loop)
     stmt = _enclosing_statement(test, parents)
     site = CaptureSite(cls.name, rel, str(cls.path), test.lineno, stmt.end_lineno or stmt.lineno,
                        parsed.segment(stmt), "unknown", loop.lineno, parsed.line(loop.lineno).strip(),
-                       _range_args(loop))
+                       _range_args(loop), flag=flag)
     parent = parents.get(test)
     if isinstance(parent, ast.If) and parent.test is test or isinstance(parent, ast.BoolOp):
         if_node = parent if isinstance(parent, ast.If) else _enclosing(parent, parents, ast.If)
         adds, guarded = [], []
         _scan_capture_body(if_node.body, loop_var, adds, guarded)
+        split = _split_residual(loop)
         if adds:
             site.style = "inline-add"
             site.unguarded_add = SourceLine(rel, adds[0].lineno, parsed.line(adds[0].lineno).strip())
+        elif not guarded and split is not None and not any(_mentions(v, "residual")
+                                                           for v in _appended(if_node.body)):
+            site.style = "inline-hidden-only"
+            site.split_residual = SourceLine(rel, split.lineno, parsed.line(split.lineno).strip())
         else:
             site.style = "inline-guarded"
-    elif isinstance(parent, ast.IfExp) and isinstance(parents.get(parent), ast.keyword):
-        site.style = "delegated"
-        kw = parents[parent].arg
-        site.notes.append(f"the loop passes the collector to the layer as `{kw}=`; the layer's boundary "
-                          f"code captures the residual stream itself, so no `hidden_states + residual` "
-                          f"is evaluated in {rel}")
-        site.handler = _boundary_handlers(src)
-        if not site.handler:
-            site.notes.append("could not find where the layer code handles the missing residual "
-                              "before the first layer; boundary 0 is not verified")
-            site.style = "unknown"
+    elif isinstance(parent, ast.IfExp):
+        holder = parents.get(parent)
+        # `kw=collector if test else None` in the call, or first bound to a name the call passes
+        # (qwen3_vl.py 0.5.23: `capture_output = (... if layer_idx in ... else None)`)
+        kw = holder.arg if isinstance(holder, ast.keyword) else _keyword_passing(loop, holder)
+        if kw:
+            _analyse_delegated(src, site, kw, layer_files)
+        else:
+            site.notes.append(f"the loop picks a collector with `{ast.unparse(parent)}` but hands it on in "
+                              f"a way the workbook does not follow; boundary 0 is not verified")
     _find_residual_none(fn, parents, parsed, rel, site)
     for n in ast.walk(fn):
         if _is_capture_test(n) and not _inside(n, loop, parents):
             site.post_loop.append(SourceLine(rel, n.lineno, parsed.line(n.lineno).strip()))
             site.post_loop_exprs.append(ast.unparse(n.left))
-    _loop_notes(fn, loop, site, parsed)
+    _loop_notes(fn, loop, site, parsed, parents)
     return site
 
 
-def _capture_loop(fn: ast.FunctionDef) -> tuple[ast.For | None, ast.Compare | None]:
+def _loop_var(loop: ast.For) -> str | None:
+    """``i`` in ``for i in range(...)`` and in ``for i, layer in enumerate(self.layers)``."""
+    if isinstance(loop.target, ast.Name):
+        return loop.target.id
+    if isinstance(loop.target, ast.Tuple) and loop.target.elts and isinstance(loop.target.elts[0], ast.Name):
+        return loop.target.elts[0].id
+    return None
+
+
+def _capture_loop(fn: ast.FunctionDef) -> tuple[ast.For | None, ast.AST | None, str | None]:
+    """The layer loop and the test that picks the layers to capture.
+
+    The index test (``i in self.layers_to_capture``) wins over a per-layer flag when a loop
+    has both (bailing_moe passes both keywords; only the index one is ever set there).
+    """
+    flagged = None
     for node in ast.walk(fn):
         if isinstance(node, ast.For):
+            var = _loop_var(node)
             for inner in ast.walk(node):
-                if _is_capture_test(inner):
-                    left = inner.left
-                    if isinstance(node.target, ast.Name) and isinstance(left, ast.Name) and \
-                            left.id == node.target.id:
-                        return node, inner
-    return None, None
+                if _is_capture_test(inner) and isinstance(inner.left, ast.Name) and inner.left.id == var:
+                    return node, inner, None
+                if flagged is None and isinstance(inner, ast.IfExp) and _flag_test(inner.test):
+                    flagged = (node, inner.test, _flag_test(inner.test))
+    return flagged if flagged is not None else (None, None, None)
+
+
+def _keyword_passing(loop: ast.For, holder: ast.AST | None) -> str | None:
+    """The keyword under which the loop passes the name ``holder`` assigns, if any."""
+    if not (isinstance(holder, ast.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0], ast.Name)):
+        return None
+    name = holder.targets[0].id
+    return next((k.arg for k in ast.walk(loop) if isinstance(k, ast.keyword) and k.arg
+                 and isinstance(k.value, ast.Name) and k.value.id == name), None)
+
+
+def _split_residual(loop: ast.For) -> ast.Assign | None:
+    """``hidden_states, residual = layer(...)`` in the loop: the layers hand the residual back
+    apart from hidden_states, so hidden_states alone is not the residual stream."""
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for t in node.targets:
+                if isinstance(t, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == "residual"
+                                                    for e in t.elts):
+                    return node
+    return None
+
+
+def _appended(stmts: list[ast.stmt]) -> list[ast.expr]:
+    return [n.args[0] for st in stmts for n in ast.walk(st)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append"
+            and n.args]
 
 
 def _range_args(loop: ast.For) -> tuple[str, str] | None:
@@ -437,12 +568,134 @@ def _boundary_handlers(src: SglangSource) -> list[SourceLine]:
     return sorted(_dedupe(out), key=lambda ln: (ln.file, ln.line))
 
 
-def _loop_notes(fn: ast.FunctionDef, loop: ast.For, site: CaptureSite, parsed: ParsedFile) -> None:
+def _analyse_delegated(src: SglangSource, site: CaptureSite, kw: str, layer_files: Sequence[Path]) -> None:
+    """The loop hands a collector to the layer (``kw=collector if <test> else None``): follow it
+    into the decoder layer and the code that appends to it, and find what that code does
+    when there is no residual yet (before layer 0)."""
+    site.style = "delegated"
+    which = (f"layers the setter flagged `{site.flag}`" if site.flag
+             else "the indices in layers_to_capture")
+    hand = _layer_hand_off(src, kw, layer_files)
+    if hand is not None:
+        layer_name, line, callee, kwarg = hand
+        site.layer_call = line
+        site.handler, what = _callee_handlers(src, callee, kwarg)
+        how = f"{layer_name}.forward hands it to `{callee}` ({line.file}:{line.line}), which {what}"
+    else:
+        site.handler = _boundary_handlers(src)
+        how = "the layer's boundary code captures the residual stream itself"
+    site.notes.append(f"the loop passes the collector to the layer as `{kw}=` for {which}; {how}; no "
+                      f"`hidden_states + residual` is evaluated in {site.file}")
+    if not site.handler:
+        site.notes.append("could not find where the layer code handles the missing residual "
+                          "before the first layer; boundary 0 is not verified")
+        site.style = "unknown"
+
+
+def _layer_hand_off(src: SglangSource, kw: str, files: Sequence[Path]
+                    ) -> tuple[str, SourceLine, str, str] | None:
+    """(layer class, call line, callee, keyword): where a decoder layer's forward, taking
+    ``kw``, passes it on (``self.layer_communicator.prepare_attn_and_capture_last_layer_outputs(
+    ..., captured_last_layer_outputs=...)`` in 0.5.9, ``self.attn_boundary.prepare(...,
+    capture_gathered=...)`` in 0.5.23)."""
+    seen = set()
+    for path in files:
+        if path in seen or not Path(path).is_file():
+            continue
+        seen.add(path)
+        parsed = ss.parse_file(path)
+        for klass in parsed.tree.body:
+            if not isinstance(klass, ast.ClassDef):
+                continue
+            fwd = next((n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+            if fwd is None or kw not in [a.arg for a in fwd.args.args + fwd.args.kwonlyargs]:
+                continue
+            for call in ast.walk(fwd):
+                if not isinstance(call, ast.Call):
+                    continue
+                for k in call.keywords:
+                    if k.arg and isinstance(k.value, ast.Name) and k.value.id == kw:
+                        f = call.func
+                        callee = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "?")
+                        line = SourceLine(src.rel(path), k.value.lineno, parsed.line(k.value.lineno).strip())
+                        return klass.name, line, callee, k.arg
+    return None
+
+
+def _callee_handlers(src: SglangSource, callee: str, kwarg: str) -> tuple[list[SourceLine], str]:
+    """Lines that show what ``callee`` captures and how it treats a missing residual."""
+    layers = src.package_dir / "srt" / "layers"
+    if kwarg.startswith("capture") and (layers / "layer_boundary").is_dir():
+        return _boundary_handlers(src), ("captures the residual stream entering the layer; the "
+                                         "layer_boundary code starts the residual from the embedding "
+                                         "before layer 0")
+    for path in sorted(layers.rglob("*.py")) if layers.is_dir() else []:
+        if f"def {callee}(" not in ss._safe_read(path):
+            continue
+        parsed = ss.parse_file(path)
+        for klass in ast.walk(parsed.tree):
+            if not isinstance(klass, ast.ClassDef):
+                continue
+            methods = {n.name: n for n in klass.body if isinstance(n, ast.FunctionDef)}
+            fn = methods.get(callee)
+            if fn is None:
+                continue
+            return _append_after_residual(src, path, parsed, methods, fn, kwarg)
+    return [], f"is not defined under {src.rel(layers)}"
+
+
+def _append_after_residual(src, path, parsed, methods, fn, kwarg) -> tuple[list[SourceLine], str]:
+    """Confirm the 0.5.9 LayerCommunicator shape: ``self.prepare_attn(...)`` first (which does
+    ``residual = hidden_states`` when residual is None, else the fused ``hidden_states +
+    residual``), then ``<collector>.append(<value built from residual>)``."""
+    rel = src.rel(path)
+    appends = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr == "append" and isinstance(n.func.value, ast.Name)
+               and n.func.value.id == kwarg and n.args]
+    if not appends:
+        return [], f"does not append to `{kwarg}` ({rel}:{fn.lineno})"
+    append = appends[0]
+    value = append.args[0]
+    sources = [value] + [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(value, ast.Name)
+                         and any(isinstance(t, ast.Name) and t.id == value.id for t in a.targets)]
+    if not any(_mentions(v, "residual") for v in sources):
+        return [], f"appends `{ast.unparse(value)}`, which is not built from the residual ({rel}:{append.lineno})"
+    before = [n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self" and n.lineno < append.lineno]
+    for name in before:
+        starts = [n for n in ast.walk(methods[name]) if isinstance(n, ast.If) and _is_residual_none(n.test)
+                  and any(isinstance(b, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "residual"
+                                                            for t in b.targets)
+                          and isinstance(b.value, ast.Name) and b.value.id == "hidden_states"
+                          for b in n.body)] if name in methods else []
+        if starts:
+            lines = [SourceLine(rel, append.lineno, parsed.line(append.lineno).strip())]
+            lines += [SourceLine(rel, n.lineno, parsed.line(n.lineno).strip()) for n in starts]
+            return lines, (f"appends `{ast.unparse(value)}` built from `residual` after `self.{name}(...)` "
+                           f"({rel}:{append.lineno}): hidden_states + residual, the stream entering the "
+                           f"layer; `{name}` sets residual = hidden_states when it is None, so index 0 "
+                           f"captures the embedding output")
+    return [], f"appends before any step that starts the residual ({rel}:{append.lineno})"
+
+
+def _is_residual_none(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "residual"
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None)
+
+
+def _loop_notes(fn: ast.FunctionDef, loop: ast.For, site: CaptureSite, parsed: ParsedFile,
+                parents: dict) -> None:
     text = parsed.segment(fn)
     if site.loop_range and site.loop_range != ("self.start_layer", "self.end_layer") and "can_run_tbo" in text:
         site.notes.append(f"the capture loop runs over {site.loop_range}; with two-batch overlap "
                           f"(forward_batch.can_run_tbo) it stops at first_k_dense_replace and later "
                           f"layers run without capture")
+    branch = _enclosing(parents.get(loop), parents, ast.If)
+    if branch is not None and "can_run_tbo" in ast.unparse(branch.test) and _inside(loop, branch, parents) \
+            and any(_inside(loop, st, parents) for st in branch.orelse):
+        site.notes.append(f"the capture loop is the else-branch of `if {ast.unparse(branch.test)}`: with "
+                          f"two-batch overlap the layers run without the collector and nothing is captured")
     if "AuxHiddenStatePacker(len(self.layers_to_capture))" in text:
         site.notes.append("captures go into AuxHiddenStatePacker(len(layers_to_capture)); a capture "
                           "index no layer visits makes finalize() raise 'captured k of n'")
@@ -456,7 +709,7 @@ def exec_capture_site(site: CaptureSite, i: int, hidden_states: Any, residual: A
     without importing sglang: the statement text comes from the file, and the rest of
     the loop's world is a handful of plain values.
     """
-    if site.style not in ("inline-add", "inline-guarded"):
+    if site.style not in ("inline-add", "inline-guarded", "inline-hidden-only"):
         raise WiringError(f"the capture at {site.file}:{site.line} is {site.style}; only inline sites execute")
     code = compile(textwrap.dedent(site.source), site.path, "exec")
     log: list[str] = []
@@ -527,6 +780,7 @@ class _StubContext:
     log: list[str] = field(default_factory=list)
     assigned: list[tuple[Any, list]] = field(default_factory=list)
     traced: list[tuple[str, int]] = field(default_factory=list)
+    layer_lists: list[list] = field(default_factory=list)  # every stub's self.layers, to read flags
 
 
 class _StubModule:
@@ -537,6 +791,7 @@ class _StubModule:
         object.__setattr__(self, "_cls", cls)
         L = ctx.num_layers
         layers = [types.SimpleNamespace(layer_id=i) for i in range(L)]  # setattr-able, like modules
+        ctx.layer_lists.append(layers)
         for k, v in dict(config=ctx.config, pp_group=ctx.pp_group, start_layer=0, end_layer=L,
                          layers=layers, layers_to_capture=[], capture_aux_hidden_states=False,
                          num_layers=L).items():
@@ -553,7 +808,9 @@ class _StubModule:
                 child = _StubModule(ctx, inner)
                 object.__setattr__(self, name, child)
                 return child
-        if name.startswith("__"):
+        if name.startswith("__") or name.endswith("_layers_to_capture"):
+            # a capture setter the class does not define must look absent, as it would to
+            # `hasattr(self.model, "set_eagle3_layers_to_capture")` in the real model
             raise AttributeError(name)
         ctx.log.append(f"self.{name}")
         return _Placeholder(f"self.{name}", ctx.log)
@@ -589,6 +846,7 @@ class SetterRun:
     executed: list[SourceLine]
     touched: list[str]
     error: str | None = None
+    flagged: dict[str, list[int]] = field(default_factory=dict)  # attribute -> layers it was set on
 
 
 def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int] | None,
@@ -600,6 +858,9 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
     """
     extra = {k: v for k, v in (target_config or {}).items() if isinstance(k, str)}
     extra["num_hidden_layers"] = num_layers
+    # multimodal wrappers read the decoder's depth from config.text_config (gemma4_mm)
+    text = extra.get("text_config") if isinstance(extra.get("text_config"), dict) else {}
+    extra["text_config"] = types.SimpleNamespace(**{**text, "num_hidden_layers": num_layers})
     ctx = _StubContext(src, num_layers, types.SimpleNamespace(**extra),
                        types.SimpleNamespace(is_first_rank=True, is_last_rank=True, rank_in_group=0,
                                              world_size=1))
@@ -638,7 +899,14 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
         holder, value = ctx.assigned[-1]
         ltc = [int(v) for v in value]
         owner = holder._cls.name if holder._cls else None
-    return SetterRun(ltc, owner, executed, sorted(set(ctx.log)), error)
+    flagged: dict[str, set[int]] = {}
+    for layers in ctx.layer_lists:
+        for layer in layers:
+            for k, v in vars(layer).items():
+                if k != "layer_id" and v is True:
+                    flagged.setdefault(k, set()).add(layer.layer_id)
+    return SetterRun(ltc, owner, executed, sorted(set(ctx.log)), error,
+                     {k: sorted(v) for k, v in flagged.items()})
 
 
 def _executed_lines(src: SglangSource, traced: list[tuple[str, int]]) -> list[SourceLine]:
@@ -878,20 +1146,45 @@ def _resolve_sglang(src, arch, num_layers, ids, cfg, target_config) -> WiringRes
         chosen = DraftIds(None, "default", [], [])
     warnings.extend(chosen.warnings)
     errors = list(wiring.errors)
+    engine = f"sglang=={src.version}"
+    if not wiring.setters or wiring.owner is None:
+        # nothing to run: the one error from the inspector says why, and a stub run would
+        # only add a 'could not run' echo of it
+        return WiringResult(engine, src.version, arch, num_layers, (), [], chosen.ids, chosen.source,
+                            errors, warnings, [l.to_dict() for l in _dedupe(lines)])
     run = run_setter(src, arch, num_layers, chosen.ids, target_config)
     lines.extend(run.executed)
     lines.extend(wiring.source_lines())
     if run.touched:
         warnings.append("the stub supplied placeholders for: " + ", ".join(run.touched))
-    if run.error:
-        errors.append(f"running sglang {src.version}'s {SETTER} failed: {run.error}")
+    if wiring.capture is not None and wiring.capture.style == "unknown":
+        warnings.append(f"the capture at {wiring.capture.file}:{wiring.capture.line} is not a style the "
+                        f"workbook recognises; the served layout assumes index v captures boundary v")
     ltc = run.layers_to_capture or []
-    captured, capture_errors = _captured(ltc, chosen.ids, wiring, num_layers, src)
-    errors.extend(capture_errors)
+    if run.error:
+        errors.append(_setter_failure(run, ltc, chosen.ids, num_layers, src))
+        captured = set()  # SGLang would stop while loading the model: nothing is served
+    else:
+        captured, capture_errors = _captured(ltc, chosen.ids, wiring, num_layers, src, run.flagged)
+        errors.extend(capture_errors)
     if not chosen.use_aux:
         errors.append("SGLang will not capture aux hidden states for this draft (use_aux_hidden_state false)")
-    return WiringResult(f"sglang=={src.version}", src.version, arch, num_layers, tuple(sorted(captured)),
+    return WiringResult(engine, src.version, arch, num_layers, tuple(sorted(captured)),
                         ltc, chosen.ids, chosen.source, errors, warnings, [l.to_dict() for l in _dedupe(lines)])
+
+
+def _setter_failure(run: SetterRun, ltc: list[int], ids: list[int] | None, num_layers: int,
+                    src: SglangSource) -> str:
+    """One error for a setter that raised, naming the index that made it raise when it is the
+    Qwen-MoE ``setattr(self.layers[k], ...)`` meeting a k with no layer."""
+    base = f"running sglang {src.version}'s {SETTER} failed: {run.error}"
+    bad = [(k, v) for k, v in enumerate(ltc) if not -num_layers <= v < num_layers]
+    if run.error.startswith("IndexError") and bad:
+        k, v = bad[0]
+        src_id = f" (from id {ids[k]})" if ids is not None and k < len(ids) else ""
+        return (f"{base}: capture index {v}{src_id} has no layer self.layers[{v}] (the model has layers "
+                f"0..{num_layers - 1}), so SGLang raises while loading the model and serves nothing")
+    return base
 
 
 def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]:
@@ -913,7 +1206,7 @@ def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]
 
 
 def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_layers: int,
-              src: SglangSource) -> tuple[set[int], list[str]]:
+              src: SglangSource, flagged: dict[str, list[int]] | None = None) -> tuple[set[int], list[str]]:
     """Which capture indices happen, and why the others do not."""
     errors: list[str] = []
     capture = wiring.capture
@@ -922,10 +1215,26 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
     inside, after = _visited(capture, num_layers)
     L = num_layers
     where = f"{capture.file}:{capture.loop_line} `{capture.loop_text}`"
+    marked = set((flagged or {}).get(capture.flag, [])) if capture.flag else set()
     captured = set()
     for k, v in enumerate(ltc):
         src_id = f" (from id {ids[k]})" if ids is not None and k < len(ids) else ""
-        if v in inside or v in after:
+        if v in after:
+            captured.add(v)
+        elif capture.flag is not None:
+            layer = v + L if -L <= v < 0 else v  # the setter indexes self.layers[v]
+            if 0 <= layer < L and layer in marked:
+                captured.add(layer)
+                if v < 0:
+                    errors.append(
+                        f"capture index {v}{src_id} flags self.layers[{v}], which Python reads as layer "
+                        f"{layer}: sglang {src.version} captures boundary {layer} there, not the embedding")
+            else:
+                errors.append(
+                    f"capture index {v}{src_id} is never captured by sglang {src.version}: the loop {where} "
+                    f"captures only layers whose `{capture.flag}` the setter set, and it set none for "
+                    f"{v} (layers are 0..{L - 1})")
+        elif v in inside:
             captured.add(v)
         elif v == L:
             errors.append(f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never "
@@ -941,15 +1250,32 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
         errors.append(f"the draft's fc expects {len(ltc)} features but sglang {src.version} would "
                       f"concatenate {len(captured)}" + (" (AuxHiddenStatePacker.finalize() raises "
                       f"'captured {len(captured)} of {len(ltc)} aux hidden states')" if packer else ""))
+    if capture.style == "inline-hidden-only" and captured - {0}:
+        split = capture.split_residual
+        errors.append(
+            f"capture indices {sorted(captured - {0})} are not boundaries in sglang {src.version}: "
+            f"{capture.file}:{capture.line} appends `hidden_states` alone, but the loop gets the residual "
+            f"back separately ({split.file}:{split.line} `{split.text}`), so each feature is the previous "
+            f"layer's output branch without the residual stream (boundary b is hidden_states + residual); "
+            f"only index 0, before any residual exists, is the boundary it names")
+    if 0 in captured and capture.style == "unknown":
+        why = capture.notes[-1] if capture.notes else f"the capture at {capture.file}:{capture.line} is not one the workbook recognises"
+        errors.append(f"boundary 0 (embedding output) is not verified for sglang {src.version}: {why}")
     if 0 in captured and capture.boundary0_hazard:
         add, rn, fr = capture.unguarded_add, capture.residual_none, capture.first_rank
         errors.append(
             f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: on the first "
             f"pipeline rank `residual` is None before layer 0 ({rn.file}:{rn.line}"
             + (f", under `{fr.text}`" if fr else "") + f") and {add.file}:{add.line} evaluates "
-            f"`{add.text}` -> TypeError on the first forward (fix: `python -m helpers patch-sglang apply "
-            f"--version {src.version}`)")
+            f"`{add.text}` -> TypeError on the first forward ({_patch_advice(src, wiring, capture)})")
     return captured, errors
+
+
+def _patch_advice(src: SglangSource, wiring: ModelWiring, capture: CaptureSite) -> str:
+    """Advice that agrees with what ``patch-sglang apply`` would do for this file."""
+    from helpers import patch_sglang
+
+    return patch_sglang.fix_advice(src, wiring.arch, capture.file)
 
 
 # --------------------------------------------------------------------------------------
@@ -1051,20 +1377,59 @@ def _join_negative_ids(argv: list[str]) -> list[str]:
 
 
 def _target_config(folder: str) -> dict:
-    path = Path(folder) / "config.json"
+    path = Path(folder)
+    path = path if path.is_file() else path / "config.json"
     if not path.is_file():
         raise WiringError(f"target folder {folder} has no config.json")
-    cfg = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WiringError(f"cannot read the target's {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise WiringError(f"the target's {path} holds a {type(cfg).__name__}, expected a JSON object")
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
     return cfg
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(p) for p in text.replace(" ", "").split(",") if p]
-    except ValueError:
-        raise WiringError(f"cannot read ids from {text!r}; expected integers like -1,2,6") from None
+    """Every comma-separated field must be an integer: an empty field is a typo, never 'skip'."""
+    if not text.strip():
+        raise WiringError("--ids is empty; give integers like -1,2,6, or omit --ids to use the "
+                          "engine's default ids")
+    parts = [p.strip() for p in text.split(",")]
+    if any(not p for p in parts):
+        raise WiringError(f"--ids {text!r} has an empty field; expected integers separated by single "
+                          f"commas, like -1,2,6")
+    out = []
+    for p in parts:
+        try:
+            out.append(int(p))
+        except ValueError:
+            raise WiringError(f"cannot read ids from {text!r}: {p!r} is not an integer; expected integers "
+                              f"like -1,2,6") from None
+    return out
+
+
+def _target_arch_and_layers(args, target_cfg: dict | None) -> tuple[str, int]:
+    """--arch/--layers, or the target's config.json; when both are given they must agree,
+    since a report about a different depth or class than the target's is silently wrong."""
+    cfg_arch = ((target_cfg or {}).get("architectures") or [None])[0]
+    cfg_layers = (target_cfg or {}).get("num_hidden_layers")
+    if target_cfg is not None:
+        where = Path(args.target) if Path(args.target).is_file() else Path(args.target) / "config.json"
+        if args.layers is not None and cfg_layers is not None and args.layers != cfg_layers:
+            raise WiringError(f"--layers {args.layers} contradicts {where}, which has num_hidden_layers = "
+                              f"{cfg_layers}; drop --layers or pass the matching value")
+        if args.arch is not None and cfg_arch is not None and args.arch != cfg_arch:
+            raise WiringError(f"--arch {args.arch} contradicts {where}, whose architectures are "
+                              f"{target_cfg.get('architectures')}; drop --arch or pass the matching name")
+    arch = args.arch or cfg_arch
+    layers = args.layers if args.layers is not None else cfg_layers
+    if not arch or layers is None:
+        missing = " and ".join(n for n, v in (("--arch", arch), ("--layers", layers)) if v is None or v == "")
+        raise WiringError(f"need --arch and --layers (or --target DIR with a config.json); missing {missing}")
+    return arch, layers
 
 
 def format_report(r: WiringResult) -> str:
@@ -1086,13 +1451,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = _parser().parse_args(_join_negative_ids(argv))
-        target_cfg = _target_config(args.target) if args.target else None
-        arch = args.arch or ((target_cfg or {}).get("architectures") or [None])[0]
-        layers = args.layers if args.layers is not None else (target_cfg or {}).get("num_hidden_layers")
-        if not arch or layers is None:
-            raise WiringError("need --arch and --layers (or --target DIR with a config.json)")
-        result = resolve(args.engine, arch, layers, ids=_parse_ids(args.ids) if args.ids else None,
-                         draft=args.draft, root=args.sglang_root, target_config=target_cfg)
+        target_cfg = _target_config(args.target) if args.target is not None else None
+        arch, layers = _target_arch_and_layers(args, target_cfg)
+        ids = _parse_ids(args.ids) if args.ids is not None else None
+        result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
+                         target_config=target_cfg)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except (_ArgError, WiringError, ValueError, ss.SglangSourceError) as exc:

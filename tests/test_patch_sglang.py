@@ -124,7 +124,10 @@ def test_revert_finishes_an_interrupted_apply(tree):
     ps.apply_patch("0.5.9", root=tree)
     # as if the process died after writing only deepseek_v2.py
     shutil.copyfile(tree / ps.BACKUP_DIR / "files" / FILES[0], tree / FILES[0])
-    assert ps.patch_status("0.5.9", root=tree).state == "unsupported"
+    st = ps.patch_status("0.5.9", root=tree)
+    assert st.state == "partial" and "revert it" in st.message
+    with pytest.raises(ps.PatchError, match="nothing written"):  # apply does not guess on a half-patched tree
+        ps.apply_patch("0.5.9", root=tree)
     assert ps.revert_patch("0.5.9", root=tree).state == "pristine"
     assert _hashes(tree) == pristine and not (tree / ps.BACKUP_DIR).exists()
 
@@ -140,7 +143,7 @@ def test_revert_refuses_a_file_edited_after_patching(tree):
 
 
 @pytest.mark.parametrize("how", ["absent", "twice"])
-def test_anchor_not_found_exactly_once_writes_nothing(tree, how):
+def test_anchor_misfit_refuses_that_file_and_writes_nothing_to_it(tree, how):
     deepseek = tree / "sglang/srt/models/deepseek_v2.py"
     anchor = next(e.anchor for e in ps.EDITS if e.file.endswith("deepseek_v2.py"))
     text = deepseek.read_text()
@@ -150,11 +153,27 @@ def test_anchor_not_found_exactly_once_writes_nothing(tree, how):
         text += f'\n_COPY = """\n{anchor}"""\n'
     deepseek.write_text(text)
     before = _hashes(tree)
+    rel = "sglang/srt/models/deepseek_v2.py"
+    st = ps.patch_status("0.5.9", root=tree)
+    assert st.state == "pristine" and st.file_states[rel] == "misfit"
+    assert "anchor found" in st.skipped[rel]
+    # asked for DeepSeek: its file does not fit, so nothing at all is written
     with pytest.raises(ps.PatchError, match="nothing written"):
-        ps.apply_patch("0.5.9", root=tree)
-    assert _hashes(tree) == before
-    assert not (tree / ps.BACKUP_DIR).exists()
-    assert ps.patch_status("0.5.9", root=tree).state == "unsupported"
+        ps.apply_patch("0.5.9", root=tree, arch="DeepseekV3ForCausalLM")
+    assert _hashes(tree) == before and not (tree / ps.BACKUP_DIR).exists()
+    # the DeepSeek advice agrees: it does not send the user to a patch that would refuse
+    r = _resolve(tree, "DeepseekV3ForCausalLM")
+    assert any("does not fit sglang/srt/models/deepseek_v2.py" in e for e in r.errors), r.errors
+    assert not any("patch-sglang apply" in e for e in r.errors)
+    # without --arch the fitting file is patched and the misfit one is left byte for byte
+    st = ps.apply_patch("0.5.9", root=tree)
+    assert st.state == "patched" and st.changed and rel in st.skipped
+    assert ss.sha256_file(deepseek) == before[rel]
+    assert ss.sha256_file(tree / FILES[0]) != before[FILES[0]]
+    manifest = json.loads((tree / ps.BACKUP_DIR / ps.MANIFEST).read_text())
+    assert list(manifest["files"]) == [FILES[0]]
+    assert ps.revert_patch("0.5.9", root=tree).state == "pristine"
+    assert _hashes(tree) == before and not (tree / ps.BACKUP_DIR).exists()
 
 
 def test_unknown_version_writes_nothing(monkeypatch, tmp_path):
@@ -208,3 +227,66 @@ def test_cli_bad_input(capsys):
     if ss.installed_sglang() is None:
         assert ps.main(["status", "--version", "0.5.9", "--target", "installed"]) == 2
         assert "no sglang is installed" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------
+# Per-file application: 0.5.4 has the Llama capture but no EAGLE3 for DeepSeek at all.
+
+
+@pytest.fixture
+def tree_054(tmp_path) -> Path:
+    return _copy_tree(_fetch("0.5.4"), tmp_path / "sglang-0.5.4")
+
+
+def test_054_patches_llama_and_leaves_deepseek_alone(tree_054):
+    llama, deepseek = FILES  # llama.py, deepseek_v2.py
+    before = _hashes(tree_054)
+    st = ps.patch_status("0.5.4", root=tree_054)
+    assert st.state == "pristine"
+    assert st.file_states == {llama: "pristine", deepseek: "no-capture"}
+    assert "cannot use EAGLE3 in sglang 0.5.4" in st.skipped[deepseek]
+
+    # DeepSeek has nothing to patch in 0.5.4: asking for it writes nothing
+    with pytest.raises(ps.PatchError, match="nothing written"):
+        ps.apply_patch("0.5.4", root=tree_054, arch="DeepseekV3ForCausalLM")
+    assert _hashes(tree_054) == before and not (tree_054 / ps.BACKUP_DIR).exists()
+
+    st = ps.apply_patch("0.5.4", root=tree_054, arch="LlamaForCausalLM")
+    assert (st.state, st.changed) == ("patched", True)
+    assert ss.sha256_file(tree_054 / deepseek) == before[deepseek]
+    py_compile.compile(str(tree_054 / llama), cfile=str(tree_054 / "pyc" / "llama.pyc"), doraise=True)
+    r = wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    assert r.served_layout == (0, 16, 29) and r.errors == []
+    diff = ps.show_diff("0.5.4", root=tree_054)
+    assert f"+++ b/{llama}" in diff and f"# {deepseek}: not patched" in diff
+
+    assert ps.revert_patch("0.5.4", root=tree_054).state == "pristine"
+    record = ss.source_at(tree_054).record_hashes()
+    assert _hashes(tree_054) == before == {rel: record[rel] for rel in FILES}
+
+
+def test_054_advice_is_a_command_that_works(tree_054, capsys):
+    """The audit's case: wiring advised `apply --version 0.5.4`, and apply refused."""
+    r = wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    advice = next(e for e in r.errors if "patch-sglang apply" in e)
+    cmd = advice.split("`python -m helpers patch-sglang ")[1].split("`")[0].split()
+    assert cmd == ["apply", "--version", "0.5.4", "--root", str(tree_054), "--arch", "LlamaForCausalLM"]
+    assert ps.main(cmd) == 0
+    assert "patched (changed)" in capsys.readouterr().out
+    assert wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054).capturable
+
+
+def test_advice_for_a_file_the_patch_does_not_edit(tree_054):
+    # apertus.py evaluates the same unguarded sum, but the patch edits only llama.py and deepseek_v2.py
+    r = wiring.resolve("sglang==0.5.4", "ApertusForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    assert any("does not cover sglang/srt/models/apertus.py" in e for e in r.errors), r.errors
+    assert not any("patch-sglang apply" in e for e in r.errors)
+    with pytest.raises(ps.PatchError, match="apertus.py, which the patch does not edit"):
+        ps.apply_patch("0.5.4", root=tree_054, arch="ApertusForCausalLM")
+    assert not (tree_054 / ps.BACKUP_DIR).exists()
+
+
+def test_cli_arch_only_for_apply(tree, capsys):
+    assert ps.main(["status", "--version", "0.5.9", "--root", str(tree), "--arch", "LlamaForCausalLM"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--arch only applies to `apply`" in err and err.count("\n") == 1

@@ -1,6 +1,7 @@
 """Fetching SGLang wheels into the cache and finding model classes in them, without importing sglang."""
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -61,6 +62,80 @@ def test_unknown_version_is_refused_and_writes_nothing(tmp_path):
         pytest.skip(f"PyPI unreachable: {exc}")
     assert not (cache / "0.0.1").exists()
     assert not cache.exists() or not any(cache.iterdir())
+
+
+def _fake_pip(outputs):
+    """Stand-in for `pip download` that fails with the given outputs, one per call."""
+    calls = []
+
+    def run(version, dest, extra=()):
+        calls.append(extra)
+        text = outputs[min(len(calls), len(outputs)) - 1]
+        return subprocess.CompletedProcess(["pip"], 1, "", text)
+    return run, calls
+
+
+_NO_VERSIONS = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.23 "
+                "(from versions: none)\nERROR: No matching distribution found for sglang==0.5.23\n")
+
+
+def test_empty_version_list_means_unreachable_index(monkeypatch, tmp_path):
+    run, calls = _fake_pip([_NO_VERSIONS])
+    monkeypatch.setattr(ss, "_pip_download", run)
+    with pytest.raises(ss.IndexUnreachableError, match="index is unreachable") as exc:
+        ss.fetch_sglang("0.5.23", cache=tmp_path / "cache")
+    assert not isinstance(exc.value, ss.UnknownVersionError)
+    assert len(calls) == 1  # no wheel-tag retries against an index that did not answer
+    assert not (tmp_path / "cache" / "0.5.23").exists()
+
+
+def test_version_absent_from_a_real_listing_is_unknown(monkeypatch, tmp_path):
+    listed = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.99 "
+              "(from versions: 0.5.8, 0.5.9, 0.5.10)\nERROR: No matching distribution found\n")
+    run, calls = _fake_pip([listed])
+    monkeypatch.setattr(ss, "_pip_download", run)
+    with pytest.raises(ss.UnknownVersionError, match=r"0\.5\.99 does not exist .*latest listed: 0\.5\.8, 0\.5\.9, 0\.5\.10"):
+        ss.fetch_sglang("0.5.99", cache=tmp_path / "cache")
+    # pip lists only versions with a wheel for this Python, so other wheel tags were tried first
+    assert len(calls) == 1 + len(ss._FALLBACK_WHEEL_TAGS)
+
+
+def test_dead_index_url_is_unreachable_not_unknown(monkeypatch, tmp_path):
+    """The real pip against a closed local port: no network is needed to see it fail."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "3")
+    for var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+    cache = tmp_path / "cache"
+    with pytest.raises(ss.IndexUnreachableError, match="sglang 0.5.23.*nothing is cached"):
+        ss.fetch_sglang("0.5.23", cache=cache)
+    assert not cache.exists() or not any(cache.iterdir())
+
+
+@pytest.mark.parametrize("typed, first", [("llama", "LlamaForCausalLM"), ("deepseek_v3", "DeepseekV3ForCausalLM"),
+                                          ("qwen3moe", "Qwen3MoeForCausalLM"),
+                                          ("DeepseekV3ForCausalLm", "DeepseekV3ForCausalLM")])
+def test_architecture_suggestions(sources, typed, first):
+    close = ss.suggest_architectures(sources["0.5.9"], typed)
+    assert close and close[0] == first and len(close) <= 6
+    with pytest.raises(ss.UnknownArchitectureError, match=f"did you mean {first}"):
+        ss.find_model_file(sources["0.5.9"], typed)
+
+
+def test_inner_model_from_constructor_default_and_class_attribute(sources):
+    src = sources["0.5.23"]
+    # qwen3_vl.py: `self.model = language_model_cls(...)`, default `language_model_cls=Qwen3LLMModel`
+    vl = ss.class_for_arch(src, "Qwen3VLForConditionalGeneration")
+    assert ss.child_class(src, vl, "model").name == "Qwen3LLMModel"
+    # qwen3_5.py: the subclass declares its own default and hands it to super().__init__
+    q35 = ss.class_for_arch(src, "Qwen3_5ForConditionalGeneration")
+    assert ss.child_class(src, q35, "model").path.name == "qwen3_5.py"
+    # qwen3_5_text.py: `self.model = self.body_cls(...)`, `body_cls = qwen3_5.Qwen3_5ForCausalLM`
+    text = ss.class_for_arch(src, "Qwen3_5MoeForCausalLM")
+    inner = ss.child_class(src, text, "model")
+    assert (inner.name, inner.path.name) == ("Qwen3_5MoeForCausalLM", "qwen3_5.py")
 
 
 @pytest.mark.parametrize("bad", ["latest", "0.5.9; rm -rf /", "../0.5.9", ""])

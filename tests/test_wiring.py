@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import textwrap
 
 import pandas as pd
 import pytest
@@ -21,7 +22,7 @@ def _pristine(version, tmp_path_factory) -> ss.SglangSource:
         src = ss.fetch_sglang(version)
     except ss.IndexUnreachableError as exc:
         pytest.skip(f"PyPI unreachable, cannot fetch sglang {version}: {exc}")
-    if patch_sglang.patch_status(version, root=src.root).state != "patched":
+    if patch_sglang.patch_status(version, root=src.root).state not in ("patched", "partial"):
         return src
     copy = tmp_path_factory.mktemp(f"sglang-{version}")
     shutil.copytree(src.root, copy, dirs_exist_ok=True)
@@ -183,6 +184,166 @@ def test_capture_statement_raises_at_boundary0_in_059(src):
 
 
 # --------------------------------------------------------------------------------------
+# Capture styles beyond Llama/DeepSeek, read from the real wheels (L = 48 as in Qwen3-30B-A3B).
+# 0.5.9 qwen2_moe.py: the setter does `setattr(self.layers[k], "_is_layer_to_capture", True)`,
+# the loop passes `captured_last_layer_outputs=aux_hidden_states if getattr(layer, ...)`, and the
+# layer calls LayerCommunicator.prepare_attn_and_capture_last_layer_outputs (layers/communicator.py),
+# which runs prepare_attn (`if residual is None: residual = hidden_states`, else the fused add) and
+# then appends that residual: boundary k, the embedding at k = 0, in layer order.
+# 0.5.23 qwen2_moe.py: same flag, collector handed to `attn_boundary.prepare(capture_gathered=...)`.
+
+LM = 48
+
+
+def _resolve48(src, version, arch, ids):
+    return wiring.resolve(f"sglang=={version}", arch, LM, ids=ids, source=src[version])
+
+
+def _cited_lines_are_real(src, version, r):
+    for line in r.source_lines:
+        text = src[version].path(line["file"]).read_text(encoding="utf-8").splitlines()[line["line"] - 1]
+        assert text.strip() == line["text"]
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+@pytest.mark.parametrize("arch", ["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"])
+def test_qwen_moe_flag_capture_is_resolved(src, version, arch):
+    # the audit's command: `wiring --engine sglang==0.5.9 --arch Qwen3MoeForCausalLM --layers 48 --ids 1,23,44`
+    r = _resolve48(src, version, arch, [1, 23, 44])
+    assert (r.layers_to_capture, r.served_layout, r.errors) == ([2, 24, 45], (2, 24, 45), [])
+    # boundary 0 works without a patch: the communicator / layer boundary starts the residual
+    r0 = _resolve48(src, version, arch, [-1, 23, 44])
+    assert (r0.served_layout, r0.errors) == ((0, 24, 45), [])
+    _cited_lines_are_real(src, version, r0)
+    c = wiring.inspect_model(arch, source=src[version]).capture
+    assert (c.style, c.flag) == ("delegated", "_is_layer_to_capture")
+    # Qwen2MoeModel.forward runs the capture loop only when `forward_batch.can_run_tbo` is false
+    assert any("two-batch overlap" in n for n in c.notes) == (arch != "Qwen3NextForCausalLM")
+
+
+def test_qwen_moe_059_handler_is_the_communicator(src):
+    c = wiring.inspect_model("Qwen3MoeForCausalLM", source=src["0.5.9"]).capture
+    assert c.layer_call.file == "sglang/srt/models/qwen3_moe.py"  # the arch's own decoder layer
+    assert "captured_last_layer_outputs=captured_last_layer_outputs" in c.layer_call.text
+    handler = {h.text for h in c.handler if h.file == "sglang/srt/layers/communicator.py"}
+    assert "captured_last_layer_outputs.append(gathered_last_layer_output)" in handler
+    assert "if residual is None:" in handler
+    assert any("prepare_attn" in n and "embedding" in n for n in c.notes)
+
+
+def test_qwen_moe_capture_order_is_layer_order(src):
+    r = _resolve48(src, "0.5.9", "Qwen3MoeForCausalLM", [44, -1, 23])
+    assert r.layers_to_capture == [45, 0, 24] and r.served_layout == (0, 24, 45) and r.errors == []
+
+
+def test_qwen_moe_index_past_the_last_layer_fails_at_load(src):
+    # id 47 -> capture index 48: `setattr(self.layers[48], ...)` raises IndexError in SGLang too
+    r = _resolve48(src, "0.5.9", "Qwen2MoeForCausalLM", [1, 23, 47])
+    assert r.served_layout == () and len(r.errors) == 1
+    assert "IndexError" in r.errors[0] and "capture index 48 (from id 47)" in r.errors[0]
+
+
+def test_flag_on_a_negative_index_is_python_indexing(tmp_path):
+    """A setter that flags `self.layers[k]` as given makes k = -1 the last layer, not the embedding."""
+    models, layers = tmp_path / "sglang/srt/models", tmp_path / "sglang/srt/layers"
+    models.mkdir(parents=True)
+    layers.mkdir(parents=True)
+    (layers / "communicator.py").write_text(textwrap.dedent('''
+        class Comm:
+            def start(self, hidden_states, residual):
+                if residual is None:
+                    residual = hidden_states
+                return hidden_states, residual
+
+            def start_and_keep(self, hidden_states, residual, sink=None):
+                hidden_states, residual = self.start(hidden_states, residual)
+                if sink is not None:
+                    sink.append(residual)
+                return hidden_states, residual
+    '''))
+    (models / "toy.py").write_text(textwrap.dedent('''
+        from sglang.srt.layers.communicator import Comm
+
+        class ToyLayer:
+            def forward(self, hidden_states, residual, sink=None):
+                return self.comm.start_and_keep(hidden_states, residual, sink=sink)
+
+        class ToyModel:
+            def set_eagle3_layers_to_capture(self, ids):
+                self.layers_to_capture = ids
+                for k in ids:
+                    setattr(self.layers[k], "_is_layer_to_capture", True)
+
+            def forward(self, x):
+                residual, aux = None, []
+                for i in range(self.start_layer, self.end_layer):
+                    layer = self.layers[i]
+                    x, residual = layer(x, residual,
+                                        sink=aux if getattr(layer, "_is_layer_to_capture", False) else None)
+                return x, aux
+
+        class ToyForCausalLM:
+            def __init__(self, config):
+                self.model = ToyModel()
+
+            def set_eagle3_layers_to_capture(self, layer_ids=None):
+                self.model.set_eagle3_layers_to_capture(list(layer_ids))
+
+        EntryClass = ToyForCausalLM
+    '''))
+    toy = ss.source_at(tmp_path, "9.9.9")
+    c = wiring.inspect_model("ToyForCausalLM", source=toy).capture
+    assert (c.style, c.flag) == ("delegated", "_is_layer_to_capture") and c.handler
+    r = wiring.resolve("sglang==9.9.9", "ToyForCausalLM", L, ids=[-1, 3, 7], source=toy)
+    assert r.layers_to_capture == [-1, 3, 7] and r.served_layout == (3, 7, 11)
+    assert any("self.layers[-1], which Python reads as layer 11" in e for e in r.errors), r.errors
+
+
+def test_gemma3_0523_captures_branches_not_boundaries(src):
+    # gemma3_causal.py 0.5.23: `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states)`
+    # while the loop does `hidden_states, residual = layer(...)`: past layer 0 that is the MLP branch
+    c = wiring.inspect_model("Gemma3ForCausalLM", source=src["0.5.23"]).capture
+    assert c.style == "inline-hidden-only" and c.split_residual.text.startswith("hidden_states, residual = layer(")
+    r = _resolve48(src, "0.5.23", "Gemma3ForCausalLM", [-1, 23, 44])
+    assert r.served_layout == (0, 24, 45)
+    assert any("capture indices [24, 45] are not boundaries" in e for e in r.errors), r.errors
+    assert _resolve48(src, "0.5.23", "Gemma3ForCausalLM", [-1]).errors == []  # the embedding alone is fine
+    _cited_lines_are_real(src, "0.5.23", r)
+
+
+def test_super_forward_is_followed(src):
+    # teleflm.py: TeleFLMModel.forward scales the embedding and returns super().forward(...)
+    w = wiring.inspect_model("TeleFLMForCausalLM", source=src["0.5.9"])
+    assert w.capture.cls == "LlamaModel" and w.capture.style == "inline-add"
+    r = _resolve48(src, "0.5.9", "TeleFLMForCausalLM", [-1, 23, 44])
+    assert any("--arch TeleFLMForCausalLM" in e for e in r.errors), r.errors
+
+
+@pytest.mark.parametrize("arch", ["Qwen3VLForConditionalGeneration", "Qwen3_5ForCausalLM", "MiniMaxM3SparseForCausalLM",
+                                  "MellumForCausalLM", "Gemma4ForConditionalGeneration"])
+def test_0523_builders_and_wrappers_resolve(src, arch):
+    # the inner model comes from an __init__ default (language_model_cls=), a class attribute
+    # (body_cls = qwen3_5.Qwen3_5ForCausalLM), or the setter reads config.text_config (gemma4_mm)
+    r = _resolve48(src, "0.5.23", arch, [-1, 23, 44])
+    assert (r.served_layout, r.errors) == ((0, 24, 45), []), r.errors
+    assert not any("recognise" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize("version, arch", [("0.5.9", "LlamaForCausalLMEagle3"), ("0.5.23", "DeepseekV3ForCausalLMNextN")])
+def test_draft_heads_say_they_are_not_targets(src, version, arch):
+    r = _resolve48(src, version, arch, [1, 23, 44])
+    assert r.served_layout == () and len(r.errors) == 1
+    assert "never captures" in r.errors[0] and "draft/MTP head" in r.errors[0]
+
+
+@pytest.mark.parametrize("version, arch", [("0.5.9", "MixtralForCausalLM"), ("0.5.23", "MindSporeForCausalLM")])
+def test_no_setter_or_no_owner_is_one_error(src, version, arch):
+    r = _resolve48(src, version, arch, [1, 23, 44])
+    assert r.served_layout == () and r.layers_to_capture == []
+    assert len(r.errors) == 1 and r.warnings == [], (r.errors, r.warnings)
+
+
+# --------------------------------------------------------------------------------------
 # Draft configs.
 
 
@@ -312,8 +473,72 @@ def test_cli_json_and_exit_codes(src, capsys, tmp_path):
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,2", "--draft", "d"], "not allowed"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--draft", "/nonexistent/draft"], "not found"),
     (["--bogus"], "unrecognized"),
+    # an empty or gappy id list is a typo, never a request for the defaults
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", ""], "omit --ids to use the engine's default"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids="], "omit --ids to use the engine's default"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,,2"], "'1,,2' has an empty field"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,2,"], "'1,2,' has an empty field"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,x,2"], "'x' is not an integer"),
 ])
 def test_cli_bad_input(capsys, argv, message):
     code, out, err = _cli(capsys, *argv)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--layers", "48"], "--layers 48 contradicts"),
+    (["--arch", "Qwen3MoeForCausalLM"], "--arch Qwen3MoeForCausalLM contradicts"),
+])
+def test_cli_target_disagreeing_with_flags(capsys, tmp_path, extra, message):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                      "num_hidden_layers": 32}))
+    code, out, err = _cli(capsys, "--engine", "vllm", "--target", str(tmp_path), *extra)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert message in err and str(tmp_path / "config.json") in err
+    assert ("num_hidden_layers = 32" if "layers" in message else "['LlamaForCausalLM']") in err
+
+
+def test_cli_family_name_suggests_architectures(src, capsys):
+    code, out, err = _cli(capsys, "--engine", "sglang==0.5.9", "--arch", "llama", "--layers", "32",
+                          "--sglang-root", str(src["0.5.9"].root))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "no model class registered for architecture 'llama'; did you mean LlamaForCausalLM, " in err
+
+
+def test_cli_arch_without_setter_is_one_error(src, capsys):
+    code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--arch", "MixtralForCausalLM", "--layers", "32",
+                        "--ids", "1,15,28", "--sglang-root", str(src["0.5.9"].root))
+    assert code == 1
+    assert out.count("error:") == 1 and "warning:" not in out
+    assert "neither MixtralForCausalLM" in out and "MixtralModel" in out
+
+
+def _offline(monkeypatch, tmp_path):
+    """A dead index and an empty cache: what a machine without network sees."""
+    monkeypatch.setenv(ss.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # no extra indexes or find-links from pip.conf
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "3")
+    for var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_cli_offline_says_unreachable_not_missing(capsys, monkeypatch, tmp_path):
+    _offline(monkeypatch, tmp_path)
+    code, out, err = _cli(capsys, "--engine", "sglang==0.5.23", "--arch", "DeepseekV3ForCausalLM",
+                          "--layers", "61", "--ids", "2,30,58")
+    assert code == 2 and out == ""
+    assert "unreachable" in err and "does not exist" not in err and "nothing is cached" in err
+    assert not (tmp_path / "cache" / "sglang" / "0.5.23").exists()
+
+
+def test_offline_falls_back_to_the_documented_rule(monkeypatch, tmp_path):
+    from helpers.pair import resolve_plan
+
+    _offline(monkeypatch, tmp_path)
+    cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}}
+    plan = resolve_plan("sglang==0.5.23", "LlamaForCausalLM", L, cfg)
+    assert plan.layout == (2, 6, 9) and plan.source.endswith("(rule)")
+    assert any("documented rule used" in n and "unreachable" in n for n in plan.notes)
