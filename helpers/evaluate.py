@@ -142,8 +142,13 @@ def accuracy_table(correct: list[torch.Tensor], mask: torch.Tensor | None = None
 
 @torch.no_grad()
 def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: int = 16,
-                    max_windows: int | None = None) -> LayoutScore:
-    """The draft teacher-forced on ``caps`` with ``layout`` as its fused input."""
+                    max_windows: int | None = None, zero_features: bool = False) -> LayoutScore:
+    """The draft teacher-forced on ``caps`` with ``layout`` as its fused input.
+
+    ``zero_features`` feeds zeros in place of every captured feature: the floor the draft
+    reaches from token embeddings and its own context alone. A served layout scoring near it
+    carries nothing the draft can use; one scoring above it still carries part of the signal.
+    """
     layout = check_layout(layout, caps.num_layers)
     if len(layout) != draft.cfg.num_aux:
         raise EvalInputError(f"layout {layout} has {len(layout)} slots; the draft's fc takes "
@@ -155,7 +160,10 @@ def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: 
     for s in range(0, n_win, batch):
         idx = slice(s, min(s + batch, n_win))
         ids = caps.input_ids[idx]
-        logits = draft.ttt_forward(ids, caps.fused(layout, idx), steps)
+        fused = caps.fused(layout, idx)
+        if zero_features:
+            fused = torch.zeros_like(fused)
+        logits = draft.ttt_forward(ids, fused, steps)
         for j, c in enumerate(step_correct(draft, logits, caps.target_argmax[idx])):
             corr_chunks[j].append(c)
         if caps.draft_probs is not None:

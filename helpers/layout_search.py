@@ -234,12 +234,18 @@ def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None 
     raise ValueError(f"unknown search mode {mode!r}; expected auto, full or coordinate")
 
 
-def compare_layouts(draft, caps: TargetCaptures, layouts: dict[str, tuple], steps: int) -> pd.DataFrame:
-    """Named layouts (e.g. served / trained / best) side by side, with TTT steps."""
+def compare_layouts(draft, caps: TargetCaptures, layouts: dict[str, tuple], steps: int,
+                    no_features_row: bool = False) -> pd.DataFrame:
+    """Named layouts (e.g. served / trained / best) side by side, with TTT steps; optionally a
+    control row with every feature zeroed, the floor the served row should be read against."""
     rows = []
-    for name, lay in layouts.items():
-        sc: LayoutScore = evaluate_layout(draft, caps, lay, steps)
-        row = {"wiring": name, "layout": tuple(lay), "label": layout_label(lay, caps.num_layers),
+    items = [(name, lay, False) for name, lay in layouts.items()]
+    if no_features_row and layouts:
+        items.append(("no features (zeros)", next(iter(layouts.values())), True))
+    for name, lay, zeros in items:
+        sc: LayoutScore = evaluate_layout(draft, caps, lay, steps, zero_features=zeros)
+        row = {"wiring": name, "layout": () if zeros else tuple(lay),
+               "label": "zeros" if zeros else layout_label(lay, caps.num_layers),
                "ce": sc.ce, "sim_accept_length": round(sc.sim_accept_length, 3), "tokens": sc.tokens}
         for j in range(steps):
             row[f"full_acc_{j}"] = sc.full_acc[j]

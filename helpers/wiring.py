@@ -975,7 +975,31 @@ def sglang_draft_ids(cfg: dict, src: SglangSource | None = None) -> DraftIds:
                         f"SGLang uses eagle_config's, vLLM the top-level one")
     if not use_aux:
         warnings.append("eagle_config.use_aux_hidden_state is false: SGLang captures no aux hidden states")
+    warnings.extend(_sglang_format_warnings(cfg, src))
     return DraftIds(ids, origin, warnings, lines, use_aux)
+
+
+def _sglang_format_warnings(cfg: dict, src: SglangSource | None) -> list[str]:
+    """Draft-side mismatches that no error reveals: a speculators checkpoint SGLang cannot name,
+    and a forward flag SGLang's llama_eagle3 does not implement."""
+    out = []
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if cfg.get("speculators_model_type") or any("Speculator" in a for a in archs):
+        known = None
+        if src is not None and (src.root / "sglang" / "srt").is_dir():
+            known = any("Eagle3Speculator" in f.read_text(errors="ignore")
+                        for f in (src.root / "sglang" / "srt" / "models").glob("*eagle*.py"))
+        if not known:
+            out.append(f"speculators-format draft ({', '.join(archs) or cfg.get('speculators_model_type')}): "
+                       + ("this SGLang version registers no such architecture; " if known is False else "")
+                       + "to serve it, the config needs architectures LlamaForCausalLMEagle3 with the ids in "
+                       "eagle_config, and the weights layers.0.* renamed midlayer.* (SGLang's llama_eagle3 "
+                       "load_weights skips names it does not know, without an error)")
+    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    if cfg.get("norm_before_residual") or layer.get("norm_before_residual"):
+        out.append("the draft was trained with norm_before_residual=true; SGLang's llama_eagle3 always keeps the "
+                   "raw hidden input as the residual, so it runs a different forward than training did")
+    return out
 
 
 def _sglang_ids_site(src: SglangSource) -> tuple[list[SourceLine], bool]:

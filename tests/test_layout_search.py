@@ -60,6 +60,19 @@ def test_served_layout_scores_far_below(pair, caps):
     assert len(good.full_acc) == 3 and good.full_acc[0] >= good.full_acc[1] >= good.full_acc[2]
 
 
+def test_no_features_control_row(pair, caps):
+    """The zeroed-feature control is the floor: the training wiring must clear it by far."""
+    from helpers.layout_search import compare_layouts
+
+    draft = _with_draft(pair, caps, tiny_default() / "draft")
+    table = compare_layouts(draft, caps, {"trained": (0, 3, 7), "served": (3, 7, 10)}, 2, no_features_row=True)
+    assert list(table.wiring) == ["trained", "served", "no features (zeros)"]
+    zeros = table.iloc[2]
+    assert zeros.label == "zeros" and zeros.layout == ()
+    assert table.iloc[0].full_acc_0 > zeros.full_acc_0 + 0.05
+    assert zeros.full_acc_0 == evaluate_layout(draft, caps, (3, 7, 10), 2, zero_features=True).full_acc[0]
+
+
 def test_slot_sweep_and_permutations(pair, caps):
     draft = _with_draft(pair, caps, tiny_default() / "draft")
     sweep = slot_sweep(draft, caps, (0, 3, 7))

@@ -375,6 +375,19 @@ def test_use_aux_hidden_state_false_is_an_error(src):
     assert r.errors and not r.capturable
 
 
+def test_speculators_draft_and_norm_flag_are_flagged_for_sglang(src):
+    """Neither shows up as an error in SGLang: the checkpoint's names are skipped, the flag ignored."""
+    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+           "eagle_aux_hidden_state_layer_ids": [0, 3, 7], "norm_before_residual": True}
+    r = _resolve(src, "0.5.9", "LlamaForCausalLM", draft=cfg)
+    text = " ".join(r.warnings)
+    assert "registers no such architecture" in text and "midlayer" in text
+    assert "norm_before_residual" in text and "ignores them" in text
+    plain = _resolve(src, "0.5.9", "LlamaForCausalLM",
+                     draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}})
+    assert not any("speculators" in w or "norm_before" in w for w in plain.warnings)
+
+
 def test_vllm_rule():
     top = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_aux_hidden_state_layer_ids": [7, 0, 3],
                                                             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
