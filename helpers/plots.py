@@ -116,11 +116,12 @@ def speedup_vs_tau(results: dict, title: str = "Each prompt: accept length again
     top = 1.0
     for name, r in results.items():
         taus = [p["tau"] for p in r.per_prompt]
-        ax.scatter(taus, [p["speedup"] for p in r.per_prompt], label=f"{name} (break-even tau {r.break_even_tau:.2f})",
-                   s=22, alpha=0.8)
+        dots = ax.scatter(taus, [p["speedup"] for p in r.per_prompt], s=22, alpha=0.8,
+                          label=f"{name} (break-even tau {r.break_even_tau:.2f})")
         top = max([top] + taus)
         if r.break_even_tau:
-            ax.plot([1.0, top], [1.0 / r.break_even_tau, top / r.break_even_tau], ls="--", lw=0.8, alpha=0.6)
+            ax.plot([1.0, top], [1.0 / r.break_even_tau, top / r.break_even_tau], ls="--", lw=0.8, alpha=0.6,
+                    color=dots.get_facecolor()[0])
     ax.axhline(1.0, color="k", lw=0.8)
     ax.text(1.0, 1.0, " slower than baseline below", va="top", fontsize=7)
     ax.set_xlabel("accept length tau (per prompt)")
