@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .boundaries import CapturePlan
+from .draft import run_as
 from .engine import (GenerationResult, acceptance_histogram, baseline_generate, check_lossless,
                      position_acceptance, speculative_generate)
 
@@ -185,12 +186,15 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    res = run_bench(pair.target, pair.draft, plan, encode_prompts(pair.tokenizer, prompts, a.device), a.steps,
-                    a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
+    with run_as(pair.draft, a.engine) as engine_notes:  # the engine's forward, not only its wiring
+        res = run_bench(pair.target, pair.draft, plan, encode_prompts(pair.tokenizer, prompts, a.device), a.steps,
+                        a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
     if a.json:
-        print(json.dumps(res.to_dict()))
+        print(json.dumps(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes}))
     else:
         print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, {len(prompts)} prompts x {a.repeats}")
+        for n in engine_notes:
+            print(f"  note: {n}")
         print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
         print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   accept rate {res.accept_rate:.2f}")
         print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   lossless: {res.lossless}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .boundaries import layout_label
+from .draft import run_as
 from .evaluate import EvalInputError, evaluate_layout
 from .layout_search import SearchResult, search
 
@@ -76,9 +77,14 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
     errors = plan_problems(pair, served)
     res = search(pair.draft, caps, progress=progress)
     best = evaluate_layout(pair.draft, caps, res.best, steps)
-    srv = None if errors else evaluate_layout(pair.draft, caps, served.layout, steps)
+    srv = None
+    notes = list(served.notes)
+    if not errors:
+        with run_as(pair.draft, engine) as engine_notes:  # served: the engine's wiring and its forward
+            srv = evaluate_layout(pair.draft, caps, served.layout, steps)
+        notes += engine_notes
     return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv and srv.acc0, srv and srv.ce, served.source,
-                     list(served.notes), pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
+                     notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
                      srv and srv.full_acc, errors)
 
 

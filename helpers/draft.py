@@ -24,6 +24,7 @@ import json
 import math
 import pickle
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,6 +56,28 @@ NORM_BEFORE_RESIDUAL_ON_SGLANG = (
     "forward from the one it was trained with; vLLM's llama_eagle3.py honours it. Evaluate what "
     "SGLang runs by setting draft.cfg.norm_before_residual = False."
 )
+
+
+@contextmanager
+def run_as(draft, engine: str):
+    """Run ``draft`` the way ``engine`` runs it, for the duration of the block.
+
+    Emulating a deployment means emulating the engine's forward too, not only its wiring:
+    SGLang's llama_eagle3 has no norm_before_residual, so a draft trained with it is served
+    without it; vLLM honours it. Yields notes saying what was switched, for the reports.
+    """
+    from .sglang_source import parse_engine
+
+    name, _ = parse_engine(engine)
+    saved = draft.cfg.norm_before_residual
+    notes = []
+    if name == "sglang" and saved:
+        draft.cfg.norm_before_residual = False
+        notes.append(f"run as {engine} runs it: norm_before_residual ignored (the draft was trained with it)")
+    try:
+        yield notes
+    finally:
+        draft.cfg.norm_before_residual = saved
 
 
 @dataclass

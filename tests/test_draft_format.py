@@ -958,3 +958,39 @@ def test_wide_draft_config_without_target_hidden_size(target, tmp_path, fc_in, m
     _edit_config(path, lambda c: c.pop("target_hidden_size"))
     _edit_weights(path, lambda w: w.update({"fc.weight": torch.zeros(WIDE, fc_in, dtype=torch.bfloat16)}))
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError, match)
+
+
+def test_run_as_sglang_drops_norm_before_residual_only_inside_the_block(tmp_path):
+    """Emulating SGLang means its forward too: inside the block a flagged draft computes what the
+    same weights compute unflagged; outside, and under vLLM, the trained forward is back."""
+    import shutil
+
+    from helpers.draft import ServingMismatchWarning, load_draft, run_as
+    from helpers.target import load_target
+
+    data = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"
+    target, _ = load_target(data / "target")
+    flagged = tmp_path / "flagged"
+    shutil.copytree(data / "draft", flagged)
+    cfg = json.loads((flagged / "config.json").read_text())
+    cfg["norm_before_residual"] = True
+    (flagged / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(ServingMismatchWarning):
+        d = load_draft(flagged, target=target)
+    plain = load_draft(data / "draft", target=target)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4096, (1, 24), generator=gen)
+    fused = torch.randn(1, 24, d.cfg.fc_in, generator=gen)
+    with torch.no_grad():
+        trained = d.ttt_forward(ids, fused, 2)
+        with run_as(d, "sglang==0.5.9") as notes:
+            served = d.ttt_forward(ids, fused, 2)
+        with run_as(d, "vllm") as vllm_notes:
+            honoured = d.ttt_forward(ids, fused, 2)
+        reference = plain.ttt_forward(ids, fused, 2)
+    assert notes and "norm_before_residual ignored" in notes[0] and not vllm_notes
+    assert d.cfg.norm_before_residual is True
+    for a, b in zip(served, reference):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.allclose(trained[0], reference[0], atol=1e-3)
+    assert all(torch.equal(a, b) for a, b in zip(trained, honoured))
