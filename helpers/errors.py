@@ -44,3 +44,134 @@ def finite_or_none(obj):
 def strict_json(obj, **kw) -> str:
     """``json.dumps`` that never writes the bare ``NaN``/``Infinity`` strict parsers reject."""
     return json.dumps(finite_or_none(obj), allow_nan=False, **kw)
+
+
+class CacheError(InputError):
+    """The engine-source cache folder cannot be created or written: a setting the user chose
+    (``EAGLE3_WORKBOOK_CACHE``) or a home folder they cannot write, never a reason to guess."""
+
+
+class NonFiniteResult(InputError):
+    """A score or accept length came out NaN/Inf: the inputs (weights, features) cannot be trusted."""
+
+
+# --------------------------------------------------------------------------------------
+# Turning errors into one line, and saying fallbacks out loud.
+
+
+def one_line(exc: BaseException | str) -> str:
+    """The message on one line: a multi-line message would be cut by whoever reads only the
+    first line (CI logs, the report index), so the lines are joined rather than dropped."""
+    text = str(exc).strip() if not isinstance(exc, str) else exc.strip()
+    if not text and isinstance(exc, BaseException):
+        text = type(exc).__name__
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def fail(exc: BaseException | str, code: int = 2) -> int:
+    """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return."""
+    import sys
+
+    print(f"error: {one_line(exc)}", file=sys.stderr)
+    return code
+
+
+_said: set[str] = set()
+
+
+def warn_once(message: str) -> str:
+    """One ``warning:`` line on stderr per distinct message per process: a fallback that is
+    resolved for several plans in one command must still be said, but said once."""
+    import sys
+
+    line = one_line(message)
+    if line not in _said:
+        _said.add(line)
+        print(f"warning: {line}", file=sys.stderr)
+    return line
+
+
+def print_json(obj, **kw) -> None:
+    """Every ``--json`` goes through here, so none of them can print a bare NaN."""
+    print(strict_json(obj, **kw))
+
+
+# --------------------------------------------------------------------------------------
+# Reading user files with the file named in every failure.
+
+
+def read_text_file(path, what: str = "text file") -> str:
+    """UTF-8 text or a BadText naming the file and the byte where decoding stopped."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadText(f"no {what} at {path}" + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadText(f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                      f"expected a UTF-8 {what}") from None
+    except OSError as exc:
+        raise BadText(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_json_file(path, what: str = "config") -> object:
+    """Parsed JSON or a BadConfig naming the file, line and column."""
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadConfig(f"no {what} at {path}") from None
+    except UnicodeDecodeError as exc:
+        raise BadConfig(f"{path} is not UTF-8 JSON (byte offset {exc.start}); expected a {what} in JSON") from None
+    except OSError as exc:
+        raise BadConfig(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadConfig(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                        f"expected a {what} in JSON") from None
+
+
+# --------------------------------------------------------------------------------------
+# Numbers that cannot be trusted.
+
+
+def nonfinite_tensors(named) -> list[tuple[str, int, int]]:
+    """(name, non-finite count, numel) for every floating tensor of ``named`` holding NaN or Inf."""
+    import torch
+
+    bad = []
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            n = int((~torch.isfinite(t)).sum())
+            if n:
+                bad.append((name, n, t.numel()))
+    return bad
+
+
+def check_finite_weights(named, source) -> None:
+    """BadCheckpoint naming every tensor with NaN/Inf and how many: a draft or target with such
+    weights still runs and produces confident-looking, meaningless rankings."""
+    bad = nonfinite_tensors(named)
+    if bad:
+        listed = ", ".join(f"{name} ({n} of {total})" for name, n, total in bad[:5])
+        more = f" and {len(bad) - 5} more tensors" if len(bad) > 5 else ""
+        raise BadCheckpoint(f"{source} holds non-finite weights (NaN or Inf): {listed}{more}; expected finite "
+                            f"numbers everywhere (a diverged or corrupted training run?)")
+
+
+def check_finite(what: str, *values) -> None:
+    """InputError when a result that a report will print is NaN or infinite: such a number would
+    otherwise be ranked, compared and printed as if it were a measurement."""
+    for v in values:
+        try:
+            ok = math.isfinite(float(v))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so nothing "
+                             f"it measured can be trusted; check the checkpoints' weights")
