@@ -30,8 +30,18 @@ def main(argv=None) -> int:
     if cmd not in COMMANDS:
         print(f"unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[cmd][0])
-    return int(module.main(rest) or 0)
+    from .errors import InputError, fail
+
+    try:
+        module = importlib.import_module(COMMANDS[cmd][0])
+        return int(module.main(rest) or 0)
+    except InputError as exc:  # the one place every command's bad input becomes one line and exit 2
+        return fail(exc)
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, no traceback
+        print(f"interrupted: {cmd} stopped by Ctrl-C", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... --json | head`: the reader left, nothing to report
+        return 1
 
 
 if __name__ == "__main__":
