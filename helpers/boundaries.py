@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from .errors import BadOption
+
 Layout = tuple[int, ...]
 
 
-class WiringError(ValueError):
+class WiringError(BadOption):
     """A layout, id list or boundary that cannot mean what was asked of it."""
 
 

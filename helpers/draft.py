@@ -33,11 +33,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
+
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 
 
-class DraftFormatError(ValueError):
+class DraftFormatError(BadCheckpoint):
     """A draft checkpoint that does not fit the target or is not an EAGLE-3 draft."""
 
 
@@ -338,7 +340,18 @@ def read_draft_config(path: str | Path) -> dict:
     if not f.is_file():
         raise FileNotFoundError(f"no draft at {path}: expected config.json beside model.safetensors, "
                                 f"model.safetensors.index.json or pytorch_model.bin")
-    return json.loads(f.read_text())
+    cfg = read_json_file(f, "draft config")
+    if not isinstance(cfg, dict):
+        raise BadConfig(f"{f} holds a JSON {type(cfg).__name__}; expected an object (a draft config)")
+    return cfg
+
+
+def _need(d: dict, key: str, where: str = "config"):
+    """A field the forward cannot be built without: a BadConfig naming it, not a bare KeyError."""
+    if key not in d or d[key] is None:
+        raise BadConfig(f"{where} lacks {key!r}; an EAGLE-3 draft config must state hidden_size, "
+                        f"intermediate_size, num_attention_heads and vocab_size")
+    return d[key]
 
 
 def draft_format(cfg_json: dict) -> str:
@@ -381,17 +394,17 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
             raise DraftFormatError(f"config sets {name}=true; this draft implements only {name}=false, so it would "
                                    f"run a different forward from the checkpoint's (SGLang's llama_eagle3.py has no "
                                    f"{name} either)")
-    h = layer["hidden_size"]
-    heads = layer["num_attention_heads"]
+    h = _need(layer, "hidden_size")
+    heads = _need(layer, "num_attention_heads")
     ids, where = eagle_ids_of(cfg_json)
     rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
     theta = layer.get("rope_theta") or rope.get("rope_theta") or 10000.0
     return DraftConfig(
-        hidden_size=h, intermediate_size=layer["intermediate_size"], num_attention_heads=heads,
+        hidden_size=h, intermediate_size=_need(layer, "intermediate_size"), num_attention_heads=heads,
         num_key_value_heads=layer.get("num_key_value_heads") or heads,
         head_dim=layer.get("head_dim") or h // heads,
-        vocab_size=cfg_json.get("vocab_size") or layer["vocab_size"],
-        draft_vocab_size=cfg_json.get("draft_vocab_size") or layer.get("draft_vocab_size") or layer["vocab_size"],
+        vocab_size=cfg_json.get("vocab_size") or _need(layer, "vocab_size"),
+        draft_vocab_size=cfg_json.get("draft_vocab_size") or layer.get("draft_vocab_size") or _need(layer, "vocab_size"),
         target_hidden_size=cfg_json.get("target_hidden_size") or layer.get("target_hidden_size") or h,
         num_aux=int(cfg_json.get("num_aux_hidden_states", 3)),
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
@@ -474,7 +487,12 @@ _VERIFIER_PREFIXES = ("verifier_lm_head.", "verifier_norm.")
 
 def _read_weight_file(f: Path) -> dict[str, torch.Tensor]:
     if f.name.endswith(".safetensors"):
-        return load_file(str(f))
+        try:
+            return load_file(str(f))
+        except Exception as e:  # SafetensorError (truncated, bad header) has no importable base class
+            raise DraftFormatError(f"{f} is not a readable safetensors file ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0] if str(e) else 'no detail'}); truncated or "
+                                   f"overwritten? expected a complete model.safetensors") from None
     try:
         obj = torch.load(f, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
@@ -589,11 +607,19 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
     """
     path = Path(path)
     cfg_json = read_draft_config(path)
-    cfg = config_from_json(cfg_json)
+    try:
+        cfg = config_from_json(cfg_json)
+    except (BadConfig, DraftFormatError) as exc:
+        raise type(exc)(f"{path / 'config.json'}: {exc}") from None
     raw, source = read_draft_weights(path)
     state = canonical_state(raw, source)
     if "fc.weight" not in state:
         raise DraftFormatError(f"{source} has no fc.weight; keys start {sorted(raw)[:5]}")
+    check_finite_weights(state.items(), f"draft {source}")
+    if state["fc.weight"].dim() != 2 or state["fc.weight"].shape[0] != cfg.hidden_size:
+        raise DraftFormatError(f"{path / 'config.json'} says hidden_size {cfg.hidden_size}, but {source} holds "
+                               f"fc.weight {tuple(state['fc.weight'].shape)} ({state['fc.weight'].shape[0]} wide): "
+                               f"the config does not describe these weights")
     fc_in = state["fc.weight"].shape[1]
     stated = cfg_json.get("target_hidden_size") or _layer_cfg_from(cfg_json).get("target_hidden_size")
     hint = "" if stated else " (the config has no target_hidden_size, so the draft's own hidden size was assumed)"
@@ -665,7 +691,12 @@ def check_fits_target(cfg: DraftConfig, target, has_own_embedding: bool = False)
 def read_training_record(path: str | Path) -> dict | None:
     """``training.json`` beside a draft built here: its training layout and metric log."""
     f = Path(path) / "training.json"
-    return json.loads(f.read_text()) if f.is_file() else None
+    if not f.is_file():
+        return None
+    record = read_json_file(f, "training record")
+    if not isinstance(record, dict):
+        raise BadConfig(f"{f} holds a JSON {type(record).__name__}; expected an object (a training record)")
+    return record
 
 
 def new_draft_config(target_cfg, draft_vocab_size: int, eagle_ids: list[int], num_aux: int = 3) -> DraftConfig:

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from .boundaries import check_layout
+from .errors import InputError
 from .capture import capture_boundaries, decoder_parts
 
 
-class EvalInputError(ValueError):
+class EvalInputError(InputError):
     """Text too short, or a layout the draft cannot take."""
 
 

@@ -16,11 +16,16 @@ import torch
 from .boundaries import CapturePlan, check_layout, sglang_plus_one, vllm_ids_to_boundaries, eagle3_default_boundaries
 from .draft import Eagle3Draft, load_draft, read_draft_config, read_training_record
 from .evaluate import EvalInputError, TargetCaptures, attach_draft_probs, capture_text
+from .errors import BadOption, BadText, read_text_file, warn_once
 from .target import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "data" / "tiny-kimi"
 DEFAULT_ENGINE = "sglang==0.5.9"
+# Draft tokens per verify step. Acceptance decays geometrically along the chain, so past ~8 a
+# step almost never pays; 16 leaves room to show that, while a typo (100000000) would ask the
+# draft KV cache for hundreds of GB before anything ran.
+MAX_STEPS = 16
 
 
 @dataclass
@@ -49,13 +54,25 @@ class Pair:
         return None
 
 
+def check_steps(steps, what: str = "--steps") -> int:
+    """Draft steps within 1..MAX_STEPS, refused before any model loads."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise BadOption(f"{what} must be an integer from 1 to {MAX_STEPS} (draft tokens per verify step; "
+                        f"acceptance beyond a few steps is negligible), got {steps!r}")
+    return steps
+
+
 def check_device(device: str) -> str:
     """Fail before any model loads, naming what this machine has."""
+    try:
+        torch.device(str(device))
+    except (RuntimeError, ValueError, TypeError):
+        raise BadOption(f"device {device!r} is not a torch device; expected cpu, cuda, cuda:N or mps") from None
     if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but this torch build sees no CUDA device "
+        raise BadOption(f"device {device!r} requested but this torch build sees no CUDA device "
                          f"(torch {torch.__version__}); use --device cpu")
     if str(device).startswith("mps") and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} requested but MPS is not available here; use --device cpu")
+        raise BadOption(f"device {device!r} requested but MPS is not available here; use --device cpu")
     return device
 
 
@@ -90,7 +107,7 @@ def read_prompts(path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no prompts file at {path}")
-    lines = [l for l in path.read_text().splitlines() if l.strip()]
+    lines = [l for l in read_text_file(path, "prompts file").splitlines() if l.strip()]
     jsonl = path.suffix in (".jsonl", ".json") or (bool(lines) and lines[0].lstrip().startswith("{"))
     if not jsonl:
         prompts = lines
@@ -100,15 +117,48 @@ def read_prompts(path) -> list[str]:
             try:
                 obj = json.loads(line)
             except ValueError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON line ({exc.msg}); expected {{\"prompt\": \"...\"}} "
+                raise BadText(f"{path}:{n}: not a JSON line ({exc.msg}); expected {{\"prompt\": \"...\"}} "
                                  "per line, or use a .txt file with one prompt per line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise ValueError(f"{path}:{n}: expected an object with a string 'prompt' field, got "
+                raise BadText(f"{path}:{n}: expected an object with a string 'prompt' field, got "
                                  f"{type(obj).__name__} {sorted(obj) if isinstance(obj, dict) else ''}".rstrip())
             prompts.append(obj["prompt"])
     if not prompts:
-        raise ValueError(f"{path} holds no prompts")
+        raise BadText(f"{path} holds no prompts")
     return prompts
+
+
+def fit_prompts(pair: Pair, prompt_ids: list[torch.Tensor], max_new_tokens: int, steps: int,
+                truncate: bool = False, where: str = "prompts") -> tuple[list[torch.Tensor], list[str]]:
+    """Prompts that fit the target's positions with room to generate, checked before any work.
+
+    A prompt of P tokens generating N with k draft steps runs the target at positions up to
+    P + N + k (the last verify covers k+1 tokens). Past ``max_position_embeddings`` a rotary
+    model extrapolates into positions it never saw and the memory for attention grows with the
+    square of the length, so an oversized prompt is refused with its number and size; with
+    ``truncate`` it keeps its last tokens (the part next to the continuation) and a note says so.
+    """
+    limit = getattr(pair.target.config, "max_position_embeddings", None)
+    if not limit:
+        return prompt_ids, []
+    room = limit - max_new_tokens - steps
+    if room < 1:
+        raise BadOption(f"--max-new-tokens {max_new_tokens} + --steps {steps} leaves no room for a prompt in the "
+                        f"target's {limit} positions (max_position_embeddings); expected at most "
+                        f"{limit - steps - 1} new tokens")
+    too_long = [(i, int(t.numel())) for i, t in enumerate(prompt_ids) if t.numel() > room]
+    if not too_long:
+        return prompt_ids, []
+    if not truncate:
+        i, n = max(too_long, key=lambda x: x[1])
+        raise BadOption(f"{where}: prompt {i + 1} is {n} tokens; with --max-new-tokens {max_new_tokens} and "
+                        f"--steps {steps} it needs {n + max_new_tokens + steps} positions, the target has "
+                        f"{limit} (max_position_embeddings); {len(too_long)} prompt(s) too long. Shorten them, "
+                        f"lower --max-new-tokens, or pass --truncate-prompts to keep each prompt's last {room} "
+                        f"tokens")
+    note = (f"{len(too_long)} prompt(s) truncated to their last {room} tokens to fit {limit} positions "
+            f"(--truncate-prompts)")
+    return [t[-room:] if t.numel() > room else t for t in prompt_ids], [note]
 
 
 def default_prompts(pair: Pair) -> Path:
@@ -166,12 +216,22 @@ def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:
 def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, root=None) -> CapturePlan:
     from .sglang_source import SglangSourceError
 
+    from . import wiring
+    from .errors import CacheError, one_line
+    from .sglang_source import UnknownVersionError
+
     try:
-        from . import wiring
         return wiring.served_plan(draft_config, num_layers, arch, engine=engine, root=root)
-    except (SglangSourceError, OSError) as exc:  # no source reachable: say so, use the documented rule
-        return rule_plan(engine, num_layers, draft_config, note=f"engine source unavailable ({exc}); documented rule used",
-                         arch=arch)
+    except UnknownVersionError:  # a version that does not exist: the user's to fix, no rule stands in
+        raise
+    except (SglangSourceError, CacheError, OSError) as exc:  # no source reachable: say so, use the documented rule
+        plan = rule_plan(engine, num_layers, draft_config, arch=arch,
+                         note=f"engine source unavailable ({one_line(exc)}); documented rule used")
+        rule = plan.notes[-1].removeprefix("rule: ")
+        line = (f"{engine}: engine source could not be read ({one_line(exc)[:240]}); served layout taken from "
+                f"the documented rule instead ({rule}) -> {plan.layout}")
+        warn_once(line)
+        return CapturePlan(plan.layout, plan.num_layers, plan.source, (f"warning: {line}",) + plan.notes[1:])
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...]:
@@ -199,13 +259,16 @@ def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "", 
     notes = [note] if note else []
     if name == "vllm":
         layout = vllm_ids_to_boundaries(ids) if ids is not None else eagle3_default_boundaries(num_layers)
+        notes.append("rule: vLLM id = boundary" if ids is not None else "rule: EAGLE-3 default boundaries")
     elif where != "eagle_config":
         layout = eagle3_default_boundaries(num_layers)
+        notes.append("rule: no ids under eagle_config, so SGLang's default boundaries")
     elif "deepseek" in arch.lower() and _version_tuple(version) >= (0, 5, 23):
         layout = sglang_plus_one(ids) if ids and ids[0] == 1 else tuple(sorted(ids))
-        notes.append("DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1")
+        notes.append("rule: DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1")
     else:
         layout = sglang_plus_one(ids)
+        notes.append("rule: SGLang boundary = id + 1 (0.5.9 convention)")
     return CapturePlan(layout, num_layers, f"{engine} (rule)", tuple(notes))
 
 
@@ -240,5 +303,10 @@ def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) ->
         if pair.recorded_layout is None and caps is None:
             caps = eval_captures(pair)  # no record: infer the layout from held-out text
         return trained_plan(pair, caps)
-    return CapturePlan(check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux),
-                       pair.num_layers, "explicit")
+    from .boundaries import WiringError
+
+    layout = check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux)
+    if len(set(layout)) != len(layout):
+        raise WiringError(f"layout {layout} repeats a boundary; expected {pair.draft.cfg.num_aux} distinct "
+                          f"boundaries in 0..{pair.num_layers} (each fc slot takes a different one)")
+    return CapturePlan(layout, pair.num_layers, "explicit")

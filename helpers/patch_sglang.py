@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from helpers import sglang_source as ss
+from helpers.errors import print_json
 from helpers.sglang_source import SglangSource
 
 MARKER = "eagle3-workbook patch"
@@ -505,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(status.to_dict(), indent=2))
+        print_json(status.to_dict(), indent=2)
     else:
         print(f"sglang {status.version} [{status.origin}] {status.root}: {status.state}"
               + (" (changed)" if status.changed else ""))

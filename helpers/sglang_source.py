@@ -30,6 +30,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import BadOption, CacheError
+
 CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
 _EXTRACT_PREFIX = "sglang/srt/"
@@ -137,10 +139,13 @@ def parse_engine(engine: str) -> tuple[str, str | None]:
     """'sglang==0.5.9' -> ('sglang', '0.5.9'); 'vllm' -> ('vllm', None)."""
     text = str(engine).strip().lower()
     name, _, version = text.partition("==")
-    name = name.strip()
+    name, version = name.strip(), version.strip()
     if name not in ("sglang", "vllm"):
-        raise ValueError(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang' or 'vllm'")
-    return name, (version.strip() or None)
+        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang' or 'vllm'")
+    if "==" in text and not _VERSION_RE.match(version):
+        raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
+                        + (" or plain 'vllm'" if name == "vllm" else ""))
+    return name, (version or None)
 
 
 # --------------------------------------------------------------------------------------
@@ -168,6 +173,7 @@ def fetch_sglang(version: str, cache: Path | str | None = None) -> SglangSource:
     if found is not None:
         return found
     base = Path(cache) if cache else cache_root()
+    check_cache_writable(base)
     with tempfile.TemporaryDirectory(prefix="sglang-dl-") as tmp:
         wheel = _download_wheel(version, Path(tmp), base)
         base.mkdir(parents=True, exist_ok=True)
@@ -187,6 +193,22 @@ def fetch_sglang(version: str, cache: Path | str | None = None) -> SglangSource:
     if found is None:
         raise SglangSourceError(f"sglang {version} was downloaded but its cache entry is incomplete")
     return found
+
+
+def check_cache_writable(base: Path) -> Path:
+    """The cache folder exists and takes a file, checked before a download that would otherwise
+    fail after minutes with a bare FileNotFoundError/PermissionError naming a temp path."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".write-probe-", dir=base)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise CacheError(f"cannot write the SGLang source cache {base} ({exc.strerror or type(exc).__name__}); "
+                         f"set {CACHE_ENV} to a writable folder (it is {os.environ.get(CACHE_ENV)!r})"
+                         if os.environ.get(CACHE_ENV) else
+                         f"cannot write the SGLang source cache {base} ({exc.strerror or type(exc).__name__}); "
+                         f"set {CACHE_ENV} to a writable folder") from None
+    return base
 
 
 def _pip_download(version: str, dest: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

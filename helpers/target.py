@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
+
 
 def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024):
     """A small config of the asked family; the numbers keep a 12-layer model CPU-trainable."""
@@ -49,17 +51,37 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with config.json")
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path / 'config.json'} is not valid JSON: {exc}") from None
+    cfg = read_json_file(path / "config.json", "target config")
+    if not isinstance(cfg, dict):
+        raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a model config)")
     archs = cfg.get("architectures") or []
     if cfg.get("speculators_model_type") or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs):
-        raise ValueError(f"{path} holds an EAGLE-3 draft ({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
+        raise BadCheckpoint(f"{path} holds an EAGLE-3 draft ({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
                          "not a target: pass the target model as the target and the draft as the draft")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    weights = [f.name for f in sorted(path.iterdir()) if f.suffix in (".safetensors", ".bin")]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise BadCheckpoint(_load_failure(path, weights, exc)) from None
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise BadCheckpoint(_load_failure(path, weights, exc)) from None
+    check_finite_weights(model.state_dict().items(), f"target {path}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadCheckpoint(f"cannot load the target's tokenizer from {path}: "
+                            f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
     return model, tok
+
+
+def _load_failure(path: Path, weights: list[str], exc: BaseException) -> str:
+    """Which file would not load and why, on one line (transformers' own message is a paragraph)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    files = ", ".join(weights) if weights else "no *.safetensors or *.bin file"
+    return (f"cannot load the target's weights from {path} ({files}): {type(exc).__name__}: {first}; "
+            f"expected a complete Hugging Face checkpoint (truncated or partly copied?)")
 
 
 @dataclass

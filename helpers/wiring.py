@@ -933,9 +933,17 @@ def load_draft_config(draft: str | Path | dict) -> dict:
     elif not path.is_file():
         raise WiringError(f"draft {draft} not found (expected a checkpoint folder or its config.json)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WiringError(f"cannot read draft config {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise WiringError(f"draft config {path} holds a {type(cfg).__name__}, expected a JSON object")
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
+            "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
+        raise WiringError(f"draft {draft} is a {', '.join(archs)} model, not an EAGLE-3 draft: are --target "
+                          f"and --draft swapped?")
+    return cfg
 
 
 @dataclass
@@ -1411,6 +1419,10 @@ def _target_config(folder: str) -> dict:
         raise WiringError(f"cannot read the target's {path}: {exc}") from None
     if not isinstance(cfg, dict):
         raise WiringError(f"the target's {path} holds a {type(cfg).__name__}, expected a JSON object")
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if cfg.get("speculators_model_type") or any("eagle" in a.lower() or "speculator" in a.lower() for a in archs):
+        raise WiringError(f"--target {folder} is an EAGLE-3 draft ({', '.join(archs) or cfg.get('speculators_model_type')}), "
+                          f"not a target model: are --target and --draft swapped?")
     if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures")}
     return cfg
@@ -1485,5 +1497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_ArgError, WiringError, ValueError, ss.SglangSourceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_report(result))
+    if args.json:
+        from .errors import print_json
+        print_json(result.to_dict(), indent=2)
+    else:
+        print(format_report(result))
     return 0 if result.capturable else 1
