@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from .boundaries import CapturePlan
 from .draft import run_as
+from .errors import check_finite, print_json
 from .engine import (GenerationResult, acceptance_histogram, baseline_generate, check_lossless,
                      position_acceptance, speculative_generate)
 
@@ -97,6 +98,16 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         raise ValueError("no prompts to benchmark")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1 (the warm-up pass is not counted), got {repeats}")
+    from .pair import check_steps
+
+    check_steps(steps, "steps")
+    limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    longest = max(int(p.numel()) for p in prompt_ids)
+    if limit and longest + max_new_tokens + steps > limit:  # checked before any work, not after minutes
+        from .errors import BadOption
+        raise BadOption(f"the longest prompt ({longest} tokens) + max_new_tokens {max_new_tokens} + steps {steps} "
+                        f"exceeds the target's {limit} positions (max_position_embeddings); shorten or truncate "
+                        f"the prompts (bench --truncate-prompts) or generate fewer tokens")
     spec_last: list[GenerationResult] = []
     base_last: list[GenerationResult] = []
     base_runs, spec_runs = [], []
@@ -136,6 +147,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                            "spec_tok_s": round(s_tok_s, 2), "speedup": round(s_tok_s / b_tok_s, 3),
                            "lossless": lossless[i]})
     verifies = sum(r.verify_steps for r in spec_last)
+    check_finite("tok/s", *base_runs, *spec_runs)
     return BenchResult(
         layout=tuple(plan.layout), label=label or plan.label, steps=steps,
         baseline_tok_s=round(statistics.median(base_runs), 2), spec_tok_s=round(statistics.median(spec_runs), 2),
@@ -150,9 +162,25 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     )
 
 
+def _join_layout(argv: list[str]) -> list[str]:
+    """Let '--layout -1,3,7' reach the layout check, which names the bad boundary; argparse
+    would take '-1,3,7' for an option and answer 'expected one argument'."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--layout" and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"--layout={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv=None) -> int:
-    from .evaluate import EvalInputError
-    from .pair import DEFAULT_ENGINE, default_prompts, load_pair, plan_for, plan_problems, read_prompts
+    from .errors import InputError, fail
+    from .pair import (DEFAULT_ENGINE, MAX_STEPS, check_device, default_prompts, fit_prompts, load_pair, plan_for,
+                       plan_problems, read_prompts)
+    from .sglang_source import parse_engine
 
     ap = argparse.ArgumentParser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
     ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
@@ -165,10 +193,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=None)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--truncate-prompts", action="store_true",
+                    help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    if a.steps < 1:
-        ap.error("--steps must be at least 1")
+    a = ap.parse_args(_join_layout(list(sys.argv[1:] if argv is None else argv)))
+    if not 1 <= a.steps <= MAX_STEPS:
+        ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
     if a.repeats < 1:
         ap.error("--repeats must be at least 1 (a warm-up pass runs before them)")
     if a.max_new_tokens < 1:
@@ -176,21 +206,32 @@ def main(argv=None) -> int:
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
     try:
+        parse_engine(a.engine)          # a typo in --engine or --device fails before any model loads
+        check_device(a.device)
+        if a.prompts is not None:
+            read_prompts(a.prompts)
         pair = load_pair(a.target, a.draft, a.device)
         plan = plan_for(pair, a.layout, a.engine)
         problems = plan_problems(pair, plan)
         if problems:
             raise ValueError(f"layout {plan.layout} ({plan.source}) cannot feed this draft: {'; '.join(problems)}")
         prompts = read_prompts(a.prompts or default_prompts(pair))[: a.num_prompts]
-    except (FileNotFoundError, ValueError, EvalInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        prompt_ids, fit_notes = fit_prompts(pair, encode_prompts(pair.tokenizer, prompts, a.device), a.max_new_tokens,
+                                            a.steps, a.truncate_prompts, str(a.prompts or default_prompts(pair)))
+    except (FileNotFoundError, InputError, ValueError) as exc:
+        return fail(exc)
+    for n in fit_notes:
+        print(f"warning: {n}", file=sys.stderr)
     torch.manual_seed(0)
-    with run_as(pair.draft, a.engine) as engine_notes:  # the engine's forward, not only its wiring
-        res = run_bench(pair.target, pair.draft, plan, encode_prompts(pair.tokenizer, prompts, a.device), a.steps,
-                        a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
+    try:
+        with run_as(pair.draft, a.engine) as engine_notes:  # the engine's forward, not only its wiring
+            res = run_bench(pair.target, pair.draft, plan, prompt_ids, a.steps,
+                            a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
+    except InputError as exc:
+        return fail(exc)
+    engine_notes = [n for n in plan.notes if n.startswith("warning:")] + fit_notes + engine_notes
     if a.json:
-        print(json.dumps(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes}))
+        print_json(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes})
     else:
         print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, {len(prompts)} prompts x {a.repeats}")
         for n in engine_notes:

@@ -83,6 +83,11 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
         with run_as(pair.draft, engine) as engine_notes:  # served: the engine's wiring and its forward
             srv = evaluate_layout(pair.draft, caps, served.layout, steps)
         notes += engine_notes
+    from .errors import check_finite  # a NaN score ranks anywhere and names a wrong layout with exit 0
+
+    check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce, res.margin_ce)
+    if srv is not None:
+        check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
     return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv and srv.acc0, srv and srv.ce, served.source,
                      notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
                      srv and srv.full_acc, errors)
@@ -101,21 +106,29 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    if a.steps < 1:
-        ap.error(f"--steps must be at least 1, got {a.steps}")
+    from .pair import MAX_STEPS
+
+    if not 1 <= a.steps <= MAX_STEPS:
+        ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got {a.windows}")
     try:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")
+        from .errors import read_text_file
+        from .sglang_source import parse_engine
+
+        parse_engine(a.engine)
+        text = read_text_file(a.text, "text file") if a.text else None  # before the models load
         pair = load_pair(a.target, a.draft, a.device)
-        caps = eval_captures(pair, a.text.read_text() if a.text else None, max_windows=a.windows)
+        caps = eval_captures(pair, text, max_windows=a.windows)
         d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
-    except (FileNotFoundError, ValueError, EvalInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
+        from .errors import fail
+        return fail(exc)
     if a.json:
-        print(json.dumps(d.to_dict()))
+        from .errors import print_json
+        print_json(d.to_dict())
         return 0
     L = d.num_layers
     print(f"trained on (most likely): {layout_label(d.best_layout, L)} = {d.best_layout}   "

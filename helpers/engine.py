@@ -127,6 +127,10 @@ class DraftRunner:
         n = next_tokens.numel()
         pos = torch.arange(self.columns, self.columns + n, device=fused.device)[None]
         logits, state = self.draft.step(next_tokens[None], fused[None].to(self.cache.k.dtype), pos, self.cache)
+        if not bool(torch.isfinite(logits[0, -1]).all()):  # argmax of NaN is token 0: a silent tau of 1.0
+            from .errors import NonFiniteResult
+            raise NonFiniteResult(f"the draft's logits are NaN/Inf at position {self.columns + n - 1}: its weights "
+                                  f"or the features fed to it overflow, so no accept length it gives can be trusted")
         self.columns += n
         return int(self.draft.to_target_ids(logits[0, -1].argmax())), state[:, -1:]
 

@@ -188,7 +188,7 @@ def eval_captures(pair: Pair, text: str | None = None, window: int = 256, max_wi
                   progress: bool = False) -> TargetCaptures:
     """Every boundary captured once on held-out text, with the target's draft-vocab distribution."""
     if text is None:
-        text = default_text(pair).read_text()
+        text = read_text_file(default_text(pair), "held-out text")
     windows = text_windows(pair.tokenizer, text, window, max_windows).to(pair.target.device)
     caps = capture_text(pair.target, windows, progress=progress)
     attach_draft_probs(pair.target, caps, pair.draft.draft_token_ids)
