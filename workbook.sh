@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The workbook's two commands:
+# The workbook's commands:
 #   bash workbook.sh run    set up (or reuse) .venv, then execute notebooks 01-06 into reports/
 #   bash workbook.sh test   set up (or reuse) .venv, then run the test suite
+#   bash workbook.sh lab    set up (or reuse) .venv, then open JupyterLab at the project root on the
+#                           .venv kernel; options after `lab` go to `jupyter lab` (--no-browser --port 8890)
 set -euo pipefail
 cd "$(dirname "$0")"
 here="$(pwd -P)"
@@ -9,6 +11,9 @@ here="$(pwd -P)"
 VENV="${WORKBOOK_VENV:-.venv}"
 case "$VENV" in /*) ;; *) VENV="$here/$VENV" ;; esac
 PYTHON="${PYTHON:-python3}"
+# The notebooks' kernelspec name. Setup installs it into the venv's own prefix, so it always starts
+# .venv/bin/python, whatever `python3` kernel the user's Jupyter dirs hold.
+KERNEL=eagle3-workbook
 
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then
@@ -31,6 +36,12 @@ setup() {
     "$VENV/bin/python" -c "import setuptools" 2>/dev/null && isolation=(--no-build-isolation)
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${isolation[@]}" -e .
   fi
+  local spec="$VENV/share/jupyter/kernels/$KERNEL/kernel.json"
+  if ! grep -qF "\"$VENV/bin/python\"" "$spec" 2>/dev/null; then
+    echo "[setup] registering the $KERNEL kernel ($VENV/bin/python) in $VENV"
+    "$VENV/bin/python" -m ipykernel install --sys-prefix --name "$KERNEL" \
+      --display-name "Python ($KERNEL .venv)" > /dev/null
+  fi
 }
 
 cmd="${1:-}"
@@ -44,8 +55,15 @@ case "$cmd" in
     setup
     exec "$VENV/bin/python" -m pytest -q "$@" tests
     ;;
+  lab)
+    setup
+    echo "[lab] JupyterLab at $here, kernel $KERNEL = $VENV/bin/python"
+    echo "[lab] open notebooks/01_baseline_throughput.ipynb and run it top to bottom, then 02-06; reports/ holds executed copies"
+    # The venv's own Jupyter dirs first, so its kernelspec wins over one of the same name elsewhere.
+    JUPYTER_PREFER_ENV_PATH=1 exec "$VENV/bin/python" -m jupyterlab --ServerApp.root_dir="$here" "$@"
+    ;;
   *)
-    echo "usage: bash workbook.sh run|test [options]" >&2
+    echo "usage: bash workbook.sh run|test|lab [options]" >&2
     exit 2
     ;;
 esac
