@@ -8,6 +8,7 @@ COMMANDS = {
     "build-default": ("helpers.build", "build the embedded target/draft pair (data/tiny-kimi)"),
     "bench": ("helpers.bench", "baseline vs speculative tok/s and accept length, one process"),
     "diagnose": ("helpers.diagnose", "which layout was the draft trained on, and what does the engine serve"),
+    "dump": ("helpers.dump_cli", "write a hidden-state dump in a trainer's layout (speculators, SpecForge)"),
     "wiring": ("helpers.wiring", "resolve the boundaries an engine version feeds a draft"),
     "patch-sglang": ("helpers.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
     "sglang-bench": ("helpers.sglang_server", "live SGLang server benchmark on a GPU host"),

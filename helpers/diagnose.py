@@ -105,6 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", action="store_true")
+    dump = ap.add_argument_group("from a trainer's hidden-state dump (no target forward; see docs/dumps.md)")
+    dump.add_argument("--data", type=Path, default=None,
+                      help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or rows_*/data_*.ckpt[.gz]")
+    dump.add_argument("--slot-boundaries", default=None,
+                      help="each slot's boundary, e.g. 0,3,7,12 ('?' for unknown); default: the dump's record or measured")
+    dump.add_argument("--max-records", type=int, default=None)
+    dump.add_argument("--max-tokens", type=int, default=None)
+    dump.add_argument("--run-target", choices=("auto", "yes", "no"), default="auto",
+                      help="match slots against the target's own capture (auto: when its weights are under 4 GB)")
     a = ap.parse_args(argv)
     from .pair import MAX_STEPS
 
@@ -112,6 +121,10 @@ def main(argv=None) -> int:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got {a.windows}")
+    if a.data is not None:
+        from .dump_cli import run_dump_diagnosis
+
+        return run_dump_diagnosis(a)
     try:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")

@@ -1,0 +1,198 @@
+"""``diagnose --data`` and ``dump``: the command-line side of dump diagnosis.
+
+``diagnose --data DUMP`` answers the wiring question from the trainer's own saved states, so it
+runs where the target cannot: only the draft is loaded, plus -- with ``--target`` -- the
+target's config, embedding, final norm and head. ``dump`` writes each trainer's layout from a
+pair the workbook can run, to check a trainer's output against or to test with.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .boundaries import layout_label, parse_layout
+from .errors import BadOption, InputError, fail, print_json
+
+RUN_TARGET_MAX_BYTES = 4 * 2**30
+
+
+def _weights_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) + sum(f.stat().st_size for f in path.glob("*.bin"))
+
+
+def parse_slot_boundaries(text: str | None):
+    if text is None:
+        return None
+    out = []
+    for p in text.replace(",", " ").split():
+        if p in ("?", "none", "None"):
+            out.append(None)
+            continue
+        try:
+            out.append(int(p))
+        except ValueError:
+            raise BadOption(f"--slot-boundaries {text!r}: expected integers or '?', like 0,3,7,12") from None
+    return out
+
+
+def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str = "cpu"):
+    """(draft, heads or None, runnable target or None, target config or None, notes)."""
+    from .draft import DraftFormatError, load_draft, read_draft_config
+    from .target_heads import load_target_heads, read_target_config
+
+    notes = []
+    heads = target = tcfg = None
+    if target_dir is not None:
+        target_dir = Path(target_dir)
+        tcfg = read_target_config(target_dir)
+        has_weights = any(target_dir.glob("*.safetensors"))
+        if has_weights:
+            heads = load_target_heads(target_dir)
+            notes += heads.notes
+        else:
+            notes.append(f"{target_dir} has no safetensors weights: its config names the layers and architecture; "
+                         "slots are not measured and scores use the dump's next tokens")
+        size = _weights_bytes(target_dir)
+        if run_target == "yes" or (run_target == "auto" and has_weights and size <= RUN_TARGET_MAX_BYTES):
+            from .target import load_target
+
+            target, _ = load_target(target_dir, device)
+            notes.append(f"target small enough to run ({size / 2**20:.0f} MiB): slots matched against its own capture")
+    draft_dir = Path(draft_dir) if draft_dir is not None else None
+    if draft_dir is None:
+        raise BadOption("--data needs --draft DIR: the draft to score on the dump")
+    try:
+        draft = load_draft(draft_dir, target=heads, device=device)
+    except DraftFormatError as exc:
+        if heads is None and "embed_tokens" in str(exc):
+            raise BadOption(f"{exc}: pass --target DIR (only its config, embed_tokens, final norm and lm_head are read, "
+                            "never the whole model)") from None
+        raise
+    return draft, heads, target, tcfg, notes, read_draft_config(draft_dir)
+
+
+def run_dump_diagnosis(a) -> int:
+    from .dump_diagnose import diagnose_dump
+    from .dumps import open_dump
+    from .sglang_source import parse_engine
+
+    try:
+        for name in ("max_records", "max_tokens"):
+            v = getattr(a, name)
+            if v is not None and v < 1:
+                raise BadOption(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+        if a.engine:
+            parse_engine(a.engine)
+        stated = parse_slot_boundaries(a.slot_boundaries)
+        dump = open_dump(a.data)                           # before any weights load: a bad dump fails fast
+        draft, heads, target, tcfg, notes, dcfg = load_for_dump(a.draft, a.target, a.run_target, a.device)
+        arch = ((tcfg or {}).get("architectures") or [None])[0]
+        L = (tcfg or {}).get("num_hidden_layers")
+        if stated is not None and L is not None:
+            for b in stated:
+                if b is not None and not 0 <= b <= L:
+                    raise BadOption(f"--slot-boundaries {a.slot_boundaries}: boundary {b} is outside 0..{L}")
+        d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine, draft_config=dcfg,
+                          arch=arch, num_layers=L, steps=a.steps, max_records=a.max_records,
+                          max_tokens=a.max_tokens, progress=not a.json)
+        d.notes = notes + d.notes
+    except (FileNotFoundError, ValueError) as exc:   # InputError is a ValueError
+        return fail(exc)
+    if a.json:
+        print_json(d.to_dict())
+        return 0
+    print(format_dump_diagnosis(d, a.engine))
+    return 0
+
+
+def _row_text(r: dict | None) -> str:
+    if not r:
+        return "not measurable from this dump"
+    return f"step-0 acc {r['acc0']:.3f}   ce {r['ce']:.3f}   sim accept length {r['sim_accept_length']:.2f}"
+
+
+def format_dump_diagnosis(d, engine: str | None) -> str:
+    L = d.num_layers
+    out = [f"dump: {d.dump.root} ({d.dump.format}, {d.records} records, {d.tokens} scored tokens; labels: {d.labels})"]
+    for s in d.slots:
+        name = "?" if s.boundary is None else (layout_label((s.boundary,), L)[1:-1] if L else str(s.boundary))
+        out.append(f"   slot {s.slot}: boundary {'?' if s.boundary is None else s.boundary} ({name})   [{s.how}]")
+    best = d.best
+    out.append(f"best: slots {tuple(best['slots'])} = {best['label']}   {_row_text(best)}")
+    cs = d.confident_set
+    if len(cs) > 1:
+        out.append(f"   NOT confident: {len(cs)} layouts within noise of the best: {cs[:6]}"
+                   + (" ..." if len(cs) > 6 else ""))
+    elif len(d.ranking) > 1:
+        out.append(f"   runner-up {tuple(d.ranking.loc[1, 'slots'])}: z = {d.ranking.loc[1, 'z_vs_best']:.1f} (confident)")
+    if d.trained_slots is not None:
+        out.append(f"trained choice (the trainer's): slots {d.trained_slots} = {d.trained_layout}   "
+                   f"{_row_text(d.row(d.trained_slots))}")
+    if engine:
+        if d.served_errors:
+            out.append(f"served by {engine}: {d.served_layout}   CANNOT FEED THIS DRAFT: {'; '.join(d.served_errors)}")
+        elif d.served_layout is not None:
+            out.append(f"served by {engine}: {d.served_layout} [{d.served_source}]   {_row_text(d.served_row)}")
+    for n in d.notes:
+        out.append(f"   note: {n}")
+    out.append(d.verdict)
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# python -m helpers dump
+
+
+def main(argv=None) -> int:
+    from .dumps import FORMATS
+
+    ap = argparse.ArgumentParser(prog="python -m helpers dump",
+                                 description="write a hidden-state dump in a trainer's own layout from a runnable target")
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--boundaries", required=True, help="ascending boundaries to save, e.g. 0,3,7,12")
+    ap.add_argument("--format", choices=FORMATS, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--text", type=Path, default=None, help="text to dump (default: heldout.txt beside the target)")
+    ap.add_argument("--window", type=int, default=256, help="tokens per record")
+    ap.add_argument("--records", type=int, default=12, help="records to write at most")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args(argv)
+    try:
+        if a.window < 8 or a.records < 1:
+            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window} and {a.records}")
+        bounds = parse_layout(a.boundaries)
+        if a.out.exists() and (not a.out.is_dir() or any(a.out.iterdir())):
+            raise InputError(f"{a.out} already exists and is not an empty folder; a dump is written into a new one")
+        written = write_from_text(a.target, bounds, a.format, a.out, a.text, a.window, a.records, a.device,
+                                  progress=True)
+    except (FileNotFoundError, ValueError) as exc:
+        return fail(exc)
+    print(f"wrote {written}")
+    return 0
+
+
+def write_from_text(target_dir, boundaries, fmt, out, text_path=None, window: int = 256, records: int = 12,
+                    device: str = "cpu", progress: bool = False) -> Path:
+    """Tokenise held-out text into windows and dump them: the records a trainer would have saved."""
+    from .dumps import write_dump
+    from .errors import read_text_file
+    from .pair import DEFAULT_DIR, text_windows
+    from .target import load_target
+
+    target_dir = Path(target_dir)
+    if text_path is None:
+        for d in (target_dir.parent, DEFAULT_DIR):
+            if (d / "heldout.txt").is_file():
+                text_path = d / "heldout.txt"
+                break
+        else:
+            raise FileNotFoundError(f"no heldout.txt beside {target_dir}; pass --text FILE")
+    text = read_text_file(text_path, "text file")
+    target, tok = load_target(target_dir, device)
+    windows = text_windows(tok, text, window, records, min_windows=1).to(device)
+    return write_dump(target, windows, boundaries, fmt, out, progress=progress)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""Diagnose a draft from its trainer's hidden-state dump: no target forward at all.
+
+The seed's isolated test (34.1% served vs 76.9% trained) needed only the draft and the states
+its pipeline had saved. This module does that at any scale: it names each slot of the dump
+(from the dump's own record, the user, or measured against the target's embedding, final norm
+and head), scores every ordered choice of slots the draft's ``fc`` can take, and compares the
+best, the trained choice and what the engine serves. Work is streamed record by record, so
+memory is the draft plus one record.
+
+Ranking uses one measure -- the draft's cross-entropy averaged over its draft steps, against
+the target's distribution when the final state gives logits, else the dump's next tokens --
+and a layout counts as the answer only when no other is within noise of it (a paired test
+over blocks of tokens). docs/dumps.md explains the choices.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .boundaries import layout_label
+from .dumps import Dump
+from .evaluate import accuracy_table
+
+Z_NOISE = 3.0          # a layout within this paired z of the best is "within noise" of it
+BLOCK = 64             # tokens per block of the paired test: neighbouring tokens are not independent
+
+
+@dataclass
+class SlotIdentity:
+    slot: int
+    boundary: int | None
+    how: str                         # record / stated / measured: ... / format / unknown
+    evidence: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------
+# Naming the slots
+
+
+@torch.no_grad()
+def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) -> list[dict]:
+    """Per slot, on the first record: distance to the embedding lookup, the next-token accuracy
+    and cross-entropy of ``lm_head(norm(slot))``, and (when the target can run) the boundary whose
+    capture it matches. Each is a fact about the slot's content, not about any naming."""
+    rec = next(dump.records(max_records=1))
+    n = min(rec.tokens, probe_tokens)
+    ids, slots = rec.token_ids[:n], rec.slots[:n]
+    out = [{"slot": s} for s in range(dump.num_slots)]
+    if heads is not None:
+        emb = heads.boundary0(ids).to(slots.dtype).float()
+        nxt = ids[1:]
+        for s in range(dump.num_slots):
+            x = slots[:, s].float()
+            out[s]["embed_rel_diff"] = float((x - emb).abs().max() / (emb.abs().max() + 1e-12))
+            logits = heads.logits(heads.final_norm(x[:-1]))
+            out[s]["next_acc"] = float((logits.argmax(-1) == nxt).float().mean())
+            out[s]["next_ce"] = float(F.cross_entropy(logits, nxt))
+            if rec.final_normed is not None:
+                fin = rec.final_normed[:n].float()
+                out[s]["final_norm_rel_diff"] = float((heads.final_norm(x) - fin).abs().max() / (fin.abs().max() + 1e-12))
+    if target is not None:
+        from .capture import decoder_parts, run_and_capture
+
+        L = len(decoder_parts(target)[1])
+        _, store = run_and_capture(target, ids[None].to(next(target.parameters()).device), range(L + 1), use_cache=False)
+        for s in range(dump.num_slots):
+            x = slots[:, s].float()
+            errs = {b: float((store[b][0].float().cpu() - x).abs().max() / (x.abs().max() + 1e-12)) for b in store}
+            b = min(errs, key=errs.get)
+            out[s]["capture_match"] = b
+            out[s]["capture_rel_diff"] = errs[b]
+    return out
+
+
+def identify_slots(dump: Dump, heads=None, target=None, stated=None, num_layers: int | None = None) -> tuple[list[SlotIdentity], list[str]]:
+    """Each slot's boundary, with how it is known, and notes on disagreements.
+
+    Precedence: stated by the user, then the target's own capture (exact), then the dump's own
+    record, then exact tests against the embedding (boundary 0) and the final norm/head
+    (boundary L), then the format's promise (speculators >= 0.5 puts boundary L last)."""
+    notes: list[str] = []
+    k = dump.num_slots
+    meas = measure_slots(dump, heads, target) if (heads is not None or target is not None) else [{} for _ in range(k)]
+    L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
+    ids: list[SlotIdentity] = [SlotIdentity(s, None, "unknown", meas[s]) for s in range(k)]
+    if stated is not None:
+        if len(stated) != k:
+            from .errors import BadOption
+            raise BadOption(f"--slot-boundaries names {len(stated)} boundaries {tuple(stated)}; the dump's records "
+                            f"hold {k} slots")
+        for s, b in enumerate(stated):
+            ids[s].boundary, ids[s].how = (None if b is None else int(b)), "stated"
+    if target is not None:
+        for s in range(k):
+            if ids[s].boundary is None and meas[s].get("capture_rel_diff", 1.0) < 2e-2:
+                ids[s].boundary, ids[s].how = meas[s]["capture_match"], "measured: matches the target's capture"
+    if dump.recorded_boundaries is not None:
+        for s, b in enumerate(dump.recorded_boundaries):
+            if ids[s].boundary is None:
+                ids[s].boundary, ids[s].how = b, "record"
+            elif ids[s].boundary != b:
+                notes.append(f"slot {s}: the dump's record says boundary {b}, {ids[s].how} says {ids[s].boundary}")
+    if heads is not None:
+        best_final = min(range(k), key=lambda s: meas[s]["next_ce"])
+        for s in range(k):
+            m = meas[s]
+            exact0 = m["embed_rel_diff"] < 1e-3
+            exact_final = m.get("final_norm_rel_diff", 1.0) < 2e-2
+            reproduces = s == best_final and m["next_acc"] >= 0.9
+            if exact0:
+                found, why = 0, "measured: equals embed_tokens[token_ids]"
+            elif exact_final:
+                found, why = L, "measured: its norm equals the dump's post-norm hidden_state"
+            elif reproduces:
+                found, why = L, f"measured: lm_head(norm(x)) reproduces {m['next_acc']:.0%} of next tokens"
+            else:
+                continue
+            if ids[s].boundary is None:
+                ids[s].boundary, ids[s].how = found, why
+            elif ids[s].boundary != found:
+                notes.append(f"slot {s}: {ids[s].how} says boundary {ids[s].boundary}, but it {why.split(': ')[1]} "
+                             f"(boundary {found})")
+        zero = [s for s in range(k) if meas[s]["embed_rel_diff"] < 1e-3]
+        if not zero and any(i.boundary == 0 for i in ids):
+            s0 = next(i.slot for i in ids if i.boundary == 0)
+            notes.append(f"slot {s0} is named boundary 0 ({ids[s0].how}) but does not equal embed_tokens[token_ids] "
+                         f"(relative difference {meas[s0]['embed_rel_diff']:.3g})")
+    fs = dump.final_slot_by_format
+    if fs is not None and ids[fs].boundary is None and L is not None:
+        ids[fs].boundary, ids[fs].how = L, "format: speculators >= 0.5 saves the final boundary last"
+    unknown = [i.slot for i in ids if i.boundary is None]
+    if unknown:
+        how = ("let the target run (--run-target yes) to match every slot against its capture" if heads is not None
+               else "pass --target DIR to measure boundary 0 and the final boundary from its embedding, norm and head")
+        notes.append(f"slot(s) {unknown} stayed unknown: name them with --slot-boundaries, or {how}")
+    return ids, notes
+
+
+# --------------------------------------------------------------------------------------
+# Scoring
+
+
+@dataclass
+class _Acc:
+    ce: list = field(default_factory=list)        # per record: [n] mean-over-steps cross-entropy
+    hits: list = field(default_factory=list)      # per record: list over steps of [n] bool
+    masks: list = field(default_factory=list)     # per record: [n] bool
+
+
+def _labels(rec, draft, heads, final_slot, chunk: int = 512):
+    """(label ids [T], soft draft-vocab targets [T, Vd] or None, label validity [T]).
+
+    Position p's label is what follows p: the target's greedy token when its final state is in
+    the dump and its head is at hand, else the dump's own next token."""
+    T = rec.tokens
+    if heads is not None and (rec.final_normed is not None or final_slot is not None):
+        rows = draft.draft_token_ids.cpu()
+        argmax, probs = [], []
+        for i in range(0, T, chunk):
+            if rec.final_normed is not None:
+                normed = rec.final_normed[i:i + chunk].float()
+            else:
+                normed = heads.final_norm(rec.slots[i:i + chunk, final_slot])
+            full = heads.logits(normed)
+            argmax.append(full.argmax(-1))
+            probs.append(F.softmax(full[:, rows], -1))
+        return torch.cat(argmax), torch.cat(probs), torch.ones(T, dtype=torch.bool)
+    lab = torch.full((T,), -1, dtype=torch.long)
+    lab[:-1] = rec.token_ids[1:]
+    return lab, None, lab >= 0
+
+
+@torch.no_grad()
+def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int = 3, heads=None,
+                  final_slot: int | None = None, max_records: int | None = None, max_tokens: int | None = None,
+                  progress: bool = True, batch_tokens: int = 4096) -> dict:
+    """Stream the dump once; for every layout (in slot indices) the per-token cross-entropy
+    (mean over ``steps``) and per-step hits, plus what the labels were."""
+    k_fc = draft.cfg.num_aux
+    ht = draft.cfg.target_hidden_size
+    w = draft.fc.weight
+    inv = None
+    accs = {lay: _Acc() for lay in layouts}
+    tokens = records = 0
+    soft = None
+    bar = tqdm(total=len(dump.files) if max_records is None else min(max_records, len(dump.files)),
+               desc=f"scoring {len(layouts)} layouts", disable=not progress, unit="record")
+    for rec in dump.records(max_records, max_tokens):
+        T = rec.tokens
+        if T < steps + 3:
+            bar.update(1)
+            continue
+        lab, probs, valid = _labels(rec, draft, heads, final_slot)
+        soft = probs is not None
+        if not soft and inv is None:
+            inv = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
+            inv[draft.draft_token_ids.cpu()] = torch.arange(draft.cfg.draft_vocab_size)
+        n = T - steps if soft else T - 1 - steps
+        col_ok = torch.ones(n, dtype=torch.bool)
+        for j in range(steps):
+            col_ok &= valid[1 + j:1 + j + n]
+        if not soft:   # a next token outside the draft vocabulary has no draft probability to score
+            for j in range(steps):
+                col_ok &= inv[lab[1 + j:1 + j + n].clamp(min=0)] >= 0
+        if rec.loss_mask is not None:
+            lm = rec.loss_mask.reshape(-1).bool()
+            col_ok &= lm[2:2 + n] if lm.numel() >= n + 2 else torch.ones(n, dtype=torch.bool)
+        used = sorted({(s, b) for lay in layouts for s, b in enumerate(lay)})
+        proj = {(s, b): rec.slots[:, b].float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
+        ids = rec.token_ids[None]
+        group = max(1, min(16, batch_tokens // T))
+        for g in range(0, len(layouts), group):
+            chunk = layouts[g:g + group]
+            h = torch.stack([sum(proj[(s, b)] for s, b in enumerate(lay)) for lay in chunk])
+            logits = draft.ttt_forward(ids.expand(len(chunk), T), h, steps, projected=True)
+            ce = torch.zeros(len(chunk), n)
+            hit = []
+            for j, lg in enumerate(logits):
+                lg = lg[:, :n].float()
+                tgt = lab[1 + j:1 + j + n]
+                logq = F.log_softmax(lg, -1)
+                if soft:
+                    ce += -(probs[1 + j:1 + j + n][None] * logq).sum(-1)
+                else:
+                    d = inv[tgt.clamp(min=0)]
+                    ce += -logq.gather(-1, d.clamp(min=0)[None, :, None].expand(len(chunk), n, 1))[..., 0]
+                hit.append(draft.to_target_ids(lg.argmax(-1)) == tgt[None])
+            for i, lay in enumerate(chunk):
+                a = accs[lay]
+                a.ce.append(ce[i] / steps)
+                a.hits.append([hj[i] for hj in hit])
+                a.masks.append(col_ok)
+        tokens += int(col_ok.sum())
+        records += 1
+        bar.update(1)
+    bar.close()
+    if not records:
+        from .errors import BadText
+        raise BadText(f"{dump.root}: no record has the {steps + 3} tokens {steps} draft steps need")
+    return {"accs": accs, "tokens": tokens, "records": records, "soft": bool(soft), "steps": steps}
+
+
+def _summary(a: _Acc, steps: int) -> dict:
+    mask = torch.cat(a.masks)
+    ce = torch.cat(a.ce)[mask]
+    correct = [torch.cat([h[j] for h in a.hits])[None] for j in range(steps)]
+    full, cond, se = accuracy_table(correct, mask[None])
+    total, run = 1.0, 1.0
+    for c in cond:
+        run *= c
+        total += run
+    if not bool(torch.isfinite(ce).all()):
+        from .errors import BadCheckpoint
+        raise BadCheckpoint("the draft's scores are not finite (NaN or Inf): its weights or the dump's states "
+                            "cannot be trusted")
+    return {"ce": float(ce.mean()), "acc0": full[0], "full_acc": [round(x, 4) for x in full],
+            "cond_acc": [round(x, 4) for x in cond], "sim_accept_length": round(total, 3), "acc_se": round(se, 4)}
+
+
+def _block_means(a: _Acc) -> torch.Tensor:
+    """Per-record token blocks' mean cross-entropy: the unit of the paired test."""
+    out = []
+    for ce, m in zip(a.ce, a.masks):
+        v = ce[m]
+        for i in range(0, v.numel(), BLOCK):
+            out.append(v[i:i + BLOCK].mean())
+    return torch.stack(out)
+
+
+def paired_z(a: _Acc, b: _Acc) -> float:
+    """z of mean(ce_a - ce_b) over token blocks; positive: a is worse than b."""
+    d = _block_means(a) - _block_means(b)
+    if d.numel() < 2:
+        return float("inf") if float(d.mean()) > 0 else 0.0
+    sd = float(d.std())
+    return float(d.mean()) / (sd / math.sqrt(d.numel()) + 1e-12)
+
+
+def rank(scored: dict, slot_boundaries, num_layers: int | None) -> pd.DataFrame:
+    accs, steps = scored["accs"], scored["steps"]
+    rows = []
+    for lay, a in accs.items():
+        bounds = tuple(slot_boundaries[s] for s in lay)
+        known = all(b is not None for b in bounds)
+        rows.append({"slots": lay, "layout": bounds if known else None,
+                     "label": layout_label(bounds, num_layers) if known and num_layers else
+                     "(" + ", ".join("?" if b is None else str(b) for b in bounds) + ")",
+                     **_summary(a, steps)})
+    df = pd.DataFrame(rows).sort_values(["ce", "acc0"], ascending=[True, False]).reset_index(drop=True)
+    best = accs[df.loc[0, "slots"]]
+    df["z_vs_best"] = [0.0 if i == 0 else round(paired_z(accs[s], best), 2) for i, s in enumerate(df["slots"])]
+    df["within_noise"] = df["z_vs_best"] < Z_NOISE
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df
+
+
+# --------------------------------------------------------------------------------------
+# The whole diagnosis
+
+
+@dataclass
+class DumpDiagnosis:
+    dump: Dump
+    slots: list[SlotIdentity]
+    ranking: pd.DataFrame
+    tokens: int
+    records: int
+    steps: int
+    labels: str
+    trained_slots: tuple[int, ...] | None
+    served_layout: tuple[int, ...] | None
+    served_slots: tuple[int, ...] | None
+    served_source: str
+    served_errors: list[str]
+    served_engine_row: dict | None        # the served layout under the engine's own forward, when it differs
+    num_layers: int | None
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def row(self, slots) -> dict | None:
+        if slots is None:
+            return None
+        hit = self.ranking[self.ranking["slots"] == tuple(slots)]
+        return None if hit.empty else hit.iloc[0].to_dict()
+
+    @property
+    def slot_boundaries(self) -> list[int | None]:
+        return [s.boundary for s in self.slots]
+
+    @property
+    def best(self) -> dict:
+        return self.ranking.iloc[0].to_dict()
+
+    @property
+    def confident_set(self) -> list[tuple[int, ...]]:
+        return [tuple(s) for s in self.ranking[self.ranking["within_noise"]]["slots"]]
+
+    @property
+    def served_row(self) -> dict | None:
+        return self.served_engine_row or self.row(self.served_slots)
+
+    @property
+    def mismatch(self) -> bool | None:
+        """True only when the served wiring is significantly worse than the best; None when the
+        served boundaries are not all in the dump and nothing else settles it."""
+        if self.served_errors:
+            return True
+        if self.served_slots is not None:
+            return tuple(self.served_slots) not in self.confident_set
+        trained = self.trained_layout
+        if trained is not None and self.served_layout is not None:
+            return tuple(trained) != tuple(self.served_layout)
+        return None
+
+    @property
+    def trained_layout(self) -> tuple[int, ...] | None:
+        if self.trained_slots is None:
+            return None
+        b = tuple(self.slot_boundaries[s] for s in self.trained_slots)
+        return b if all(x is not None for x in b) else None
+
+    @property
+    def verdict(self) -> str:
+        if self.served_errors:
+            return "the engine cannot feed this draft: " + "; ".join(self.served_errors)
+        m = self.mismatch
+        if m is None:
+            return ("served boundaries not all in the dump and the trained layout is unknown: "
+                    "no verdict (dump the served boundaries too, or name the slots)")
+        if self.served_slots is None:
+            return (f"MISMATCH: the engine serves {self.served_layout}, the draft was trained on {self.trained_layout}"
+                    if m else "the served layout is the trained one")
+        if m:
+            return "MISMATCH: the served wiring scores significantly worse than the best layout in the dump"
+        if len(self.confident_set) > 1:
+            return (f"served wiring consistent with training: it is within noise of the best "
+                    f"({len(self.confident_set)} layouts cannot be told apart on these tokens)")
+        return "served wiring matches: it is the best layout in the dump"
+
+    def to_dict(self, top: int = 20) -> dict:
+        best = self.best
+        trained = self.row(self.trained_slots)
+        served = self.served_row
+        ranking = []
+        for r in self.ranking.head(top).to_dict("records"):
+            r["slots"] = list(r["slots"])
+            r["layout"] = list(r["layout"]) if r["layout"] is not None else None
+            r["within_noise"] = bool(r["within_noise"])
+            ranking.append(r)
+        return {
+            "data_format": self.dump.format, "data": str(self.dump.root), "records": self.records,
+            "tokens": self.tokens, "steps": self.steps, "labels": self.labels,
+            "slot_boundaries": self.slot_boundaries, "slot_sources": [s.how for s in self.slots],
+            "slot_evidence": [s.evidence for s in self.slots],
+            "best_slots": list(best["slots"]), "best_layout": list(best["layout"]) if best["layout"] else None,
+            "best_acc": best["acc0"], "best_ce": best["ce"], "best_full_acc": best["full_acc"],
+            "trained_slots": list(self.trained_slots) if self.trained_slots is not None else None,
+            "trained_layout": list(self.trained_layout) if self.trained_layout else None,
+            "trained_acc": trained["acc0"] if trained else None, "trained_ce": trained["ce"] if trained else None,
+            "served_layout": list(self.served_layout) if self.served_layout is not None else None,
+            "served_slots": list(self.served_slots) if self.served_slots is not None else None,
+            "served_source": self.served_source, "served_errors": self.served_errors,
+            "served_acc": served["acc0"] if served else None, "served_ce": served["ce"] if served else None,
+            "served_full_acc": served["full_acc"] if served else None,
+            "confident": len(self.confident_set) == 1,
+            "confident_set": [list(s) for s in self.confident_set],
+            "z_runner_up": float(self.ranking["z_vs_best"].iloc[1]) if len(self.ranking) > 1 else None,
+            "mismatch": self.mismatch, "verdict": self.verdict, "seconds": self.seconds,
+            "layouts_scored": len(self.ranking), "ranking": ranking, "notes": self.notes,
+        }
+
+
+def candidate_slots(num_slots: int, width: int, extra=()) -> list[tuple[int, ...]]:
+    out = list(itertools.permutations(range(num_slots), width))
+    for e in extra:
+        if e is not None and tuple(e) not in out:
+            out.append(tuple(e))
+    return out
+
+
+def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, engine: str | None = None,
+                  draft_config: dict | None = None, arch: str | None = None, num_layers: int | None = None,
+                  steps: int = 3, max_records: int | None = None, max_tokens: int | None = None,
+                  progress: bool = True) -> DumpDiagnosis:
+    t0 = time.perf_counter()
+    k_fc = draft.cfg.num_aux
+    if dump.hidden != draft.cfg.target_hidden_size:
+        from .errors import BadText
+        raise BadText(f"{dump.root}: states are {dump.hidden} wide; the draft's fc takes {k_fc} x "
+                      f"{draft.cfg.target_hidden_size} (a dump of another target?)")
+    if dump.num_slots < k_fc:
+        from .errors import BadText
+        raise BadText(f"{dump.root}: records hold {dump.num_slots} slot(s); the draft's fc takes {k_fc} "
+                      f"({draft.cfg.fc_in} wide), so no choice of slots can feed it")
+    if heads is not None and heads.config.hidden_size != dump.hidden:
+        from .errors import BadText
+        raise BadText(f"{dump.root}: states are {dump.hidden} wide; the target at {heads.path} has hidden_size "
+                      f"{heads.config.hidden_size}")
+    L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
+    slots, notes = identify_slots(dump, heads, target, stated, L)
+    notes = list(dump.notes) + notes
+    bounds = [s.boundary for s in slots]
+    trained = dump.trained_slots if len(dump.trained_slots) == k_fc else None
+    if trained is None:
+        notes.append(f"the trainer's choice ({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) "
+                     f"gives {len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it was "
+                     "trained from, or holds extra states")
+    served_layout, served_slots, served_source, served_errors = None, None, "", []
+    if engine and draft_config is not None and arch and L is not None:
+        from .pair import resolve_plan
+
+        plan = resolve_plan(engine, arch, L, draft_config)
+        served_layout, served_source = tuple(plan.layout), plan.source
+        served_errors = list(plan.errors)
+        notes += [f"served plan: {n}" for n in plan.notes]
+        if not served_errors and len(served_layout) != k_fc:
+            served_errors.append(f"{plan.source} feeds {len(served_layout)} features {served_layout}; the draft's fc "
+                                 f"takes {k_fc}")
+        if not served_errors:
+            where = {b: s for s, b in enumerate(bounds) if b is not None}
+            if all(b in where for b in served_layout):
+                served_slots = tuple(where[b] for b in served_layout)
+            else:
+                missing = [b for b in served_layout if b not in where]
+                notes.append(f"the served boundaries {missing} are not (known to be) in the dump, whose slots hold "
+                             f"{bounds}: served accuracy cannot be measured from it")
+    elif engine:
+        notes.append("no target config (--target DIR or --layers/--arch): the served layout was not resolved")
+    layouts = candidate_slots(dump.num_slots, k_fc, (trained, served_slots))
+    final_slot = next((s.slot for s in slots if L is not None and s.boundary == L), None)
+    scored = score_layouts(draft, dump, layouts, steps, heads, final_slot, max_records, max_tokens, progress)
+    ranking = rank(scored, bounds, L)
+    engine_row = None
+    if served_slots is not None and engine:
+        from .draft import run_as
+        with run_as(draft, engine) as engine_notes:
+            if engine_notes:
+                again = score_layouts(draft, dump, [served_slots], steps, heads, final_slot, max_records,
+                                      max_tokens, False)
+                engine_row = _summary(again["accs"][served_slots], steps)
+                notes += engine_notes
+    labels = ("target distribution (final state through the target's norm and head)" if scored["soft"]
+              else "the dump's next tokens")
+    return DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
+                         served_layout, served_slots, served_source, served_errors, engine_row, L,
+                         round(time.perf_counter() - t0, 2), notes)
