@@ -109,7 +109,9 @@ class PatchStatus:
     """Where a tree stands.
 
     ``state``: pristine (the patch would apply) | patched | partial (some files patched, some
-    still pristine: an interrupted apply; revert it) | not-needed | unsupported (nothing fits).
+    still pristine: an interrupted apply or revert; apply or revert finishes it) | stranded (the
+    files are pristine but an interrupted apply/revert left a backup folder; apply or revert
+    removes it) | not-needed | unsupported (nothing fits).
     ``file_states`` holds each edited file's own state (pristine, patched, not-needed,
     no-capture, misfit, missing) and ``skipped`` why apply leaves a file alone.
     """
@@ -126,6 +128,7 @@ class PatchStatus:
     changed: bool = False  # whether this call wrote anything
     file_states: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # file -> why apply leaves it alone
+    leftovers: list[str] = field(default_factory=list)  # folders an interrupted apply/revert left
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,25 +228,49 @@ def patch_status(version: str, *, root: str | Path | None = None, target: str = 
     return _status_of(src)
 
 
+def _leftovers(src: SglangSource) -> list[Path]:
+    """Backup folders that hold nothing revert needs: a staging folder an apply was killed in
+    before publishing it, one a revert retired but did not finish deleting, or the backup
+    folder itself without its manifest (left by an older version of this module)."""
+    out = sorted(src.root.glob(BACKUP_DIR + ".new-*")) + sorted(src.root.glob(BACKUP_DIR + ".old-*"))
+    backup = _backup_dir(src)
+    if backup.exists() and not (backup / MANIFEST).is_file():
+        out.append(backup)
+    return out
+
+
 def _status_of(src: SglangSource) -> PatchStatus:
     states = _states(src)
     backup = str(_backup_dir(src)) if (_backup_dir(src) / MANIFEST).is_file() else None
+    leftovers = _leftovers(src)
     by: dict[str, list[str]] = {}
     for f, (state, _) in states.items():
         by.setdefault(state, []).append(f)
     skipped = {f: why for f, (state, why) in states.items() if state not in ("pristine", "patched")}
     base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup,
-                file_states={f: st for f, (st, _) in states.items()}, skipped=skipped)
+                file_states={f: st for f, (st, _) in states.items()}, skipped=skipped,
+                leftovers=[str(p) for p in leftovers])
     left = "".join(f"; {f} left alone: {why}" for f, why in skipped.items())
+    if leftovers:
+        left += (f"; {', '.join(p.name for p in leftovers)} in {src.root} was left by an interrupted apply or "
+                 f"revert and restores nothing: `patch-sglang apply` or `revert` removes it")
     patched, pristine = by.get("patched", []), by.get("pristine", [])
     if patched and pristine:
+        how = ("the backup in " + str(_backup_dir(src)) + " holds the originals") if backup else "no backup"
         return PatchStatus(state="partial", patched=False, needed=True,
                            message=f"sglang {src.version} is partly patched ({', '.join(patched)} patched, "
-                                   f"{', '.join(pristine)} not): an interrupted apply; revert it, then apply "
-                                   f"again{left}", **base)
+                                   f"{', '.join(pristine)} not): an interrupted apply or revert ({how}); revert it, "
+                                   f"or apply again to finish it{left}", **base)
     if patched:
         return PatchStatus(state="patched", patched=True, needed=True,
                            message=f"sglang {src.version} is patched ({', '.join(patched)}){left}", **base)
+    if pristine and (leftovers or backup):
+        what = ", ".join(str(p) for p in leftovers) or f"{backup} (a finished revert's backup)"
+        return PatchStatus(state="stranded", patched=False, needed=True,
+                           message=f"sglang {src.version} is unpatched ({', '.join(pristine)}), but {what} was left "
+                                   f"by an interrupted apply or revert; `patch-sglang revert` removes it, `apply` "
+                                   f"removes it and patches{''.join(f'; {f} left alone: {w}' for f, w in skipped.items())}",
+                           **base)
     if pristine:
         return PatchStatus(state="pristine", patched=False, needed=True,
                            message=f"sglang {src.version} is unpatched: boundary 0 raises TypeError "
@@ -314,95 +341,195 @@ def _patched_texts(src: SglangSource, files: Sequence[str]) -> dict[str, tuple[s
     return out
 
 
+# Every write below goes through _step, so a test can stop the process at any one of them
+# (raising a BaseException that no cleanup catches, as a kill would) and check that status
+# names what is left and that apply/revert finish from there.
+_FAULT = None  # callable(step name) or None
+
+
+def _step(name: str) -> None:
+    if _FAULT is not None:
+        _FAULT(name)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
+    """Write beside the file, then rename over it: at every instant the file is whole, old or new."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         shutil.copymode(path, tmp)
         os.replace(tmp, path)
-    finally:
+    except OSError:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        raise
+
+
+def _remove_leftovers(src: SglangSource) -> list[str]:
+    removed = []
+    for p in _leftovers(src):
+        _step(f"remove {p.name}")
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name)
+    return removed
+
+
+def _retire_backup(src: SglangSource) -> None:
+    """Rename the backup out of the way in one step, then delete it: a kill in between leaves a
+    folder that status names as a leftover, never a half-deleted backup that looks live."""
+    backup = _backup_dir(src)
+    retired = src.root / f"{BACKUP_DIR}.old-{os.getpid()}"
+    _step("retire backup")
+    os.rename(backup, retired)
+    _step("delete retired backup")
+    shutil.rmtree(retired)
+
+
+def _publish_backup(src: SglangSource, texts: dict[str, tuple[str, str]]) -> None:
+    """Backups and manifest are written into a staging folder renamed into place in one step,
+    so the backup folder either does not exist or holds every original and the manifest."""
+    staging = Path(tempfile.mkdtemp(prefix=f"{BACKUP_DIR}.new-", dir=src.root))
+    manifest = {"version": src.version, "marker": MARKER, "files": {}}
+    for rel, (_, new) in texts.items():
+        copy = staging / "files" / rel
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        _step(f"backup {rel}")
+        data = src.path(rel).read_bytes()
+        copy.write_bytes(data)
+        manifest["files"][rel] = {"orig_sha256": ss.sha256_bytes(data),
+                                  "patched_sha256": ss.sha256_bytes(new.encode("utf-8"))}
+    _step("manifest")
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    _step("publish backup")
+    os.rename(staging, _backup_dir(src))
+
+
+def _read_manifest(backup: Path) -> dict:
+    try:
+        manifest = json.loads((backup / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        assert isinstance(files, dict) and all({"orig_sha256", "patched_sha256"} <= set(e) for e in files.values())
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise PatchError(f"{backup / MANIFEST} is damaged (not the JSON this module writes); the originals are in "
+                         f"{backup / 'files'}: compare and restore them by hand, then delete {backup}") from None
 
 
 def apply_patch(version: str, *, root: str | Path | None = None, target: str = "cache",
                 arch: str | None = None) -> PatchStatus:
     """Patch every file whose anchor fits; a second call is a no-op; a version that needs
     none is left alone. With ``arch``, refuse (writing nothing) unless that architecture's
-    capture file is among those the patch fits."""
+    capture file is among those the patch fits. Finishes an interrupted apply, and clears what
+    an interrupted apply or revert left behind."""
     src = _source(version, root, target)
     status = _status_of(src)
     if arch is not None:
         _arch_file(src, arch, status)
-    if status.state in ("patched", "not-needed"):
+    if status.state in ("patched", "not-needed") and not status.leftovers:
         return status
-    if status.state in ("unsupported", "partial"):
+    if status.state == "unsupported":
         raise PatchError(status.message + "; nothing written")
+    backup = _backup_dir(src)
+    if status.state == "partial":
+        if not (backup / MANIFEST).is_file():
+            raise PatchError(status.message + " (no backup to finish from); nothing written")
+        return _finish_apply(src, backup)
+    removed = _remove_leftovers(src)
+    if status.state == "stranded" and (backup / MANIFEST).is_file():
+        _retire_backup(src)  # files pristine: a revert restored them and was stopped before deleting it
+    if status.state in ("patched", "not-needed"):
+        result = _status_of(src)
+        result.changed = bool(removed)
+        return result
     todo = [f for f, st in status.file_states.items() if st == "pristine"]
     texts = _patched_texts(src, todo)
-    backup = _backup_dir(src)
-    if backup.exists():
-        raise PatchError(f"{backup} exists from an earlier patch but the files are pristine; remove it "
-                         f"after checking, then apply again")
-    manifest = {"version": src.version, "marker": MARKER, "files": {}}
-    (backup / "files").mkdir(parents=True)
-    for rel, (old, new) in texts.items():
-        copy = backup / "files" / rel
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_bytes(src.path(rel).read_bytes())
-        manifest["files"][rel] = {"orig_sha256": ss.sha256_file(src.path(rel)),
-                                  "patched_sha256": ss.sha256_bytes(new.encode("utf-8"))}
-    (backup / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    try:
+        _publish_backup(src, texts)
+    except OSError as exc:
+        for p in src.root.glob(BACKUP_DIR + ".new-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        raise PatchError(f"cannot write the backup beside {src.root} ({exc.strerror or exc}); nothing written") from None
     written = []
     try:
         for rel, (_, new) in texts.items():
+            _step(f"write {rel}")
             _write_atomic(src.path(rel), new.encode("utf-8"))
             written.append(rel)
     except OSError as exc:
         for rel in written:
             _write_atomic(src.path(rel), (backup / "files" / rel).read_bytes())
-        shutil.rmtree(backup, ignore_errors=True)
+        _retire_backup(src)
         raise PatchError(f"writing the patch failed ({exc}); restored the originals") from None
     result = _status_of(src)
     result.changed = True
     return result
 
 
+def _finish_apply(src: SglangSource, backup: Path) -> PatchStatus:
+    """Write the files an interrupted apply did not reach, each checked against its manifest."""
+    manifest = _read_manifest(backup)
+    plan = {}
+    for rel, entry in manifest["files"].items():
+        current = ss.sha256_file(src.path(rel))
+        if current == entry["patched_sha256"]:
+            continue
+        if current != entry["orig_sha256"]:
+            raise PatchError(f"{rel} changed since the interrupted apply (sha256 {current[:12]}...); not finishing it")
+        edit = next(e for e in EDITS if e.file == rel)
+        new = src.path(rel).read_text(encoding="utf-8").replace(edit.anchor, edit.replacement).encode("utf-8")
+        if ss.sha256_bytes(new) != entry["patched_sha256"]:
+            raise PatchError(f"patching {rel} again would not give the bytes the manifest records; not finishing")
+        plan[rel] = new
+    for rel, data in plan.items():
+        _step(f"write {rel}")
+        _write_atomic(src.path(rel), data)
+    _remove_leftovers(src)
+    result = _status_of(src)
+    result.changed = True
+    return result
+
+
 def revert_patch(version: str, *, root: str | Path | None = None, target: str = "cache") -> PatchStatus:
-    """Restore the pristine files byte for byte (sha256-checked); a no-op when unpatched."""
+    """Restore the bytes apply saved (checked against apply's own manifest, not the wheel's
+    RECORD: a file the user edited before patching comes back as they left it); a no-op when
+    unpatched; clears what an interrupted apply or revert left behind."""
     src = _source(version, root, target)
     status = _status_of(src)
     backup = _backup_dir(src)
     if (backup / MANIFEST).is_file():
-        if status.state == "pristine":
-            shutil.rmtree(backup)  # a leftover from an interrupted revert
-            return status
-        _restore_from_backup(src, backup)  # also finishes an interrupted apply
+        _restore_from_backup(src, backup)  # also finishes an interrupted apply or revert
     elif status.state in ("patched", "partial"):
         _restore_by_reverse_edit(src, [f for f, st in status.file_states.items() if st == "patched"])
-    else:
+    elif not status.leftovers:
         return status
+    _remove_leftovers(src)
     result = _status_of(src)
     result.changed = True
     return result
 
 
 def _restore_from_backup(src: SglangSource, backup: Path) -> None:
-    manifest = json.loads((backup / MANIFEST).read_text(encoding="utf-8"))
+    manifest = _read_manifest(backup)
     entries = manifest["files"]
     for rel, entry in entries.items():  # check everything before writing anything
-        current = ss.sha256_file(src.path(rel))
+        current = ss.sha256_file(src.path(rel)) if src.path(rel).is_file() else "missing"
         if current not in (entry["patched_sha256"], entry["orig_sha256"]):
             raise PatchError(f"{rel} changed since it was patched (sha256 {current[:12]}...); not reverting")
-        saved = ss.sha256_file(backup / "files" / rel)
+        copy = backup / "files" / rel
+        saved = ss.sha256_file(copy) if copy.is_file() else "missing"
         if saved != entry["orig_sha256"]:
             raise PatchError(f"the backup of {rel} is damaged (sha256 {saved[:12]}...); not reverting")
     for rel, entry in entries.items():
         if ss.sha256_file(src.path(rel)) != entry["orig_sha256"]:
+            _step(f"restore {rel}")
             _write_atomic(src.path(rel), (backup / "files" / rel).read_bytes())
-    _verify_pristine(src, {rel: e["orig_sha256"] for rel, e in entries.items()})
-    shutil.rmtree(backup)
+    for rel, entry in entries.items():
+        if ss.sha256_file(src.path(rel)) != entry["orig_sha256"]:
+            raise PatchError(f"{rel} does not match the sha256 its backup recorded after revert; backup kept")
+    _retire_backup(src)
 
 
 def _restore_by_reverse_edit(src: SglangSource, files: Sequence[str]) -> None:
@@ -420,15 +547,8 @@ def _restore_by_reverse_edit(src: SglangSource, files: Sequence[str]) -> None:
         if ss.sha256_bytes(restored[edit.file]) != expected:
             raise PatchError(f"reverse edit of {edit.file} does not match the wheel's RECORD hash; not reverting")
     for rel, data in restored.items():
+        _step(f"restore {rel}")
         _write_atomic(src.path(rel), data)
-
-
-def _verify_pristine(src: SglangSource, expected: dict[str, str]) -> None:
-    record = src.record_hashes()
-    for rel, sha in expected.items():
-        now = ss.sha256_file(src.path(rel))
-        if now != sha or (rel in record and record[rel] != now):
-            raise PatchError(f"{rel} does not match its pristine sha256 after revert")
 
 
 def show_diff(version: str, *, root: str | Path | None = None, target: str = "cache") -> str:

@@ -125,11 +125,23 @@ def test_revert_finishes_an_interrupted_apply(tree):
     # as if the process died after writing only deepseek_v2.py
     shutil.copyfile(tree / ps.BACKUP_DIR / "files" / FILES[0], tree / FILES[0])
     st = ps.patch_status("0.5.9", root=tree)
-    assert st.state == "partial" and "revert it" in st.message
-    with pytest.raises(ps.PatchError, match="nothing written"):  # apply does not guess on a half-patched tree
-        ps.apply_patch("0.5.9", root=tree)
+    assert st.state == "partial" and "revert it" in st.message and "apply again to finish" in st.message
+    patched = ps.apply_patch("0.5.9", root=tree)  # finishes from the manifest: the files it records, checked
+    assert patched.state == "patched" and patched.changed
+    shutil.copyfile(tree / ps.BACKUP_DIR / "files" / FILES[0], tree / FILES[0])
     assert ps.revert_patch("0.5.9", root=tree).state == "pristine"
     assert _hashes(tree) == pristine and not (tree / ps.BACKUP_DIR).exists()
+
+
+def test_partial_tree_without_backup_is_not_finished_by_apply(tree):
+    pristine = _hashes(tree)
+    ps.apply_patch("0.5.9", root=tree)
+    shutil.copyfile(tree / ps.BACKUP_DIR / "files" / FILES[0], tree / FILES[0])
+    shutil.rmtree(tree / ps.BACKUP_DIR)
+    with pytest.raises(ps.PatchError, match="no backup to finish from"):  # no manifest: apply does not guess
+        ps.apply_patch("0.5.9", root=tree)
+    assert ps.revert_patch("0.5.9", root=tree).state == "pristine"  # reverse edit, proved by RECORD
+    assert _hashes(tree) == pristine
 
 
 def test_revert_refuses_a_file_edited_after_patching(tree):
