@@ -31,6 +31,7 @@ class RunRecord:
     ok: bool
     error: str = ""
     outputs: list[str] = field(default_factory=list)
+    cell: int | None = None          # the failing cell's index in the notebook (0-based), when one failed
 
 
 def notebook_parameters(path: Path) -> dict:
@@ -99,36 +100,261 @@ engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', 'sglang==0.5.
     return path
 
 
+class Runs(list):
+    """The run records, plus where an unfinished run was left (``incomplete``) and whether the
+    user stopped it (``interrupted``); ``--out`` itself is only ever replaced by a whole run."""
+
+    incomplete: Path | None = None
+    interrupted: bool = False
+
+
+class _Stop:
+    """Ctrl-C (or SIGTERM) during a run: the first one interrupts the running cell through the
+    kernel, so the cell fails like any other error, papermill records which one, and the kernel
+    is shut down by nbclient's own cleanup; a second one gives up waiting and kills the kernel."""
+
+    def __init__(self):
+        self.requested = 0
+        self.kernel_pid: int | None = None
+        self._saved = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        return False
+
+    def _handle(self, signum, frame):
+        self.requested += 1
+        if self.requested == 1 and self.kernel_pid:
+            self.interrupt_kernel()
+        elif self.requested > 1:
+            self.kill_kernel()
+            raise KeyboardInterrupt
+
+    def interrupt_kernel(self):
+        import os
+        import signal
+
+        try:
+            os.kill(self.kernel_pid, signal.SIGINT)
+        except (OSError, TypeError):
+            pass
+
+    def kill_kernel(self):
+        import os
+        import signal
+
+        if self.kernel_pid:
+            try:
+                os.killpg(os.getpgid(self.kernel_pid), signal.SIGKILL)  # the kernel runs in its own session
+            except OSError:
+                pass
+
+
+_STOP: _Stop | None = None
+
+
+def _kernel_manager_class():
+    """A kernel manager that tells the run which process to interrupt, and that does not
+    interrupt a kernel it is shutting down after a finished notebook (jupyter_client does, and
+    ipykernel then logs 'ERROR | KeyboardInterrupt caught in kernel' on every good run)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class WorkbookKernelManager(AsyncKernelManager):
+        async def _async_start_kernel(self, **kw):
+            await AsyncKernelManager._async_start_kernel(self, **kw)
+            pid = getattr(self.provisioner, "pid", None) or getattr(getattr(self.provisioner, "process", None), "pid", None)
+            if _STOP is not None:
+                _STOP.kernel_pid = pid
+                if _STOP.requested:  # Ctrl-C came while the kernel was starting
+                    _STOP.interrupt_kernel()
+
+        start_kernel = _async_start_kernel  # the base class binds start_kernel to its own coroutine
+
+        async def _async_interrupt_kernel(self):
+            if getattr(self, "shutting_down", False):
+                return
+            await super()._async_interrupt_kernel()
+
+    return WorkbookKernelManager
+
+
+def _parameterised(src: Path, params: dict):
+    """The notebook with papermill's injected-parameters cell, built here rather than by
+    ``execute_notebook(parameters=...)``: papermill's own check of the parameters cell cannot
+    read a line such as ``ENGINE_VERSION = "sglang==0.5.9"`` (two '=') and warns that a
+    parameter every notebook declares is unknown. The names were checked by
+    ``notebook_parameters`` already."""
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    nb = load_notebook_node(str(src))  # papermill's reader: it gives every cell the tags list it expects
+    return parameterize_notebook(nb, params, kernel_name="python3", language="python") if params else nb
+
+
+def _first_error(executed: Path) -> tuple[int | None, str]:
+    """(cell index, 'Ename: value') of the first cell whose outputs hold an error, else (None, '').
+    A notebook is judged by what it holds, not only by whether papermill raised."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except Exception as exc:  # an unreadable output is itself a failure
+        return -1, f"executed notebook unreadable: {exc}"
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error":
+                return i, f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
+    return None, ""
+
+
+def _write_marker(staging: Path, text: str) -> None:
+    (staging / "INCOMPLETE").write_text(text.rstrip() + "\n", encoding="utf-8")
+
+
+def _rewrite_paths(staging: Path, out_dir: Path, since: float) -> None:
+    """Notebooks record where they wrote (05_patch.json names the fix-A draft, the executed
+    notebooks their REPORTS_DIR): written in the staging folder, those paths must name --out
+    once the run is swapped in, or notebook 06 of a later ``--only 06`` run reads a folder
+    that no longer exists."""
+    old, new = str(staging), str(out_dir)
+    for f in staging.rglob("*"):
+        if f.suffix in (".json", ".md", ".html", ".ipynb", ".txt") and f.is_file() and f.stat().st_mtime >= since:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if old in text:
+                f.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    """Replace --out by the finished staging folder. Entries that appeared in --out during the
+    run (nothing of ours) are carried over first; the old folder is renamed aside, the new one
+    renamed in, and only then is the old one deleted."""
+    import os
+    import shutil
+
+    if out_dir.exists():
+        for entry in out_dir.iterdir():
+            if not (staging / entry.name).exists() and not (staging / entry.name).is_symlink():
+                shutil.move(str(entry), str(staging / entry.name))
+        previous = out_dir.parent / f".{out_dir.name}.previous-{os.getpid()}"
+        os.rename(out_dir, previous)
+        os.rename(staging, out_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    else:
+        os.rename(staging, out_dir)
+
+
 def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, render: bool = True,
-                 progress: bool = True) -> list[RunRecord]:
+                 progress: bool = True) -> Runs:
+    """Execute the notebooks into a staging folder beside ``out_dir`` and swap it in only when
+    every one finished without an error. A failure or Ctrl-C leaves ``out_dir`` as it was and
+    keeps the staging folder, marked INCOMPLETE with the notebook and cell that stopped it, so
+    a report never mixes two runs or calls an interrupted notebook ok."""
+    import os
+    import shutil
+    import tempfile
+
     import papermill as pm
     from tqdm.auto import tqdm
 
+    from .errors import BadOption
+
+    global _STOP
     out_dir = Path(out_dir).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    params = {**params, "REPORTS_DIR": str(out_dir)}
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadOption(f"--out {out_dir} is a file; expected a folder for the reports (it is created if missing)")
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.staging-", dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become --out's mode after the swap
+    except OSError as exc:
+        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it ({exc.strerror or exc})") from None
+    started = time.time()
+    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still running "
+                           f"or killed before it finished. --out {out_dir} was not changed by it.")
+    if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
+        shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
+        _write_marker(staging, (staging / "INCOMPLETE").read_text())
+    params = {**params, "REPORTS_DIR": str(staging)}
     names = [n for n in ORDER if not only or n in only]
-    runs: list[RunRecord] = []
+    runs = Runs()
     bar = tqdm(names, desc="workbook", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        src = NOTEBOOKS / f"{name}.ipynb"
-        dst = out_dir / f"{name}.ipynb"
-        accepted = notebook_parameters(src)
-        t0 = time.perf_counter()
+    km_class = _kernel_manager_class()
+    with _Stop() as stop:
+        _STOP = stop
         try:
-            pm.execute_notebook(str(src), str(dst), parameters={k: v for k, v in params.items() if k in accepted},
-                                cwd=str(NOTEBOOKS), progress_bar=False, kernel_name="python3")
-            outputs = [dst.name] + (render_html(dst, out_dir) if render else [])
-            runs.append(RunRecord(name, round(time.perf_counter() - t0, 1), True, outputs=outputs))
-        except Exception as exc:  # a failed notebook still gets a rendered page showing where
-            if render and dst.is_file():
-                render_html(dst, out_dir)
-            why = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', str(exc))}".strip()
-            runs.append(RunRecord(name, round(time.perf_counter() - t0, 1), False, why.splitlines()[0][:300]))
-            break
-    index_page(out_dir, runs, params)
-    (out_dir / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
+            for name in bar:
+                if stop.requested:
+                    break
+                bar.set_postfix_str(name)
+                src = NOTEBOOKS / f"{name}.ipynb"
+                dst = staging / f"{name}.ipynb"
+                accepted = notebook_parameters(src)
+                t0 = time.perf_counter()
+                error, cell = "", None
+                try:
+                    pm.execute_notebook(_parameterised(src, {k: v for k, v in params.items() if k in accepted}),
+                                        str(dst), cwd=str(NOTEBOOKS), progress_bar=False, kernel_name="python3",
+                                        kernel_manager_class=km_class,
+                                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                except Exception as exc:
+                    cell = getattr(exc, "cell_index", None)
+                    error = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', str(exc))}".strip()
+                finally:
+                    stop.kernel_pid = None
+                if not error:
+                    cell, error = _first_error(dst) if dst.is_file() else (None, "no executed notebook was written")
+                if stop.requested and (not error or error.startswith("KeyboardInterrupt")):
+                    error = "KeyboardInterrupt: stopped by Ctrl-C"
+                seconds = round(time.perf_counter() - t0, 1)
+                if error:
+                    if render and dst.is_file():  # the failed notebook's page shows where it stopped
+                        try:
+                            render_html(dst, staging)
+                        except Exception:
+                            pass
+                    runs.append(RunRecord(name, seconds, False, (error.splitlines() or [""])[0][:300], cell=cell))
+                    break
+                outputs = [dst.name] + (render_html(dst, staging) if render else [])
+                runs.append(RunRecord(name, seconds, True, outputs=outputs))
+        except KeyboardInterrupt:  # a second Ctrl-C: the kernel was killed, the run ends here
+            stop.requested = max(stop.requested, 1)
+            if not runs or runs[-1].ok:
+                runs.append(RunRecord(name, 0.0, False, "KeyboardInterrupt: stopped by Ctrl-C"))
+        finally:
+            _STOP = None
+            bar.close()
+        runs.interrupted = bool(stop.requested)
+        index_page(staging, runs, params)
+        (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
+        done = len(runs) == len(names) and all(r.ok for r in runs) and not stop.requested
+        if done:
+            _rewrite_paths(staging, out_dir, started)
+            (staging / "INCOMPLETE").unlink()
+            _swap_in(staging, out_dir)
+            return runs
+        bad = next((r for r in runs if not r.ok), None)
+        where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "") + f": {bad.error}"
+                 if bad else "stopped before the first notebook")
+        _write_marker(staging, f"INCOMPLETE: {'interrupted' if stop.requested else 'failed'} at {where}\n"
+                               f"--out {out_dir} was left as it was; this folder holds the partial run.")
+        runs.incomplete = staging
     return runs
 
 
@@ -242,5 +468,12 @@ def main(argv=None) -> int:
     runs = run_workbook(a.out, params, a.only, render=not a.no_render)
     for r in runs:
         print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<28} {r.seconds:6.1f}s {r.error}")
-    print(f"reports in {a.out} ({time.perf_counter() - t0:.0f}s); open {a.out / 'index.html'}")
-    return 0 if all(r.ok for r in runs) and len(runs) == len([n for n in ORDER if not a.only or n in a.only]) else 1
+    if runs.incomplete is None:
+        print(f"reports in {a.out} ({time.perf_counter() - t0:.0f}s); open {a.out / 'index.html'}")
+        return 0
+    bad = next((r for r in runs if not r.ok), None)
+    where = f"{bad.name}" + (f" cell {bad.cell}" if bad and bad.cell is not None else "") if bad else "before any notebook"
+    what = "interrupted" if runs.interrupted else "failed"
+    print(f"error: {what} at {where} ({bad.error if bad else 'no notebook ran'}); --out {a.out} left as it was; "
+          f"partial run in {runs.incomplete} (marked INCOMPLETE)", file=sys.stderr)
+    return 130 if runs.interrupted else 1
