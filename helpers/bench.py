@@ -182,7 +182,9 @@ def main(argv=None) -> int:
                        plan_problems, read_prompts)
     from .sglang_source import parse_engine
 
-    ap = argparse.ArgumentParser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
+    from .errors import one_line_parser
+
+    ap = one_line_parser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
     ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
     ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
     ap.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field, or one prompt per line")

@@ -175,3 +175,18 @@ def check_finite(what: str, *values) -> None:
         if not ok:
             raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so nothing "
                              f"it measured can be trusted; check the checkpoints' weights")
+
+
+def one_line_parser(**kw):
+    """An ``argparse.ArgumentParser`` whose errors are one line (``error: <prog>: <what>``) and
+    exit 2, like every other bad input: argparse's default prints the whole usage block first,
+    which pushes the reason off a one-line log."""
+    import argparse
+    import sys
+
+    class OneLineParser(argparse.ArgumentParser):
+        def error(self, message):
+            print(f"error: {self.prog}: {one_line(message)} (see --help)", file=sys.stderr)
+            raise SystemExit(2)
+
+    return OneLineParser(**kw)

@@ -416,6 +416,14 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         v = params.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             problems.append(f"{key} must be a positive integer, got {v!r}")
+    from .pair import MAX_STEPS, check_device
+
+    if isinstance(params.get("DRAFT_STEPS"), int) and params["DRAFT_STEPS"] > MAX_STEPS:
+        problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), got {params['DRAFT_STEPS']}")
+    try:
+        check_device(params.get("DEVICE", "cpu"))
+    except ValueError as exc:
+        problems.append(str(exc))
     for key in ("EVAL_WINDOWS", "SEARCH_WINDOWS"):
         if isinstance(params.get(key), int) and params[key] < 2:
             problems.append(f"{key} must be at least 2 (confidence needs more than one window), got {params[key]}")
@@ -423,7 +431,9 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers run-workbook", description=__doc__.splitlines()[0])
+    from .errors import one_line_parser
+
+    ap = one_line_parser(prog="python -m helpers run-workbook", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "reports")
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None)
@@ -455,6 +465,8 @@ def main(argv=None) -> int:
         except json.JSONDecodeError:
             params[k] = v
     problems = check_run_inputs(params, a.only)
+    if a.out.exists() and not a.out.is_dir():
+        problems.insert(0, f"--out {a.out} is a file; expected a folder for the reports (it is created if missing)")
     if problems:
         for msg in problems:
             print(f"error: {msg}", file=sys.stderr)
