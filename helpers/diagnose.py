@@ -96,7 +96,9 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
 def main(argv=None) -> int:
     from .pair import DEFAULT_ENGINE, eval_captures, load_pair
 
-    ap = argparse.ArgumentParser(prog="python -m helpers diagnose", description=__doc__.splitlines()[0])
+    from .errors import one_line_parser
+
+    ap = one_line_parser(prog="python -m helpers diagnose", description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, default=None)
     ap.add_argument("--draft", type=Path, default=None)
     ap.add_argument("--text", type=Path, default=None, help="held-out text to evaluate on (default: heldout.txt)")
