@@ -53,7 +53,12 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
     from nbconvert import HTMLExporter
     import nbformat
 
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
     nb = nbformat.read(executed, as_version=4)
+    # A text progress bar is one line redrawn with carriage returns; a browser would show every
+    # frame as its own line, so keep only what a terminal would finally show.
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
     written = []
     for suffix, hide in (("", True), ("_code", False)):
         exp = HTMLExporter(template_name="lab")

@@ -1,0 +1,55 @@
+"""What `bash workbook.sh lab` relies on, checked without starting JupyterLab (tests/test_browser.py
+does that): the notebooks name the kernel setup registers, import helpers without path tricks,
+and print no stray return values into the reports."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers.workbook import NOTEBOOKS, ORDER, REPO
+
+
+def _kernel_name() -> str:
+    return re.search(r"^KERNEL=(\S+)$", (REPO / "workbook.sh").read_text(), re.M).group(1)
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_notebook_runs_on_the_venv_kernel_and_imports_helpers_as_installed(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == _kernel_name()
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "sys.path" not in code, "notebooks import helpers from the editable install, not from a path"
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_no_cell_ends_in_a_bare_write(name):
+    """`path.write_text(...)` as a cell's last expression shows its byte count in the report."""
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    for c in nb.cells:
+        if c.cell_type != "code" or c.source.rstrip().endswith(";"):
+            continue
+        body = ast.parse(c.source).body
+        last = body[-1] if body else None
+        if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Attribute):
+            assert last.value.func.attr not in ("write_text", "write_bytes", "mkdir", "unlink"), c.source[-200:]
+
+
+def test_setup_registered_the_kernel_in_the_venv_and_installed_the_project():
+    """Run after `workbook.sh` setup (CI's `bash workbook.sh test`): the kernelspec lives in the
+    venv's own prefix and starts this interpreter; `helpers` imports from outside the repository."""
+    spec = Path(sys.prefix) / "share" / "jupyter" / "kernels" / _kernel_name() / "kernel.json"
+    if sys.prefix == sys.base_prefix:
+        pytest.skip(f"not running in a virtual environment ({sys.prefix}); workbook.sh sets one up")
+    assert spec.is_file(), f"{spec} missing: run `bash workbook.sh test` (setup registers it)"
+    argv = json.loads(spec.read_text())["argv"]
+    assert Path(argv[0]) == Path(sys.prefix) / "bin" / "python"
+    out = subprocess.run([sys.executable, "-c", "import helpers; print(helpers.__file__)"], cwd="/",
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert Path(out).resolve() == (REPO / "helpers" / "__init__.py").resolve()
