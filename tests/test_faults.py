@@ -1,0 +1,519 @@
+"""Fault injection: every bad input or interruption of issue #12 ends in one line and a known exit
+status, and changes nothing that should not change (checked by byte hashes).
+
+The cases run the real CLIs in-process (``python -m helpers``'s own ``main``) on copies of the
+tiny test pair, so a message, an exit code and the files on disk are all checked together.
+``BAD_INPUTS`` counts the distinct faults below; the closing note of #12 quotes it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from _pairs import tiny_default
+from helpers import errors, patch_sglang as ps, sglang_source as ss
+from helpers.__main__ import main as cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tree_hash(path: Path) -> dict[str, str]:
+    """sha256 of every file under ``path`` (or of ``path`` itself): what 'nothing changed' means."""
+    path = Path(path)
+    if path.is_file():
+        return {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    errors._said.clear()  # warnings are said once per process; each case is its own 'process'
+    try:
+        code = cli(list(argv))
+    except SystemExit as exc:  # argparse's exit, as `python -m helpers` would end with it
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    """The stderr of a refused input: exactly one 'error:' line and no traceback."""
+    assert "Traceback" not in err, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Path:
+    """A private copy of the tiny pair; tests copy it again before breaking anything."""
+    base = tmp_path_factory.mktemp("pair")
+    src = tiny_default()
+    for name in ("target", "draft"):
+        shutil.copytree(src / name, base / name)
+    for name in ("prompts.jsonl", "heldout.txt"):
+        shutil.copy(src / name, base / name)
+    return base
+
+
+@pytest.fixture
+def broken(pair, tmp_path):
+    """A fresh copy to break: ``broken('draft')`` -> path of the copied folder."""
+    def copy(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(pair / name, dest)
+        return dest
+    return copy
+
+
+def _nan_fc(draft: Path) -> None:
+    w = load_file(str(draft / "model.safetensors"))
+    w["fc.weight"] = w["fc.weight"].clone().fill_(float("nan"))
+    save_file(w, str(draft / "model.safetensors"))
+
+
+# --------------------------------------------------------------------------------------
+# 2. Numbers that cannot be trusted.
+
+
+def test_nan_draft_is_refused_by_diagnose_and_bench(pair, broken, capsys):
+    draft = broken("draft")
+    _nan_fc(draft)
+    before = tree_hash(draft)
+    n = load_file(str(draft / "model.safetensors"))["fc.weight"].numel()
+    for cmd in (["diagnose", "--json", "--windows", "2"], ["bench", "--json", "--repeats", "1"]):
+        code, out, err = run(capsys, *cmd, "--target", str(pair / "target"), "--draft", str(draft))
+        line = one_error_line(err)
+        assert code == 2 and out == ""
+        assert "non-finite weights" in line and f"fc.weight ({n} of {n})" in line and str(draft) in line
+    assert tree_hash(draft) == before
+
+
+def test_nan_target_is_named_on_load(pair, broken, capsys):
+    target = broken("target")
+    w = load_file(str(target / "model.safetensors"))
+    key = next(k for k in sorted(w) if k.endswith("mlp.down_proj.weight") or "down_proj" in k)
+    w[key] = w[key].clone()
+    w[key].view(-1)[:3] = float("inf")
+    save_file(w, str(target / "model.safetensors"), metadata={"format": "pt"})
+    before = tree_hash(target)
+    code, _, err = run(capsys, "bench", "--json", "--target", str(target), "--draft", str(pair / "draft"))
+    line = one_error_line(err)
+    assert code == 2 and "target" in line and "(3 of " in line and key.removeprefix("model.") in line
+    assert tree_hash(target) == before
+
+
+def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
+    """Weights can be finite and still overflow; the results are checked too. (The search itself
+    is stubbed to its answer: ranking 1716 NaN layouts would only cost time.)"""
+    import types
+
+    from helpers import diagnose as dg
+    from helpers.engine import speculative_generate
+    from helpers.pair import eval_captures, load_pair, served_plan
+
+    p = load_pair(pair / "target", pair / "draft")
+    caps = eval_captures(p, max_windows=2)
+    with torch.no_grad():
+        p.draft.fc.weight.fill_(float("nan"))
+    import pandas as pd
+
+    ranking = pd.DataFrame({"layout": [(0, 3, 7)], "ce": [float("nan")]})
+    monkeypatch.setattr(dg, "search", lambda *a, **k: types.SimpleNamespace(best=(0, 3, 7), margin_ce=0.5,
+                                                                            ranking=ranking))
+    with pytest.raises(errors.NonFiniteResult, match="not a finite number"):
+        dg.diagnose(p, caps, "sglang==0.5.9", progress=False)
+    with pytest.raises(errors.NonFiniteResult, match="NaN/Inf"):
+        speculative_generate(p.target, p.draft, served_plan(p), torch.tensor([5, 6, 7]), 4, 2)
+
+
+def test_strict_json_has_no_nan():
+    text = errors.strict_json({"tau": float("nan"), "z": [float("inf"), 1.5], "ok": True})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {"tau": None, "z": [None, 1.5],
+                                                                                    "ok": True}
+
+
+# --------------------------------------------------------------------------------------
+# 4. Limits, checked before any work.
+
+
+def test_oversized_inputs_are_refused_before_work(pair, tmp_path, capsys):
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text(json.dumps({"prompt": "def f(x):\n    return x\n" * 6700}) + "\n")  # ~160 KB
+    before = tree_hash(tmp_path)
+    args = ["--target", str(pair / "target"), "--draft", str(pair / "draft"), "--json"]
+    cases = [
+        (["bench", "--steps", "100000000", *args], "--steps must be from 1 to 16"),
+        (["diagnose", "--steps", "17", *args], "--steps must be from 1 to 16"),
+        (["bench", "--max-new-tokens", "100000", *args], "leaves no room for a prompt in the target's 1024 positions"),
+        (["bench", "--prompts", str(huge), *args], "prompt 1 is"),
+    ]
+    for argv, expected in cases:
+        t0 = time.perf_counter()
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and expected in one_error_line(err) and out == ""
+        assert time.perf_counter() - t0 < 30  # refused up front, not after generating
+    assert "--truncate-prompts" in one_error_line(run(capsys, "bench", "--prompts", str(huge), *args)[2])
+    assert tree_hash(tmp_path) == before
+
+
+def test_truncating_prompts_on_purpose_runs_and_says_so(pair, tmp_path, capsys):
+    huge = tmp_path / "huge.txt"
+    huge.write_text("import os\n".replace("\n", " ") * 3000 + "\n")
+    code, out, err = run(capsys, "bench", "--prompts", str(huge), "--truncate-prompts", "--max-new-tokens", "4",
+                         "--repeats", "1", "--steps", "2", "--json", "--target", str(pair / "target"),
+                         "--draft", str(pair / "draft"))
+    assert code == 0, err
+    res = json.loads(out)
+    assert any("truncated to their last" in n for n in res["engine_notes"])
+    assert "warning: 1 prompt(s) truncated" in err
+
+
+def test_run_workbook_refuses_too_many_steps_and_bad_device(tmp_path, capsys):
+    out = tmp_path / "reports"
+    code, _, err = run(capsys, "run-workbook", "--out", str(out), "--steps", "100", "--device", "banana")
+    assert code == 2 and "DRAFT_STEPS must be at most 16" in err and "'banana' is not a torch device" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------
+# 5. Fallbacks said out loud; an unwritable cache is an error.
+
+
+def test_unwritable_cache_is_named(pair, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv(ss.CACHE_ENV, "/proc/x")
+    for argv in (["wiring", "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM", "--layers", "12"],
+                 ["patch-sglang", "status", "--version", "0.5.9"]):
+        code, out, err = run(capsys, *argv)
+        line = one_error_line(err)
+        assert code == 2 and "/proc/x" in line and ss.CACHE_ENV in line and out == ""
+
+
+def test_unwritable_cache_in_bench_falls_back_with_one_warning(pair, monkeypatch, capsys):
+    monkeypatch.setenv(ss.CACHE_ENV, "/proc/x")
+    code, out, err = run(capsys, "bench", "--json", "--repeats", "1", "--max-new-tokens", "4", "--steps", "2",
+                         "--num-prompts", "1", "--target", str(pair / "target"), "--draft", str(pair / "draft"))
+    assert code == 0, err
+    warnings = [l for l in err.splitlines() if l.startswith("warning:")]
+    assert len(warnings) == 1
+    assert "sglang==0.5.9" in warnings[0] and "/proc/x" in warnings[0] and "rule" in warnings[0]
+    assert any(n == f"warning: {warnings[0].removeprefix('warning: ')}" for n in json.loads(out)["engine_notes"])
+
+
+def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path):
+    """No index answers (pip lists no versions at all) and nothing is cached: the rule is used, and said."""
+    from helpers.pair import resolve_plan
+
+    monkeypatch.setenv(ss.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(ss, "_pip_download", lambda *a, **k: subprocess.CompletedProcess(
+        a, 1, "", "ERROR: Could not find a version that satisfies the requirement sglang==0.5.8 (from versions: none)"))
+    errors._said.clear()
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
+    plan = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
+    plan2 = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
+    err = capsys.readouterr().err
+    assert plan.layout == plan2.layout == (3, 7, 10)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: sglang==0.5.8: engine source could not be read")
+    assert "id + 1" in lines[0] and plan.notes[0].startswith("warning:")
+    assert not (tmp_path / "cache" / "sglang" / "0.5.8").exists()
+
+
+@pytest.mark.parametrize("engine", ["vllm==abc", "sglang==", "tgi==1.0"])
+def test_engine_that_is_not_a_version_is_refused(engine, capsys):
+    code, _, err = run(capsys, "wiring", "--engine", engine, "--arch", "LlamaForCausalLM", "--layers", "12")
+    assert code == 2 and engine.split("==")[0] in one_error_line(err)
+    code, _, err = run(capsys, "bench", "--engine", engine)
+    assert code == 2 and engine in one_error_line(err)
+
+
+# --------------------------------------------------------------------------------------
+# 6. One-line errors naming the file, for what used to end in a traceback.
+
+
+def _truncate(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def _bad_cases():
+    """(name, what to break, how, argv builder, expected text in the one line)."""
+    return [
+        ("truncated draft safetensors", "draft", lambda d: _truncate(d / "model.safetensors"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d], "model.safetensors is not a readable safetensors"),
+        ("truncated target safetensors", "target", lambda d: _truncate(d / "model.safetensors"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d], "cannot load the target's weights from"),
+        ("draft config without hidden_size", "draft",
+         lambda d: (d / "config.json").write_text(json.dumps({k: v for k, v in json.loads(
+             (d / "config.json").read_text()).items() if k != "hidden_size"})),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d], "config.json: config lacks 'hidden_size'"),
+        ("invalid JSON target config", "target", lambda d: (d / "config.json").write_text("{\"architectures\": [,}"),
+         lambda t, d, x: ["diagnose", "--target", t, "--draft", d], "config.json is not valid JSON"),
+        ("invalid JSON draft config", "draft", lambda d: (d / "config.json").write_text("{"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d], "config.json is not valid JSON"),
+        ("draft hidden_size 512 on 256-wide weights", "draft",
+         lambda d: (d / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                              "hidden_size": 512})),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d], "says hidden_size 512, but"),
+        ("non-UTF-8 prompts", "extra", lambda d: (d / "p.txt").write_bytes(b"def f():\xff\xfe\n"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--prompts", f"{x}/p.txt"], "p.txt is not UTF-8"),
+        ("non-UTF-8 text", "extra", lambda d: (d / "t.txt").write_bytes(b"\x80abc\n" * 10),
+         lambda t, d, x: ["diagnose", "--target", t, "--draft", d, "--text", f"{x}/t.txt"], "t.txt is not UTF-8"),
+        ("--device banana", None, None, lambda t, d, x: ["bench", "--device", "banana"], "'banana' is not a torch device"),
+        ("wiring with target and draft swapped", None, None,
+         lambda t, d, x: ["wiring", "--target", d, "--draft", t], "are --target and --draft swapped"),
+        ("bench --layout -1,3,7", None, None,
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "-1,3,7"], "boundary -1 is outside 0..12"),
+        ("bench --layout 3,3,7", None, None,
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"], "repeats a boundary"),
+        ("target folder given as the draft", None, None,
+         lambda t, d, x: ["bench", "--target", t, "--draft", t], "config.json"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input_is_one_line_naming_the_file(case, pair, tmp_path, capsys):
+    name, part, breaker, argv, expected = case
+    target, draft, extra = pair / "target", pair / "draft", tmp_path / "extra"
+    extra.mkdir()
+    if part == "draft":
+        draft = tmp_path / "draft"
+        shutil.copytree(pair / "draft", draft)
+        breaker(draft)
+    elif part == "target":
+        target = tmp_path / "target"
+        shutil.copytree(pair / "target", target)
+        breaker(target)
+    elif part == "extra":
+        breaker(extra)
+    before = {**tree_hash(tmp_path), **{f"pair/{k}": v for k, v in tree_hash(pair).items()}}
+    code, out, err = run(capsys, *argv(str(target), str(draft), str(extra)))
+    line = one_error_line(err)
+    assert code == 2 and out == "", (code, out)
+    assert expected in line, line
+    if part in ("draft", "target"):
+        assert str(tmp_path / part) in line  # the folder or file is named
+    after = {**tree_hash(tmp_path), **{f"pair/{k}": v for k, v in tree_hash(pair).items()}}
+    assert after == before
+
+
+# --------------------------------------------------------------------------------------
+# 3. Patch state is one truth: kill at every write, then status names it and apply/revert finish.
+
+
+class _Killed(BaseException):
+    """What a kill looks like to the code: nothing after the step runs, no cleanup catches it."""
+
+
+@pytest.fixture(scope="module")
+def mini_tree(tmp_path_factory) -> Path:
+    """The two files the patch edits and the wheel's RECORD: all that apply/revert/status read
+    on a tree whose anchors fit (copying the whole tree per kill point would dominate the time)."""
+    try:
+        src = ss.fetch_sglang("0.5.9")
+    except ss.IndexUnreachableError as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch sglang 0.5.9: {exc}")
+    dest = tmp_path_factory.mktemp("mini-0.5.9")
+    record = src.record_hashes()
+    for e in ps.EDITS:
+        (dest / e.file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src.path(e.file), dest / e.file)
+    for info in src.root.glob("sglang-*.dist-info"):
+        (dest / info.name).mkdir()
+        shutil.copy(info / "RECORD", dest / info.name / "RECORD")
+    if any(ss.sha256_file(dest / e.file) != record[e.file] for e in ps.EDITS):  # a patched shared cache
+        ps.revert_patch("0.5.9", root=dest)
+    return dest
+
+
+def _copy(tree: Path, dest: Path) -> Path:
+    shutil.copytree(tree, dest)
+    return dest
+
+
+def _steps(action, tree: Path) -> list[str]:
+    seen = []
+    ps._FAULT = seen.append
+    try:
+        action(tree)
+    finally:
+        ps._FAULT = None
+    return seen
+
+
+def _kill_at(step: str):
+    def fault(name):
+        if name == step:
+            raise _Killed(name)
+    return fault
+
+
+def _apply(tree):
+    return ps.apply_patch("0.5.9", root=tree)
+
+
+def _revert(tree):
+    return ps.revert_patch("0.5.9", root=tree)
+
+
+def _leftovers(tree: Path) -> list[str]:
+    return sorted(p.name for p in tree.iterdir() if p.name.startswith(ps.BACKUP_DIR))
+
+
+@pytest.mark.parametrize("interrupted", ["apply", "revert"])
+def test_patch_killed_at_every_write_is_named_and_finished(mini_tree, tmp_path, interrupted, capsys):
+    pristine = tree_hash(mini_tree)
+    ref = _copy(mini_tree, tmp_path / "ref")
+    _apply(ref)
+    patched = {k: v for k, v in tree_hash(ref).items() if not k.startswith(ps.BACKUP_DIR)}
+    start = (lambda d: _copy(mini_tree, d)) if interrupted == "apply" else (lambda d: _apply(_copy(mini_tree, d)) and d)
+    steps = _steps(_apply if interrupted == "apply" else _revert, start(tmp_path / "probe"))
+    assert len(steps) >= (5 if interrupted == "apply" else 3), steps  # backups, manifest, publish, writes
+    for i, step in enumerate(steps):
+        for finish, want in ((_apply, patched), (_revert, pristine)):
+            tree = start(tmp_path / f"{i}-{finish.__name__}")
+            ps._FAULT = _kill_at(step)
+            try:
+                with pytest.raises(_Killed):
+                    (_apply if interrupted == "apply" else _revert)(tree)
+            finally:
+                ps._FAULT = None
+            st = ps.patch_status("0.5.9", root=tree)
+            assert st.state in ("pristine", "stranded", "partial", "patched"), (step, st.state)
+            if st.state == "stranded":
+                assert "interrupted apply or revert" in st.message and "revert" in st.message
+            if _leftovers(tree) and st.state == "pristine":
+                pytest.fail(f"kill at {step!r}: status says pristine but {_leftovers(tree)} is there")
+            code, out, err = run(capsys, "patch-sglang", "status", "--version", "0.5.9", "--root", str(tree))
+            assert code == 0 and st.state in out and err == ""
+            finish(tree)  # no hand step: the same command a user would run next
+            files = {k: v for k, v in tree_hash(tree).items() if not k.startswith(ps.BACKUP_DIR)}
+            assert files == want, (step, finish.__name__)
+            assert _leftovers(tree) == ([ps.BACKUP_DIR] if finish is _apply else []), (step, _leftovers(tree))
+
+
+def test_revert_trusts_its_manifest_over_record_for_a_hand_edited_file(mini_tree, tmp_path, capsys):
+    tree = _copy(mini_tree, tmp_path / "t")
+    llama = tree / "sglang/srt/models/llama.py"
+    llama.write_text("# edited by hand before patching\n" + llama.read_text())
+    edited = tree_hash(tree)
+    assert run(capsys, "patch-sglang", "apply", "--version", "0.5.9", "--root", str(tree))[0] == 0
+    code, out, err = run(capsys, "patch-sglang", "revert", "--version", "0.5.9", "--root", str(tree))
+    assert code == 0 and err == "" and "pristine" in out
+    assert tree_hash(tree) == edited and _leftovers(tree) == []
+
+
+def test_stranded_backup_without_manifest_is_reported_and_cleared(mini_tree, tmp_path, capsys):
+    tree = _copy(mini_tree, tmp_path / "t")
+    files = tree / ps.BACKUP_DIR / "files" / "sglang/srt/models"
+    files.mkdir(parents=True)
+    shutil.copy(tree / "sglang/srt/models/llama.py", files / "llama.py")  # copied, manifest never written
+    code, out, _ = run(capsys, "patch-sglang", "status", "--version", "0.5.9", "--root", str(tree), "--json")
+    st = json.loads(out)
+    assert code == 0 and st["state"] == "stranded" and st["leftovers"] == [str(tree / ps.BACKUP_DIR)]
+    assert "`patch-sglang revert` removes it" in st["message"]
+    code, out, _ = run(capsys, "patch-sglang", "apply", "--version", "0.5.9", "--root", str(tree), "--json")
+    assert code == 0 and json.loads(out)["state"] == "patched"
+    code, out, _ = run(capsys, "patch-sglang", "revert", "--version", "0.5.9", "--root", str(tree), "--json")
+    assert code == 0 and json.loads(out)["state"] == "pristine"
+    assert tree_hash(tree) == tree_hash(mini_tree)
+
+
+# --------------------------------------------------------------------------------------
+# 1. run-workbook is atomic per run.
+
+
+def _old_reports(out: Path) -> dict[str, str]:
+    out.mkdir()
+    (out / "index.html").write_text("<p>earlier run: ok</p>")
+    (out / "runs.json").write_text('[{"name": "04_layer_boundary_forward", "ok": true}]')
+    (out / "04_layer_boundary_forward.ipynb").write_text("{}")
+    (out / "my-notes.txt").write_text("not the workbook's")
+    return tree_hash(out)
+
+
+def _wb_args(pair, out):
+    return ["run-workbook", "--out", str(out), "--small", "--only", "04", "--no-render",
+            "--target", str(pair / "target"), "--draft", str(pair / "draft")]
+
+
+def test_failed_notebook_leaves_out_untouched_and_marks_staging(pair, tmp_path, capsys):
+    out = tmp_path / "reports"
+    before = _old_reports(out)
+    args = _wb_args(pair, out)
+    args[args.index("--target") + 1] = str(pair / "draft")  # a draft where the target goes: cell 2 raises
+    code, stdout, err = run(capsys, *args)
+    assert code == 1 and tree_hash(out) == before
+    line = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(line) == 1 and "failed at 04_layer_boundary_forward cell" in line[0] and "BadCheckpoint" in line[0]
+    assert "FAIL 04_layer_boundary_forward" in stdout and "ok  04" not in stdout
+    staging = [p for p in tmp_path.iterdir() if p.name.startswith("reports.staging-")]
+    assert len(staging) == 1 and str(staging[0]) in line[0]
+    marker = (staging[0] / "INCOMPLETE").read_text()
+    assert "04_layer_boundary_forward.ipynb, cell" in marker and "BadCheckpoint" in marker
+    assert json.loads((staging[0] / "runs.json").read_text())[0]["ok"] is False
+    assert "failed:" in (staging[0] / "index.html").read_text()
+
+
+def test_successful_run_swaps_in_keeps_other_files_and_is_quiet(pair, tmp_path, capfd):
+    out = tmp_path / "reports"
+    _old_reports(out)
+    errors._said.clear()
+    code = cli(_wb_args(pair, out))
+    captured = capfd.readouterr()
+    assert code == 0, captured.err
+    assert (out / "my-notes.txt").read_text() == "not the workbook's"
+    assert json.loads((out / "runs.json").read_text())[0]["ok"] is True
+    assert json.loads((out / "04_layer_boundary_forward.ipynb").read_text())["cells"]
+    assert [p.name for p in tmp_path.iterdir()] == ["reports"]  # no staging or previous folder left
+    for noise in ("ERROR", "Passed unknown parameter", "Unable to parse", "Traceback"):
+        assert noise not in captured.err, captured.err
+    assert "staging" not in (out / "04_layer_boundary_forward.ipynb").read_text()
+
+
+def test_ctrl_c_stops_cleanly_and_changes_nothing(pair, tmp_path):
+    """A real SIGINT to a real run: exit 130, one line, no traceback, --out byte-identical."""
+    out = tmp_path / "reports"
+    before = _old_reports(out)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "helpers", *_wb_args(pair, out)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(tmp_path.glob("reports.staging-*/INCOMPLETE")):
+        time.sleep(0.2)
+    time.sleep(3.0)  # into the notebook's cells
+    proc.send_signal(signal.SIGINT)
+    stdout, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (stdout, err)
+    assert "Traceback" not in err and "KeyboardInterrupt caught" not in err
+    line = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(line) == 1 and line[0].startswith("error: interrupted at 04_layer_boundary_forward")
+    assert tree_hash(out) == before
+    staging = list(tmp_path.glob("reports.staging-*"))
+    assert len(staging) == 1 and (staging[0] / "INCOMPLETE").read_text().startswith("INCOMPLETE: interrupted at 04")
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "reports"
+    f.write_text("a file")
+    code, _, err = run(capsys, "run-workbook", "--out", str(f), "--only", "04")
+    assert code == 2 and f"--out {f} is a file" in err.splitlines()[0]
+    assert f.read_text() == "a file" and list(tmp_path.iterdir()) == [f]
+
+
+# Distinct faults injected above: NaN draft (diagnose, bench), Inf target, NaN scores, NaN draft
+# logits, NaN in JSON, 4 oversized inputs (+ the truncation hint), too many steps / bad device for
+# run-workbook (2), unwritable cache (wiring, patch-sglang status, bench), offline index, 3 bad engine
+# strings (x2 commands), 13 file/option cases, patch kills (apply and revert steps, each finished
+# two ways), hand-edited file, manifest-less backup, failing notebook, Ctrl-C, --out a file.
+BAD_INPUTS = 2 + 1 + 2 + 1 + 4 + 2 + 3 + 1 + 6 + len(_bad_cases()) + 2 + 1 + 1 + 1 + 1 + 1
