@@ -89,7 +89,8 @@ class BenchResult:
 
 
 def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> list[torch.Tensor]:
-    return [torch.tensor(tokenizer(p)["input_ids"], dtype=torch.long, device=device) for p in prompts]
+    # verbose=False: transformers' own 'longer than the maximum' warning; fit_prompts says it in one line
+    return [torch.tensor(tokenizer(p, verbose=False)["input_ids"], dtype=torch.long, device=device) for p in prompts]
 
 
 def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], steps: int = 5,
