@@ -136,17 +136,16 @@ class LayoutExplorer:
         return out
 
     def render(self) -> str:
+        """One line on the layout in the dropdowns (its full figures are its column in the table),
+        or why it cannot be scored."""
         L = self.caps.num_layers
         if self.last is None:
             return f"<b style='color:#b00'>{html.escape(self.error or '')}</b>"
         s = self.last
         named = [n for n, lay in self.presets.items() if lay == self.layout]
         head = f"<b>{layout_label(self.layout, L)}</b>" + (f" &mdash; {', '.join(named)}" if named else "")
-        cells = "".join(f"<td>{a:.3f}</td><td>{c:.3f}</td>" for a, c in zip(s.full_acc, s.cond_acc))
-        cols = "".join(f"<th>full_acc_{j}</th><th>cond_acc_{j}</th>" for j in range(s.steps))
-        return (f"{head}<table><tr>{cols}<th>sim. accept length</th><th>ce</th></tr>"
-                f"<tr>{cells}<td>{s.sim_accept_length:.2f}</td><td>{s.ce:.3f}</td></tr></table>"
-                f"<small>{s.tokens} positions</small>")
+        return (f"{head}: full_acc_0 {s.full_acc[0]:.3f}, simulated accept length {s.sim_accept_length:.2f}, "
+                f"cross-entropy {s.ce:.3f} over {s.tokens} positions, {s.steps} draft steps")
 
     def comparison_html(self, rows: list[dict] | None = None) -> str:
         """One column per layout, one row per figure. Cells carry ``data-layout``/``data-metric``

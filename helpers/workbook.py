@@ -90,6 +90,9 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
                     for o in r.outputs if o.endswith('.html'))
            if r.ok else f"<span style='color:#b00'>failed: {html.escape(r.error)}</span>")
         + f" <small>({r.seconds:.0f}s)</small></li>" for r in runs)
+    # only what this run wrote: a run of some notebooks has no summary (notebook 06 writes it)
+    links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json") if (out_dir / n).is_file())
+    links = f"<p>{links}</p>" if links else ""
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
@@ -99,7 +102,7 @@ th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
 engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', 'sglang==0.5.9')))}</code>.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
-<p><a href="summary.md">summary.md</a> &middot; <a href="summary.json">summary.json</a></p></body></html>"""
+{links}</body></html>"""
     path = out_dir / "index.html"
     path.write_text(page)
     return path

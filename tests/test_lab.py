@@ -53,3 +53,21 @@ def test_setup_registered_the_kernel_in_the_venv_and_installed_the_project():
     out = subprocess.run([sys.executable, "-c", "import helpers; print(helpers.__file__)"], cwd="/",
                          capture_output=True, text=True, check=True).stdout.strip()
     assert Path(out).resolve() == (REPO / "helpers" / "__init__.py").resolve()
+
+
+def test_environment_overrides_for_interactive_sessions():
+    from helpers.lab import overrides
+    from helpers.workbook import SMALL
+
+    params = {"EVAL_WINDOWS": 12, "SEARCH_WINDOWS": 4, "DRAFT_STEPS": 5, "TARGET": None, "json": json}
+    assert overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=False) == {}   # papermill: -p only
+    small = overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=True)
+    assert small == {k: SMALL[k] for k in ("EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS")}
+    both = overrides(params, {"WORKBOOK_SMALL": "1", "WORKBOOK_PARAMS": '{"TARGET": "/m", "EVAL_WINDOWS": 6}'},
+                     interactive=True)
+    assert both["TARGET"] == "/m" and both["EVAL_WINDOWS"] == 6 and both["DRAFT_STEPS"] == SMALL["DRAFT_STEPS"]
+    with pytest.raises(ValueError, match="EVAL_WINDOW"):
+        overrides(params, {"WORKBOOK_PARAMS": '{"EVAL_WINDOW": 6}'}, interactive=True)
+    with pytest.raises(ValueError, match="not JSON"):
+        overrides(params, {"WORKBOOK_PARAMS": "EVAL_WINDOWS=6"}, interactive=True)
+    assert overrides(params, {}, interactive=True) == {}
