@@ -35,6 +35,7 @@ class Diagnosis:
     best_full_acc: list[float]
     served_full_acc: list[float] | None
     served_errors: list[str] = field(default_factory=list)
+    ranked_by: str = ""
 
     @property
     def trained_layout(self) -> tuple[int, ...]:
@@ -42,13 +43,32 @@ class Diagnosis:
         return tuple(self.recorded_layout) if self.recorded_layout else tuple(self.best_layout)
 
     @property
+    def confident_set(self) -> list[tuple[int, ...]]:
+        """Layouts within noise of the best by the ranking's own paired test."""
+        return self.search.confident_set
+
+    @property
     def mismatch(self) -> bool:
-        return bool(self.served_errors) or self.trained_layout != tuple(self.served_layout)
+        """Only a served layout significantly worse than the best is a wiring bug: one within noise of
+        it is consistent with training, whatever the best's label (neighbouring boundaries of a
+        residual stream can be near-interchangeable)."""
+        return bool(self.served_errors) or tuple(self.served_layout) not in self.confident_set
 
     @property
     def record_disagrees(self) -> bool:
-        """The search prefers another layout than the record: a stale record, or too little text."""
-        return bool(self.recorded_layout) and tuple(self.recorded_layout) != tuple(self.best_layout)
+        """The record's layout is significantly worse than the best: a stale record, or too little text."""
+        return bool(self.recorded_layout) and tuple(self.recorded_layout) not in self.confident_set
+
+    @property
+    def verdict(self) -> str:
+        if self.served_errors:
+            return "the engine cannot feed this draft: " + "; ".join(self.served_errors)
+        if self.mismatch:
+            return "MISMATCH: the served wiring scores significantly worse than the layout the draft was trained on"
+        if len(self.confident_set) > 1:
+            return (f"served wiring consistent with training: within noise of the best "
+                    f"({len(self.confident_set)} layouts cannot be told apart on this text)")
+        return "wiring matches: the served layout is the best"
 
     def to_dict(self) -> dict:
         return {
@@ -61,7 +81,9 @@ class Diagnosis:
             "served_errors": self.served_errors,
             "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
             "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
-            "mismatch": self.mismatch, "margin": self.search.margin_ce, "margin_acc": self.search.margin_acc,
+            "mismatch": self.mismatch, "verdict": self.verdict,
+            "confident_set": [list(l) for l in self.confident_set], "ranked_by": self.ranked_by,
+            "margin": self.search.margin_ce, "margin_acc": self.search.margin_acc,
             "z": self.search.z, "confident": self.search.confident, "search_seconds": self.search.seconds,
             "search_mode": self.search.mode, "evaluations": self.search.evaluations,
             "ranking": self.search.to_dict(top=10)["ranking"],
@@ -75,7 +97,10 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
         raise ValueError(f"steps must be at least 1, got {steps}")
     served = served_plan(pair, engine)  # first: a bad engine string should not wait for the search
     errors = plan_problems(pair, served)
-    res = search(pair.draft, caps, progress=progress)
+    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout)
+             if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
+    res = search(pair.draft, caps, progress=progress, include=named)   # named layouts get the final measure too
+    rank_ce = {tuple(r["layout"]): float(r["ce"]) for r in res.ranking.to_dict("records")}
     best = evaluate_layout(pair.draft, caps, res.best, steps)
     srv = None
     notes = list(served.notes)
@@ -88,9 +113,11 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
     check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce, res.margin_ce)
     if srv is not None:
         check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
-    return Diagnosis(res.best, best.acc0, best.ce, served.layout, srv and srv.acc0, srv and srv.ce, served.source,
+    ranked_by = str(res.ranking.loc[0, "scored_by"]) if "scored_by" in res.ranking else "step-0 ce"
+    return Diagnosis(res.best, best.acc0, round(rank_ce[tuple(res.best)], 4), served.layout, srv and srv.acc0,
+                     None if srv is None else round(rank_ce.get(tuple(served.layout), srv.ce), 4), served.source,
                      notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
-                     srv and srv.full_acc, errors)
+                     srv and srv.full_acc, errors, ranked_by=f"{ranked_by} (ce columns); accuracy beside it")
 
 
 def main(argv=None) -> int:
@@ -150,6 +177,8 @@ def main(argv=None) -> int:
           f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
     print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = {d.search.z:.1f}"
           f" ({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
+    if len(d.confident_set) > 1:
+        print(f"   within noise of the best: {d.confident_set}")
     if d.served_errors:
         print(f"served by {a.engine}: {layout_label(d.served_layout, L) if d.served_layout else 'nothing'} = "
               f"{d.served_layout}   [{d.served_source}]  CANNOT FEED THIS DRAFT")
@@ -164,5 +193,5 @@ def main(argv=None) -> int:
         print(f"training record says: {d.recorded_layout}"
               + ("  (the search prefers another layout: stale record, or evaluate on more text)"
                  if d.record_disagrees else "  (the search agrees)"))
-    print("MISMATCH: the engine feeds a layout the draft was not trained on" if d.mismatch else "wiring matches")
+    print(d.verdict)
     return 0

@@ -633,11 +633,12 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
     own_embedding = "embed_tokens.weight" in state
     if target is not None:
         check_fits_target(cfg, target, has_own_embedding=own_embedding)
-    draft = Eagle3Draft(cfg)
+    with torch.device("meta"):      # no random init: a 7168-wide draft would hold its weights twice
+        draft = Eagle3Draft(cfg)
     if not own_embedding:
         if target is None:
             raise DraftFormatError("the draft has no embed_tokens; pass the target to borrow its embedding")
-        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().float()
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype, copy=True)
     state["d2t"], state["t2d"] = _vocab_buffers(state, cfg, source)
     expected = draft.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (config implies {tuple(expected[k].shape)})"
@@ -651,7 +652,12 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
             f"{source} does not match an EAGLE-3 draft: missing {missing}, unexpected {unexpected} (expected "
             f"fc.weight, norm.weight, lm_head.weight, one decoder layer under midlayer.* or layers.0.*, optionally "
             f"embed_tokens.weight, d2t, t2d)")
-    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    del raw                         # the state holds the same tensors; converting one at a time frees each
+    for k in list(state):
+        if state[k].is_floating_point():
+            state[k] = state[k].to(dtype)
+    draft.load_state_dict(state, assign=True)
+    draft.embed_tokens.weight.requires_grad_(False)
     if cfg.norm_before_residual:
         warnings.warn(f"{path}: {NORM_BEFORE_RESIDUAL_ON_SGLANG}", ServingMismatchWarning, stacklevel=2)
     return draft.to(device=device, dtype=dtype).eval()

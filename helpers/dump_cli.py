@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+
 from .boundaries import layout_label, parse_layout
 from .errors import BadOption, InputError, fail, print_json
 
@@ -66,9 +68,12 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
         draft = load_draft(draft_dir, target=heads, device=device)
     except DraftFormatError as exc:
         if heads is None and "embed_tokens" in str(exc):
-            raise BadOption(f"{exc}: pass --target DIR (only its config, embed_tokens, final norm and lm_head are read, "
-                            "never the whole model)") from None
+            raise BadOption(f"{draft_dir} ships no embed_tokens and borrows the target's: pass --target DIR with its "
+                            "safetensors (only its config, embed_tokens, final norm and lm_head are read, never the "
+                            "whole model)") from None
         raise
+    if heads is not None and torch.equal(draft.embed_tokens.weight, heads.embed.weight):
+        heads.embed = draft.embed_tokens     # borrowed: one copy of a large vocabulary's embedding, not two
     return draft, heads, target, tcfg, notes, read_draft_config(draft_dir)
 
 

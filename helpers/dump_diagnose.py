@@ -151,7 +151,8 @@ def identify_slots(dump: Dump, heads=None, target=None, stated=None, num_layers:
 class _Acc:
     ce: list = field(default_factory=list)        # per record: [n] mean-over-steps cross-entropy
     hits: list = field(default_factory=list)      # per record: list over steps of [n] bool
-    masks: list = field(default_factory=list)     # per record: [n] bool
+    masks: list = field(default_factory=list)     # per record: [n] bool, columns whose labels exist
+    ce_masks: list = field(default_factory=list)  # per record: [n] bool, columns whose labels the draft vocab holds
 
 
 def _labels(rec, draft, heads, final_slot, chunk: int = 512):
@@ -206,12 +207,13 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         col_ok = torch.ones(n, dtype=torch.bool)
         for j in range(steps):
             col_ok &= valid[1 + j:1 + j + n]
-        if not soft:   # a next token outside the draft vocabulary has no draft probability to score
-            for j in range(steps):
-                col_ok &= inv[lab[1 + j:1 + j + n].clamp(min=0)] >= 0
         if rec.loss_mask is not None:
             lm = rec.loss_mask.reshape(-1).bool()
             col_ok &= lm[2:2 + n] if lm.numel() >= n + 2 else torch.ones(n, dtype=torch.bool)
+        ce_ok = col_ok.clone()
+        if not soft:   # a next token outside the draft vocabulary: a miss, but no probability to score
+            for j in range(steps):
+                ce_ok &= inv[lab[1 + j:1 + j + n].clamp(min=0)] >= 0
         used = sorted({(s, b) for lay in layouts for s, b in enumerate(lay)})
         proj = {(s, b): rec.slots[:, b].float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
         ids = rec.token_ids[None]
@@ -237,6 +239,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
                 a.ce.append(ce[i] / steps)
                 a.hits.append([hj[i] for hj in hit])
                 a.masks.append(col_ok)
+                a.ce_masks.append(ce_ok)
         tokens += int(col_ok.sum())
         records += 1
         bar.update(1)
@@ -249,7 +252,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
 
 def _summary(a: _Acc, steps: int) -> dict:
     mask = torch.cat(a.masks)
-    ce = torch.cat(a.ce)[mask]
+    ce = torch.cat(a.ce)[torch.cat(a.ce_masks)]
     correct = [torch.cat([h[j] for h in a.hits])[None] for j in range(steps)]
     full, cond, se = accuracy_table(correct, mask[None])
     total, run = 1.0, 1.0
@@ -267,7 +270,7 @@ def _summary(a: _Acc, steps: int) -> dict:
 def _block_means(a: _Acc) -> torch.Tensor:
     """Per-record token blocks' mean cross-entropy: the unit of the paired test."""
     out = []
-    for ce, m in zip(a.ce, a.masks):
+    for ce, m in zip(a.ce, a.ce_masks):
         v = ce[m]
         for i in range(0, v.numel(), BLOCK):
             out.append(v[i:i + BLOCK].mean())

@@ -23,6 +23,9 @@ from .boundaries import check_layout, layout_label
 from .evaluate import EvalInputError, LayoutScore, TargetCaptures, evaluate_layout
 
 
+Z_NOISE = 3.0   # a layout whose paired z against the best is below this is within noise of it
+
+
 class SlotProjections:
     """``proj[s][b]``: slot s of ``fc`` applied to boundary b's state, for a token subset."""
 
@@ -74,7 +77,16 @@ class SearchResult:
 
     @property
     def confident(self) -> bool:
-        return self.z >= 3.0
+        return self.z >= Z_NOISE
+
+    @property
+    def confident_set(self) -> list[tuple[int, ...]]:
+        """Every layout the ranking's own test cannot tell from the best (paired z < 3), best first.
+        Only rows scored by the final measure take part; the rest were never compared at full strength."""
+        if "z_vs_best" not in self.ranking:
+            return [tuple(self.best)]
+        rows = self.ranking[self.ranking["z_vs_best"].notna() & (self.ranking["z_vs_best"] < Z_NOISE)]
+        return [tuple(l) for l in rows["layout"]] or [tuple(self.best)]
 
     def to_dict(self, top: int = 10) -> dict:
         rows = self.ranking.head(top).to_dict("records")
@@ -95,14 +107,21 @@ def _rank(scored: list[dict], num_layers: int, mode: str, t0: float, tokens: int
     best = df.loc[0, "layout"]
     runner = df.loc[1, "layout"] if len(df) > 1 else None
     z = margin_ce = margin_acc = float("nan")
+    by = {s["layout"]: s for s in scored}
+    df["z_vs_best"] = [0.0 if i == 0 else round(_paired_z(by[l]["ce"], by[best]["ce"]), 2)
+                       for i, l in enumerate(df["layout"])]
     if runner is not None:
-        by = {s["layout"]: s for s in scored}
-        diff = (by[runner]["ce"] - by[best]["ce"]).flatten()
-        margin_ce = float(diff.mean())
-        z = margin_ce / (float(diff.std()) / math.sqrt(diff.numel()) + 1e-12)
+        margin_ce = float((by[runner]["ce"] - by[best]["ce"]).mean())
+        z = float(df.loc[1, "z_vs_best"])
         margin_acc = float(by[best]["hit"].mean() - by[runner]["hit"].mean())
     return SearchResult(df, best, runner, round(margin_ce, 6), round(margin_acc, 4), round(z, 2), mode,
                         len(df), round(time.perf_counter() - t0, 2), tokens)
+
+
+def _paired_z(ce_a: torch.Tensor, ce_b: torch.Tensor) -> float:
+    """z of mean(ce_a - ce_b) over tokens: how many standard errors a is worse than b."""
+    diff = (ce_a - ce_b).flatten()
+    return float(diff.mean()) / (float(diff.std()) / math.sqrt(diff.numel()) + 1e-12)
 
 
 def _score(sp: SlotProjections, layouts, progress: bool, desc: str, chunk: int = 8) -> list[dict]:
@@ -116,7 +135,8 @@ def _score(sp: SlotProjections, layouts, progress: bool, desc: str, chunk: int =
 
 
 @torch.no_grad()
-def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, steps: int = 2) -> SearchResult:
+def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, steps: int = 2,
+           include=()) -> SearchResult:
     """Re-score the leaders on every captured token with ``steps`` draft steps.
 
     The sweep scores step 0 on a subset for speed; neighbouring layouts can sit within its
@@ -125,6 +145,7 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
     """
     t0 = time.perf_counter()
     leaders = [tuple(l) for l in result.ranking["layout"].head(top)]
+    leaders += [tuple(l) for l in include if l is not None and tuple(l) not in leaders]   # e.g. the served layout
     sp = SlotProjections(draft, caps)
     scored = []
     for lay in leaders:
@@ -141,24 +162,27 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
         scored.append({"layout": lay, "ce": ce / steps, "hit": hit})
     out = _rank(scored, caps.num_layers, f"{result.mode}+rerank", t0, scored[0]["hit"].numel())
     out.ranking["scored_by"] = f"{steps}-step ce, all tokens"
-    rest = result.ranking.iloc[top:].copy()
+    rest = result.ranking[~result.ranking["layout"].map(tuple).isin(set(leaders))].copy()
     rest["rank"] = range(len(out.ranking) + 1, len(out.ranking) + 1 + len(rest))
     rest["scored_by"] = "step-0 ce, sweep tokens"   # the two ce columns are not comparable across this line
+    rest["z_vs_best"] = float("nan")
     out.ranking = pd.concat([out.ranking, rest], ignore_index=True)
     out.evaluations = result.evaluations
     out.seconds = round(result.seconds + out.seconds, 2)
-    out.notes = [f"top {top} of the {result.mode} search re-ranked on {out.tokens} tokens with {steps} draft steps"]
+    extra = len(leaders) - min(top, len(result.ranking))
+    out.notes = [f"top {top} of the {result.mode} search" + (f" and {extra} named layout(s)" if extra else "")
+                 + f" re-ranked on {out.tokens} tokens with {steps} draft steps"]
     return out
 
 
 def full_search(draft, caps: TargetCaptures, windows: int | None = 4, progress: bool = True,
-                rerank_top: int = 12) -> SearchResult:
+                rerank_top: int = 12, include=()) -> SearchResult:
     """Every ordered tuple of distinct boundaries (1716 for 13 boundaries and 3 slots)."""
     t0 = time.perf_counter()
     sp = SlotProjections(draft, caps, windows)
     layouts = list(itertools.permutations(sorted(caps.states), draft.cfg.num_aux))
     res = _rank(_score(sp, layouts, progress, "full search"), caps.num_layers, "full", t0, sp.labels.numel())
-    return rerank(draft, caps, res, rerank_top) if rerank_top else res
+    return rerank(draft, caps, res, rerank_top, include=include) if rerank_top else res
 
 
 def permutation_search(draft, caps: TargetCaptures, boundaries, windows: int | None = None) -> SearchResult:
@@ -186,7 +210,7 @@ def slot_sweep(draft, caps: TargetCaptures, base, windows: int | None = None, pr
 
 
 def coordinate_search(draft, caps: TargetCaptures, starts=None, windows: int | None = 6, rounds: int = 4,
-                      progress: bool = True) -> SearchResult:
+                      progress: bool = True, include=()) -> SearchResult:
     """For large L: improve one slot at a time from a few starting layouts, then try every
     order of the winner. Costs about starts x rounds x slots x (L+1) evaluations, not (L+1)^slots."""
     t0 = time.perf_counter()
@@ -220,17 +244,20 @@ def coordinate_search(draft, caps: TargetCaptures, starts=None, windows: int | N
         score(list(itertools.permutations(cur)))
         bar.update(1)
     bar.close()
-    return rerank(draft, caps, _rank(list(cache.values()), L, "coordinate", t0, sp.labels.numel()))
+    return rerank(draft, caps, _rank(list(cache.values()), L, "coordinate", t0, sp.labels.numel()), include=include)
 
 
-def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None = 4, progress: bool = True) -> SearchResult:
+def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None = 4, progress: bool = True,
+           include=()) -> SearchResult:
+    """``include``: layouts always scored by the final measure (the served and recorded ones), so a
+    verdict about them never rests on the coarser sweep."""
     n = math.perm(len(caps.states), draft.cfg.num_aux)
     if mode == "auto":
         mode = "full" if n <= 3000 else "coordinate"
     if mode == "full":
-        return full_search(draft, caps, windows, progress)
+        return full_search(draft, caps, windows, progress, include=include)
     if mode == "coordinate":
-        return coordinate_search(draft, caps, windows=windows, progress=progress)
+        return coordinate_search(draft, caps, windows=windows, progress=progress, include=include)
     raise ValueError(f"unknown search mode {mode!r}; expected auto, full or coordinate")
 
 
