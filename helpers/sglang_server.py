@@ -711,6 +711,8 @@ def _print_report(cmp: LiveBenchComparison) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .errors import print_json
+
     parser = _parser()
     args = parser.parse_args(argv)
     for flag in ("steps", "topk", "max_new_tokens", "tp_size"):
@@ -740,8 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         cmp = live_bench(args.target, args.draft, prompts, dry_run=True, **kwargs)
         if args.json:
-            print(json.dumps({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()}, "wiring_notes": notes},
-                             indent=2))
+            print_json({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()}, "wiring_notes": notes},
+                       indent=2)
         else:
             for name, cmd in cmp.commands.items():
                 print(f"# {name}\n{shlex.join(cmd)}")
@@ -754,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNAVAILABLE
     cmp = live_bench(args.target, args.draft, prompts, **kwargs)
     if args.json:
-        print(json.dumps(cmp.to_dict(), indent=2, default=str))
+        print_json(cmp.to_dict(), indent=2, default=str)  # a live server's NaN accept length stays out
     else:
         _print_report(cmp)
     return 0
