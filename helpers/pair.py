@@ -228,8 +228,8 @@ def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, ro
         plan = rule_plan(engine, num_layers, draft_config, arch=arch,
                          note=f"engine source unavailable ({one_line(exc)}); documented rule used")
         rule = plan.notes[-1].removeprefix("rule: ")
-        line = (f"{engine}: engine source could not be read ({one_line(exc)[:240]}); served layout taken from "
-                f"the documented rule instead ({rule}) -> {plan.layout}")
+        line = (f"{engine}: engine source could not be read ({one_line(exc)[:240]}); documented rule used "
+                f"instead ({rule}) -> served layout {plan.layout}")
         warn_once(line)
         return CapturePlan(plan.layout, plan.num_layers, plan.source, (f"warning: {line}",) + plan.notes[1:])
 
