@@ -378,7 +378,8 @@ def test_patch_killed_at_every_write_is_named_and_finished(mini_tree, tmp_path, 
     patched = {k: v for k, v in tree_hash(ref).items() if not k.startswith(ps.BACKUP_DIR)}
     start = (lambda d: _copy(mini_tree, d)) if interrupted == "apply" else (lambda d: _apply(_copy(mini_tree, d)) and d)
     steps = _steps(_apply if interrupted == "apply" else _revert, start(tmp_path / "probe"))
-    assert len(steps) >= (5 if interrupted == "apply" else 3), steps  # backups, manifest, publish, writes
+    # 2 backups, manifest, publish, 2 writes | 2 restores, retire, delete: PATCH_KILLS counts these
+    assert len(steps) == (6 if interrupted == "apply" else 4), steps
     for i, step in enumerate(steps):
         for finish, want in ((_apply, patched), (_revert, pristine)):
             tree = start(tmp_path / f"{i}-{finish.__name__}")
@@ -511,9 +512,11 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
     assert f.read_text() == "a file" and list(tmp_path.iterdir()) == [f]
 
 
-# Distinct faults injected above: NaN draft (diagnose, bench), Inf target, NaN scores, NaN draft
-# logits, NaN in JSON, 4 oversized inputs (+ the truncation hint), too many steps / bad device for
-# run-workbook (2), unwritable cache (wiring, patch-sglang status, bench), offline index, 3 bad engine
-# strings (x2 commands), 13 file/option cases, patch kills (apply and revert steps, each finished
-# two ways), hand-edited file, manifest-less backup, failing notebook, Ctrl-C, --out a file.
-BAD_INPUTS = 2 + 1 + 2 + 1 + 4 + 2 + 3 + 1 + 6 + len(_bad_cases()) + 2 + 1 + 1 + 1 + 1 + 1
+# Distinct faults injected above (the count #12's closing note quotes): NaN draft (diagnose, bench) 2,
+# Inf target 1, NaN scores and NaN draft logits 2, NaN in JSON 1, oversized inputs 4, run-workbook
+# steps/device 2, unwritable cache (wiring, patch-sglang status, bench) 3, offline index 1, engine
+# strings 3 x 2 commands 6, file/option cases len(_bad_cases()) 13, patch kills: 6 apply writes and
+# 4 revert writes, each finished by apply and by revert, 20, hand-edited file 1, manifest-less backup
+# 1, failing notebook 1, Ctrl-C 1, --out a file 1.
+PATCH_KILLS = 2 * (6 + 4)
+BAD_INPUTS = 2 + 1 + 2 + 1 + 4 + 2 + 3 + 1 + 6 + len(_bad_cases()) + PATCH_KILLS + 1 + 1 + 1 + 1 + 1
