@@ -9,6 +9,8 @@ COMMANDS = {
     "bench": ("helpers.bench", "baseline vs speculative tok/s and accept length, one process"),
     "diagnose": ("helpers.diagnose", "which layout was the draft trained on, and what does the engine serve"),
     "dump": ("helpers.dump_cli", "write a hidden-state dump in a trainer's layout (speculators, SpecForge)"),
+    "scale-check": ("helpers.scale_check", "dump diagnosis cost at a 7168-wide draft: peak memory, s per 1000 tokens"),
+    "capture": ("helpers.engine_capture", "capture hidden states through a serving SGLang into a dump"),
     "wiring": ("helpers.wiring", "resolve the boundaries an engine version feeds a draft"),
     "patch-sglang": ("helpers.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
     "sglang-bench": ("helpers.sglang_server", "live SGLang server benchmark on a GPU host"),

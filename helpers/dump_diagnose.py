@@ -181,14 +181,15 @@ def _labels(rec, draft, heads, final_slot, chunk: int = 512):
 @torch.no_grad()
 def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int = 3, heads=None,
                   final_slot: int | None = None, max_records: int | None = None, max_tokens: int | None = None,
-                  progress: bool = True, batch_tokens: int = 4096) -> dict:
+                  progress: bool = True, activation_bytes: int = 512 * 2**20) -> dict:
     """Stream the dump once; for every layout (in slot indices) the per-token cross-entropy
     (mean over ``steps``) and per-step hits, plus what the labels were."""
-    k_fc = draft.cfg.num_aux
     ht = draft.cfg.target_hidden_size
     w = draft.fc.weight
     inv = None
     accs = {lay: _Acc() for lay in layouts}
+    c = draft.cfg      # fp32 bytes one token of one layout holds at the peak of a draft step
+    per_token = 4 * (3 * c.intermediate_size + 3 * c.draft_vocab_size + 8 * c.hidden_size)
     tokens = records = 0
     soft = None
     bar = tqdm(total=len(dump.files) if max_records is None else min(max_records, len(dump.files)),
@@ -217,7 +218,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         used = sorted({(s, b) for lay in layouts for s, b in enumerate(lay)})
         proj = {(s, b): rec.slots[:, b].float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
         ids = rec.token_ids[None]
-        group = max(1, min(16, batch_tokens // T))
+        group = max(1, min(16, activation_bytes // (T * per_token)))   # layouts per forward, within the budget
         for g in range(0, len(layouts), group):
             chunk = layouts[g:g + group]
             h = torch.stack([sum(proj[(s, b)] for s, b in enumerate(lay)) for lay in chunk])
@@ -387,6 +388,26 @@ class DumpDiagnosis:
                     f"({len(self.confident_set)} layouts cannot be told apart on these tokens)")
         return "served wiring matches: it is the best layout in the dump"
 
+    def comparison(self) -> pd.DataFrame:
+        """Trained, served and best side by side, in the columns ``compare_layouts`` uses, so the
+        notebooks draw the dump's isolated test with the same table and plot as the capture's."""
+        rows = []
+        for name, slots, r in (("trained", self.trained_slots, self.row(self.trained_slots)),
+                               ("served", self.served_slots, self.served_row),
+                               ("best in dump", self.best["slots"], self.best)):
+            if r is None or (name == "best in dump" and tuple(slots) == tuple(self.trained_slots or ())):
+                continue
+            layout = tuple(self.slot_boundaries[s] for s in slots)
+            label = (layout_label(layout, self.num_layers) if self.num_layers and None not in layout
+                     else "slots " + str(tuple(slots)))
+            row = {"wiring": f"{name} {label}", "layout": layout, "label": label, "slots": tuple(slots),
+                   "ce": round(r["ce"], 4), "sim_accept_length": r["sim_accept_length"], "tokens": self.tokens}
+            for j in range(self.steps):
+                row[f"full_acc_{j}"] = r["full_acc"][j]
+                row[f"cond_acc_{j}"] = r["cond_acc"][j]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
     def to_dict(self, top: int = 20) -> dict:
         best = self.best
         trained = self.row(self.trained_slots)
@@ -451,7 +472,7 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     notes = list(dump.notes) + notes
     bounds = [s.boundary for s in slots]
     trained = dump.trained_slots if len(dump.trained_slots) == k_fc else None
-    if trained is None:
+    if trained is None and dump.engine_capture is None:
         notes.append(f"the trainer's choice ({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) "
                      f"gives {len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it was "
                      "trained from, or holds extra states")

@@ -69,11 +69,14 @@ class Dump:
     recorded_boundaries: tuple[int, ...] | None = None   # from the dump's own record, when it keeps one
     record_source: str = ""
     notes: list[str] = field(default_factory=list)
+    engine_capture: dict | None = None    # capture.json: written by ``capture`` through a serving engine
 
     @property
     def trained_slots(self) -> tuple[int, ...]:
         """The slots the trainer fed the draft: all but the last (``standardize_data_v1`` and
         speculators >= 0.5 keep the last as the verifier state), or all of SpecForge's aux."""
+        if self.engine_capture is not None:
+            return ()                  # the engine's aux states: no trainer chose among them
         if self.format == "specforge":
             return tuple(range(self.num_slots))
         return tuple(range(self.num_slots - 1))
@@ -82,7 +85,7 @@ class Dump:
     def final_slot_by_format(self) -> int | None:
         """speculators >= 0.5 puts the final pre-norm boundary last by construction; the legacy
         pipeline's last slot is whatever its last id named; SpecForge keeps it outside the slots."""
-        return self.num_slots - 1 if self.format == "speculators" else None
+        return self.num_slots - 1 if self.format == "speculators" and self.engine_capture is None else None
 
     def records(self, max_records: int | None = None, max_tokens: int | None = None) -> Iterator[DumpRecord]:
         """Records in index order, each checked against the first (width, slot count, finite)."""
@@ -261,6 +264,19 @@ def open_dump(root) -> Dump:
     _, k, h = first.slots.shape
     check_record(first, k, h)
     dump = Dump(root, fmt, files, k, h)
+    cap = root / "capture.json"
+    if fmt == "speculators" and cap.is_file():
+        try:
+            dump.engine_capture = json.loads(cap.read_text())
+        except ValueError as exc:
+            raise DumpError(f"{cap} is not valid JSON: {exc}") from None
+        sb = dump.engine_capture.get("slot_boundaries")
+        if sb is not None:
+            if len(sb) != k:
+                raise DumpError(f"{cap}: slot_boundaries {sb} names {len(sb)} slots; the records hold {k}")
+            dump.recorded_boundaries, dump.record_source = tuple(int(b) for b in sb), f"{cap} slot_boundaries"
+        dump.notes.append(f"captured through an engine ({dump.engine_capture.get('engine_url')}, layer ids "
+                          f"{dump.engine_capture.get('layer_ids')}): its aux states, no final state")
     if fmt == "speculators-legacy":
         ids, src = _legacy_ids(root)
         if ids is None:

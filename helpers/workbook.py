@@ -93,6 +93,8 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
     # only what this run wrote: a run of some notebooks has no summary (notebook 06 writes it)
     links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json") if (out_dir / n).is_file())
     links = f"<p>{links}</p>" if links else ""
+    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> (no target forward)"
+                 if params.get("DATA") else "")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
@@ -100,7 +102,7 @@ th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
-engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', 'sglang==0.5.9')))}</code>.</p>
+engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', 'sglang==0.5.9')))}</code>{data_note}.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
@@ -393,7 +395,7 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     for name in only or []:
         if normalise_notebook_name(name) not in ORDER:
             problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} (or 01..06)")
-    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS"):
+    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key) and not Path(params[key]).exists():
             problems.append(f"{key.lower()} {params[key]} does not exist")
     if params.get("TARGET") and not params.get("DRAFT") and not (Path(params["TARGET"]).parent / "draft").is_dir():
@@ -451,6 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engine-version", default="sglang==0.5.9")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prompts", default=None)
+    ap.add_argument("--data", default=None,
+                    help="a trainer's hidden-state dump: notebook 02's isolated test and ranking run from it")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--small", action="store_true", help="tiny parameters: a smoke run in a couple of minutes")
     ap.add_argument("--only", nargs="*", default=None, help="run only these notebooks (names without .ipynb)")
@@ -460,7 +464,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     params: dict = dict(SMALL) if a.small else {}
     for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
-                     ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps)]:
+                     ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
+                     ("DATA", a.data)]:
         if val is not None:
             params[key] = val
     params.update(ENGINE=a.engine, ENGINE_VERSION=a.engine_version, DEVICE=a.device)
@@ -481,7 +486,7 @@ def main(argv=None) -> int:
         print("nothing was run and nothing under --out was touched", file=sys.stderr)
         return 2
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
-    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS"):
+    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key):
             params[key] = str(Path(params[key]).resolve())
     t0 = time.perf_counter()

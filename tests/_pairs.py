@@ -49,3 +49,14 @@ def tiny_llama() -> Path:
     build_default(out, layers=8, training_boundaries=(0, 2, 4), seed=1, tiny=True, arch="llama",
                   fmt="speculators", log=lambda *_: None)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_dump(fmt: str, bounds: tuple = (0, 3, 7, 10, 12), records: int = 6) -> Path:
+    """``dump`` of the tiny target in a trainer's layout: the trained (0, 3, 7) and served (3, 7, 10) inside."""
+    from helpers.dump_cli import write_from_text
+
+    out = ROOT / f"dump-{fmt}-{'-'.join(map(str, bounds))}-{records}"
+    if not out.exists():
+        write_from_text(tiny_default() / "target", bounds, fmt, out, window=128, records=records)
+    return out

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from _pairs import tiny_default, tiny_draft, tiny_llama
+from _pairs import tiny_default, tiny_draft, tiny_dump, tiny_llama
 from helpers.workbook import NOTEBOOKS, ORDER, SMALL, run_workbook
 
 
@@ -72,3 +72,19 @@ def test_workbook_on_second_family_with_inferred_layout(tmp_path):
     # inferred and carry the search's confidence; recovery itself is tested in test_layout_search
     assert "inferred" in iso["trained"]["source"]
     assert len(set(iso["trained"]["layout"])) == 3 and iso["trained"]["layout"][0] == 0
+
+
+def test_isolated_test_from_a_dump(tmp_path):
+    """DATA: notebook 02 scores the draft from a trainer's dump, and its report says so."""
+    d = tiny_default()
+    params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(d / "draft"),
+              "DATA": str(tiny_dump("speculators-legacy"))}
+    runs = run_workbook(tmp_path / "reports", params, only=["02_isolate_draft"], progress=False)
+    assert all(r.ok for r in runs), [(r.name, r.error) for r in runs]
+    iso = json.loads((tmp_path / "reports" / "02_isolate.json").read_text())
+    assert iso["source"] == "dump" and iso["dump"]["data_format"] == "speculators-legacy"
+    assert iso["trained"]["layout"] == [0, 3, 7] and iso["served"]["layout"] == [3, 7, 10]
+    rows = {r["wiring"].split(" ")[0]: r for r in iso["rows"]}
+    assert rows["served"]["full_acc_0"] < rows["trained"]["full_acc_0"]
+    html = (tmp_path / "reports" / "02_isolate_draft.html").read_text()
+    assert "from the dump" in html

@@ -1,0 +1,151 @@
+"""``python -m helpers scale-check``: the dump diagnosis at the original case's width, measured.
+
+Kimi-K2.5's draft is 7168 wide with a 3 x 7168 -> 7168 ``fc``; its target cannot run here, but
+its dump can be scored. This writes a randomly initialised draft of that shape (bf16, as drafts
+ship) and a synthetic speculators dump of the same width, then scores every layout in a fresh
+process and reports that process's peak memory against the draft's weights plus one record, and
+the seconds per 1000 tokens per layout. The numbers are about cost, not accuracy: the weights
+and states are random.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .errors import BadOption, fail, print_json
+
+SCORER = r"""
+import json, resource, sys, time, torch
+from helpers.draft import load_draft
+from helpers.dumps import open_dump
+from helpers.dump_diagnose import candidate_slots, score_layouts
+draft_dir, dump_dir, steps, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+base = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
+t0 = time.perf_counter()
+draft = load_draft(draft_dir, device=device)
+t1 = time.perf_counter()
+dump = open_dump(dump_dir)
+layouts = candidate_slots(dump.num_slots, draft.cfg.num_aux)
+scored = score_layouts(draft, dump, layouts, steps, progress=False)
+if device.startswith("cuda"):
+    torch.cuda.synchronize()
+t2 = time.perf_counter()
+out = {"load_s": t1 - t0, "score_s": t2 - t1, "layouts": len(layouts), "tokens_streamed": sum(r.tokens for r in dump.records()),
+       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss_bytes": base}
+if device.startswith("cuda"):
+    out["peak_cuda_bytes"] = torch.cuda.max_memory_allocated()
+print("SCALE" + json.dumps(out))
+"""
+
+
+def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, head_dim: int = 128,
+                       kv_heads: int = 8, num_aux: int = 3, seed: int = 0) -> int:
+    """An SGLang-format draft with its own embedding and a full draft vocabulary; returns its parameter count."""
+    from .draft import SGLANG_ARCH
+
+    g = torch.Generator().manual_seed(seed)
+    heads = hidden // head_dim
+    kv_heads = min(kv_heads, heads)
+    shapes = {
+        "embed_tokens.weight": (vocab, hidden), "fc.weight": (hidden, num_aux * hidden),
+        "midlayer.input_layernorm.weight": (hidden,), "midlayer.hidden_norm.weight": (hidden,),
+        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
+        "midlayer.post_attention_layernorm.weight": (hidden,),
+        "midlayer.mlp.gate_proj.weight": (intermediate, hidden), "midlayer.mlp.up_proj.weight": (intermediate, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, intermediate), "norm.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+    }
+    tensors = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            t = torch.empty(shape, dtype=torch.bfloat16)
+            for i in range(0, shape[0], 2048):          # fill in slices: no fp32 copy of a whole matrix
+                t[i:i + 2048] = (torch.randn((min(2048, shape[0] - i), shape[1]), generator=g) * 0.02).to(t.dtype)
+            tensors[name] = t
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    cfg = {"architectures": [SGLANG_ARCH], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+           "head_dim": head_dim, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": vocab,
+           "draft_vocab_size": vocab, "target_hidden_size": hidden, "max_position_embeddings": 8192,
+           "torch_dtype": "bfloat16", "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return sum(t.numel() for t in tensors.values())
+
+
+def write_random_dump(out: Path, hidden: int, vocab: int, slots: int = 4, records: int = 2, tokens: int = 512,
+                      seed: int = 1) -> int:
+    """A speculators (>= 0.5) dump of random states; returns one record's size in bytes."""
+    g = torch.Generator().manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    size = 0
+    for i in range(records):
+        hs = torch.randn((tokens, slots, hidden), generator=g).to(torch.bfloat16)
+        ids = torch.randint(0, vocab, (tokens,), generator=g)
+        save_file({"hidden_states": hs, "token_ids": ids}, str(out / f"hs_{i}.safetensors"))
+        size = hs.numel() * hs.element_size() + ids.numel() * 8
+    return size
+
+
+def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 18432, tokens: int = 512,
+                records: int = 2, slots: int = 4, steps: int = 1, device: str = "cpu", workdir=None) -> dict:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        tmp = Path(tmp)
+        t0 = time.perf_counter()
+        params = write_random_draft(tmp / "draft", hidden, vocab, intermediate)
+        record_bytes = write_random_dump(tmp / "dump", hidden, vocab, slots, records, tokens)
+        written_s = time.perf_counter() - t0
+        r = subprocess.run([sys.executable, "-c", SCORER, str(tmp / "draft"), str(tmp / "dump"), str(steps), device],
+                           capture_output=True, text=True)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("SCALE")), None)
+        if r.returncode or line is None:
+            raise RuntimeError(f"scoring process failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+        m = json.loads(line[5:])
+    weights_fp32 = params * 4
+    total_tokens = m["tokens_streamed"]
+    return {
+        "device": device, "hidden": hidden, "fc": f"{3 * hidden} -> {hidden}", "draft_vocab": vocab,
+        "intermediate": intermediate, "draft_params": params, "draft_bytes_bf16": params * 2,
+        "draft_bytes_fp32": weights_fp32, "record_bytes": record_bytes, "records": records, "tokens": total_tokens,
+        "slots": slots, "steps": steps, "layouts": m["layouts"], "load_s": round(m["load_s"], 2),
+        "score_s": round(m["score_s"], 2), "peak_rss_bytes": m["peak_rss_bytes"],
+        "baseline_rss_bytes": m["baseline_rss_bytes"],   # the interpreter with torch imported, before the draft
+        "peak_over_weights_plus_record": round((m["peak_rss_bytes"] - m["baseline_rss_bytes"])
+                                               / (weights_fp32 + record_bytes), 3),
+        "s_per_1000_tokens_per_layout": round(m["score_s"] / (total_tokens / 1000) / m["layouts"], 3),
+        "peak_cuda_bytes": m.get("peak_cuda_bytes"), "setup_s": round(written_s, 1),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m helpers scale-check", description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--vocab", type=int, default=32000, help="draft (and its own embedding's) vocabulary")
+    ap.add_argument("--intermediate", type=int, default=18432)
+    ap.add_argument("--tokens", type=int, default=512, help="tokens per record")
+    ap.add_argument("--records", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--workdir", default=None, help="where the temporary draft and dump go (needs ~3 GB at 7168)")
+    a = ap.parse_args(argv)
+    try:
+        if min(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps) < 1 or a.hidden % 128:
+            raise BadOption("sizes must be positive and --hidden a multiple of the 128-wide heads")
+        out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device, a.workdir)
+    except (ValueError, RuntimeError) as exc:
+        return fail(exc)
+    print_json(out, indent=2)
+    return 0
