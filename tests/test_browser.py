@@ -63,10 +63,14 @@ def lab(tmp_path):
             f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}", f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}"]
     if os.geteuid() == 0:   # containers and CI run as root; jupyter refuses that unless told
         args.append("--allow-root")
-    # no "get Jupyter news?" toast over the screenshots (page config in this run's own config dir)
+    # no "get Jupyter news?" toast over the screenshots (page config in this run's own config dir), and no
+    # autosave: the notebook in the working tree is committed without outputs and must stay so
     (tmp_path / "jupyter-config" / "labconfig").mkdir(parents=True)
     (tmp_path / "jupyter-config" / "labconfig" / "page_config.json").write_text(
         json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    docmanager = tmp_path / "lab-settings" / "@jupyterlab" / "docmanager-extension"
+    docmanager.mkdir(parents=True)
+    (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -84,14 +88,13 @@ def lab(tmp_path):
                 time.sleep(0.5)
         yield base
     finally:
+        # SIGTERM: jupyter_server shuts its kernels down (they run in sessions of their own) and exits
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            for k in _get(f"{base}/api/kernels"):
-                urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels/{k['id']}", method="DELETE"), timeout=10)
-            urllib.request.urlopen(urllib.request.Request(f"{base}/api/shutdown", method="POST"), timeout=10)
-            proc.wait(timeout=20)
-        except Exception:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
         log.close()
 
 
@@ -116,6 +119,7 @@ def _column(page, layout) -> dict[str, str]:
 
 
 def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
+    notebook_before = (REPO / "notebooks" / f"{NB}.ipynb").read_bytes()
     shots = tmp_path / "screenshots"
     shots.mkdir()
     timings = {}
@@ -162,6 +166,7 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     widget.screenshot(path=str(shots / "lab-comparison-after-presets.png"))
     page.screenshot(path=str(shots / "lab-page.png"))
     page.close()
+    assert (REPO / "notebooks" / f"{NB}.ipynb").read_bytes() == notebook_before, "JupyterLab wrote to the notebook"
 
     # 2. the shared report, offline
     d = tiny_default()

@@ -76,7 +76,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
     out = tmp_path / "captured"
     r = subprocess.run([sys.executable, "-m", "helpers", "capture", "--engine-url", url, "--tokenizer",
                         str(base / "target"), "--text", str(base / "heldout.txt"), "--out", str(out), "--window", "128",
-                        "--records", "3", "--layer-ids", "2,6,9", "--reference", str(tiny_dump("speculators"))],
+                        "--records", "3", "--layer-ids", "2,6,9", "--reference", str(tiny_dump("speculators-legacy"))],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert seen and seen[0]["return_hidden_states"] is True and seen[0]["sampling_params"]["max_new_tokens"] == 1

@@ -78,7 +78,7 @@ def test_isolated_test_from_a_dump(tmp_path):
     """DATA: notebook 02 scores the draft from a trainer's dump, and its report says so."""
     d = tiny_default()
     params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(d / "draft"),
-              "DATA": str(tiny_dump("speculators-legacy"))}
+              "DATA": str(tiny_dump("speculators-legacy", (0, 3, 7, 10)))}   # the seed's shape
     runs = run_workbook(tmp_path / "reports", params, only=["02_isolate_draft"], progress=False)
     assert all(r.ok for r in runs), [(r.name, r.error) for r in runs]
     iso = json.loads((tmp_path / "reports" / "02_isolate.json").read_text())
