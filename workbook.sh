@@ -32,8 +32,11 @@ setup() {
   # Checked from / so the working directory cannot stand in for the install; ~0.2 s when present.
   if ! (cd / && "$VENV/bin/python" -c "import helpers, sys; sys.exit(helpers.__file__ != '$here/helpers/__init__.py')" 2>/dev/null); then
     echo "[setup] installing this project (editable) into $VENV"
-    local isolation=()   # setuptools already in the venv: build offline with it
-    "$VENV/bin/python" -c "import setuptools" 2>/dev/null && isolation=(--no-build-isolation)
+    # A setuptools new enough to build wheels by itself (70.1+, which requirements usually bring) builds
+    # it offline; an older one (a bare venv has 65) lacks bdist_wheel, so pip fetches a build backend.
+    local isolation=()
+    "$VENV/bin/python" -c "import setuptools, sys; sys.exit(tuple(map(int, setuptools.__version__.split('.')[:2])) < (70, 1))" \
+      2>/dev/null && isolation=(--no-build-isolation)
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${isolation[@]}" -e .
   fi
   local spec="$VENV/share/jupyter/kernels/$KERNEL/kernel.json"
