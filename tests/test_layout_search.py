@@ -171,3 +171,26 @@ def test_widget_callbacks(pair, caps):
     ex.buttons[1].click()          # the "served" preset: one evaluation, not three
     assert ex.layout == (3, 7, 10) and len(ex.history) == n + 1
     assert f"{ex.last.full_acc[0]:.3f}" in ex.out.value
+
+
+def test_verdict_reads_the_confidence_set():
+    """A served layout within noise of the best is consistent with training, not a mismatch; one outside
+    it is a mismatch; the reported ce is the ranking's own measure."""
+    import pandas as pd
+
+    from helpers.diagnose import Diagnosis
+    from helpers.layout_search import SearchResult
+
+    ranking = pd.DataFrame({"rank": [1, 2, 3], "layout": [(3, 5, 7), (2, 5, 7), (0, 1, 2)],
+                            "ce": [4.0662, 4.0678, 5.2], "acc0": [0.41, 0.42, 0.2],
+                            "scored_by": ["2-step ce, all tokens"] * 3, "z_vs_best": [0.0, 0.65, 40.0]})
+    res = SearchResult(ranking, (3, 5, 7), (2, 5, 7), 0.0016, -0.01, 0.65, "full+rerank", 990, 1.0, 2800)
+    assert res.confident_set == [(3, 5, 7), (2, 5, 7)] and not res.confident
+
+    def diag(served):
+        return Diagnosis((3, 5, 7), 0.41, 4.0662, served, 0.42, 4.0678, "rule", [], None, res, 10, 3, [0.41], [0.42])
+
+    ok = diag((2, 5, 7))
+    assert not ok.mismatch and "consistent" in ok.verdict and ok.to_dict()["confident_set"] == [[3, 5, 7], [2, 5, 7]]
+    bad = diag((0, 1, 2))
+    assert bad.mismatch and bad.verdict.startswith("MISMATCH")
