@@ -216,25 +216,30 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
             for j in range(steps):
                 ce_ok &= inv[lab[1 + j:1 + j + n].clamp(min=0)] >= 0
         used = sorted({(s, b) for lay in layouts for s, b in enumerate(lay)})
-        proj = {(s, b): rec.slots[:, b].float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
-        ids = rec.token_ids[None]
+        dev = w.device                 # records stream from disk to the draft's device, one at a time
+        proj = {(s, b): rec.slots[:, b].to(dev).float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
+        ids = rec.token_ids[None].to(dev)
+        lab_d = lab.to(dev)
+        probs_d = probs.to(dev) if soft else None
+        inv_d = inv.to(dev) if inv is not None else None
         group = max(1, min(16, activation_bytes // (T * per_token)))   # layouts per forward, within the budget
         for g in range(0, len(layouts), group):
             chunk = layouts[g:g + group]
             h = torch.stack([sum(proj[(s, b)] for s, b in enumerate(lay)) for lay in chunk])
             logits = draft.ttt_forward(ids.expand(len(chunk), T), h, steps, projected=True)
-            ce = torch.zeros(len(chunk), n)
+            ce = torch.zeros(len(chunk), n, device=dev)
             hit = []
             for j, lg in enumerate(logits):
                 lg = lg[:, :n].float()
-                tgt = lab[1 + j:1 + j + n]
+                tgt = lab_d[1 + j:1 + j + n]
                 logq = F.log_softmax(lg, -1)
                 if soft:
-                    ce += -(probs[1 + j:1 + j + n][None] * logq).sum(-1)
+                    ce += -(probs_d[1 + j:1 + j + n][None] * logq).sum(-1)
                 else:
-                    d = inv[tgt.clamp(min=0)]
+                    d = inv_d[tgt.clamp(min=0)]
                     ce += -logq.gather(-1, d.clamp(min=0)[None, :, None].expand(len(chunk), n, 1))[..., 0]
-                hit.append(draft.to_target_ids(lg.argmax(-1)) == tgt[None])
+                hit.append((draft.to_target_ids(lg.argmax(-1)) == tgt[None]).cpu())
+            ce = ce.cpu()
             for i, lay in enumerate(chunk):
                 a = accs[lay]
                 a.ce.append(ce[i] / steps)
