@@ -155,12 +155,18 @@ class _Acc:
     ce_masks: list = field(default_factory=list)  # per record: [n] bool, columns whose labels the draft vocab holds
 
 
-def _labels(rec, draft, heads, final_slot, chunk: int = 512):
+def _labels(rec, draft, heads, final_slot, target=None, chunk: int = 512):
     """(label ids [T], soft draft-vocab targets [T, Vd] or None, label validity [T]).
 
-    Position p's label is what follows p: the target's greedy token when its final state is in
-    the dump and its head is at hand, else the dump's own next token."""
+    Position p's label is what follows p: the target's greedy token and distribution when its
+    final state is in the dump and its head is at hand, or when the target is small enough to run
+    on the record's tokens; else the dump's own next token."""
     T = rec.tokens
+    if target is not None and rec.final_normed is None and final_slot is None:
+        dev = next(target.parameters()).device
+        logits = target(input_ids=rec.token_ids[None].to(dev), use_cache=False).logits[0].float().cpu()
+        rows = draft.draft_token_ids.cpu()
+        return logits.argmax(-1), F.softmax(logits[:, rows], -1), torch.ones(T, dtype=torch.bool)
     if heads is not None and (rec.final_normed is not None or final_slot is not None):
         rows = draft.draft_token_ids.cpu()
         argmax, probs = [], []
@@ -181,7 +187,7 @@ def _labels(rec, draft, heads, final_slot, chunk: int = 512):
 @torch.no_grad()
 def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int = 3, heads=None,
                   final_slot: int | None = None, max_records: int | None = None, max_tokens: int | None = None,
-                  progress: bool = True, activation_bytes: int = 512 * 2**20) -> dict:
+                  progress: bool = True, activation_bytes: int = 512 * 2**20, target=None) -> dict:
     """Stream the dump once; for every layout (in slot indices) the per-token cross-entropy
     (mean over ``steps``) and per-step hits, plus what the labels were."""
     ht = draft.cfg.target_hidden_size
@@ -199,7 +205,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         if T < steps + 3:
             bar.update(1)
             continue
-        lab, probs, valid = _labels(rec, draft, heads, final_slot)
+        lab, probs, valid = _labels(rec, draft, heads, final_slot, target)
         soft = probs is not None
         if not soft and inv is None:
             inv = torch.full((draft.cfg.vocab_size,), -1, dtype=torch.long)
@@ -504,7 +510,8 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
         notes.append("no target config (--target DIR or --layers/--arch): the served layout was not resolved")
     layouts = candidate_slots(dump.num_slots, k_fc, (trained, served_slots))
     final_slot = next((s.slot for s in slots if L is not None and s.boundary == L), None)
-    scored = score_layouts(draft, dump, layouts, steps, heads, final_slot, max_records, max_tokens, progress)
+    scored = score_layouts(draft, dump, layouts, steps, heads, final_slot, max_records, max_tokens, progress,
+                           target=target)
     ranking = rank(scored, bounds, L)
     engine_row = None
     if served_slots is not None and engine:
@@ -512,11 +519,13 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
         with run_as(draft, engine) as engine_notes:
             if engine_notes:
                 again = score_layouts(draft, dump, [served_slots], steps, heads, final_slot, max_records,
-                                      max_tokens, False)
+                                      max_tokens, False, target=target)
                 engine_row = _summary(again["accs"][served_slots], steps)
                 notes += engine_notes
-    labels = ("target distribution (final state through the target's norm and head)" if scored["soft"]
-              else "the dump's next tokens")
+    has_final = final_slot is not None or dump.format == "specforge"
+    labels = ("the dump's next tokens" if not scored["soft"] else
+              "target distribution (final state through the target's norm and head)" if has_final else
+              "target distribution (the target run on the dump's tokens)")
     return DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
                          served_layout, served_slots, served_source, served_errors, engine_row, L,
                          round(time.perf_counter() - t0, 2), notes)
