@@ -245,7 +245,7 @@ def _version_tuple(version: str | None) -> tuple[int, ...]:
 
 
 def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "", arch: str = "") -> CapturePlan:
-    """DESIGN.md section 3 rules, for when the engine's source cannot be read.
+    """The rules of docs/conventions.md, for when the engine's source cannot be read.
 
     SGLang's DeepSeek classes changed rule (PR #25454): 0.5.9 adds one to every id, 0.5.23
     uses the ids as given unless the first is 1. Versions in between are not pinned down,

@@ -8,7 +8,7 @@ to decide which of those captures actually happen: a capture index no layer visi
 silently dropped, and one taken before the first layer can meet ``residual = None``.
 
 vLLM is not read from source here; its rule (id = boundary, top-level key first) is the
-one recorded in DESIGN.md section 3 for vLLM 0.33.
+one recorded in docs/conventions.md for vLLM 0.33.
 """
 from __future__ import annotations
 
@@ -1155,7 +1155,7 @@ def _resolve_vllm(version, arch, num_layers, ids, cfg) -> WiringResult:
     if len(set(used)) != len(used):
         errors.append(f"ids {used} repeat a boundary; the draft's fc would get fewer features than slots")
     served = tuple(sorted({i for i in used if 0 <= i <= num_layers}))
-    warnings = chosen.warnings + ["vLLM rule from DESIGN.md section 3 (vLLM 0.33: id = boundary, "
+    warnings = chosen.warnings + ["vLLM rule from docs/conventions.md (vLLM 0.33: id = boundary, "
                                   "top-level key first, ascending order); not read from vLLM source"]
     return WiringResult("vllm" + (f"=={version}" if version else ""), version, arch, num_layers, served,
                         sorted(used), chosen.ids, "explicit" if ids is not None else chosen.source,

@@ -1,6 +1,6 @@
-"""Boundaries, layouts and the id conventions of DESIGN.md section 3 (pure Python).
+"""Boundaries, layouts and the id conventions of docs/conventions.md (pure Python).
 
-Every expectation below is written from the table in section 3, for a 12-layer target
+Every expectation below is written from the table in docs/conventions.md, for a 12-layer target
 unless stated: boundary b is the residual stream entering decoder layer b, 0 is the
 embedding output and L the final state before the norm.
 """
@@ -139,7 +139,7 @@ def test_deployed_eagle_ids():
 
 
 def test_sglang_plus_one():
-    # The deployed tiny-kimi ids [2, 6, 9] are served as boundaries (3, 7, 10) (DESIGN section 4).
+    # The deployed tiny-kimi ids [2, 6, 9] are served as boundaries (3, 7, 10) (the embedded pair, README).
     assert sglang_plus_one([2, 6, 9]) == (3, 7, 10)
     # Fix A: id -1 is the embedding.
     assert sglang_plus_one([-1, 2, 6]) == (0, 3, 7)

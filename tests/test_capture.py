@@ -1,7 +1,7 @@
 """Residual-stream capture at boundaries, against Hugging Face's own ``output_hidden_states``.
 
 In transformers 5.x ``hidden_states[b]`` is boundary b for b < L, and ``hidden_states[L]``
-is taken *after* the final norm (DESIGN.md section 3); the capture must give the pre-norm
+is taken *after* the final norm (docs/conventions.md); the capture must give the pre-norm
 state at L, and the same values during cached decoding as in a full forward.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The EAGLE-3 draft on disk (SGLang and speculators formats) and its two forward paths.
 
-Formats as DESIGN.md section 3 describes them: SGLang/SpecForge keep ids under
+Formats as docs/conventions.md describes them: SGLang/SpecForge keep ids under
 ``eagle_config`` and weights under ``midlayer.*``; speculators keeps ids top-level, the layer
 config under ``transformer_layer_config`` and weights under ``layers.0.*``. Both store
 ``fc.weight [H, 3H]``, ``d2t`` (int64 offsets) and ``t2d`` (bool mask), and no embedding.
