@@ -194,3 +194,33 @@ def test_verdict_reads_the_confidence_set():
     assert not ok.mismatch and "consistent" in ok.verdict and ok.to_dict()["confident_set"] == [[3, 5, 7], [2, 5, 7]]
     bad = diag((0, 1, 2))
     assert bad.mismatch and bad.verdict.startswith("MISMATCH")
+
+
+def test_coordinate_search_cost_grows_linearly_with_boundaries():
+    """At a 61-layer target's 62 boundaries the sweep cannot score all 226,920 ordered triples; the
+    coordinate search's evaluations grow with L + 1, not (L + 1)^3."""
+    import torch
+    import torch.nn.functional as F
+
+    from helpers.draft import DraftConfig, Eagle3Draft
+    from helpers.evaluate import TargetCaptures
+    from helpers.layout_search import coordinate_search
+
+    torch.manual_seed(0)
+    cfg = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                      vocab_size=32, draft_vocab_size=32, target_hidden_size=16)
+    draft = Eagle3Draft(cfg).eval()
+    evals = {}
+    for L in (30, 61):
+        ids = torch.randint(0, 32, (2, 32))
+        states = {0: torch.randn(2, 32, 16)}
+        for b in range(1, L + 1):
+            states[b] = states[b - 1] + 0.5 * torch.randn(2, 32, 16)
+        caps = TargetCaptures(ids, {b: s.half() for b, s in states.items()}, torch.zeros(2, 32, dtype=torch.long), L)
+        with torch.no_grad():
+            logits = draft.ttt_forward(ids, caps.fused((0, 3, L // 2)), 1)[0]
+        caps.draft_probs, caps.target_argmax = F.softmax(logits, -1).half(), logits.argmax(-1)
+        res = coordinate_search(draft, caps, windows=None, progress=False)
+        evals[L] = res.evaluations
+        assert res.evaluations <= 3 * 4 * 3 * (L + 1) + 3 * 6
+    assert evals[61] / evals[30] < 2.6       # (61 + 1) / (30 + 1) = 2: linear, with slack for convergence
