@@ -39,7 +39,10 @@ def parse_slot_boundaries(text: str | None):
 
 
 def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str = "cpu"):
-    """(draft, heads or None, runnable target or None, target config or None, notes)."""
+    """(draft, target heads or None, runnable target or None, target config or None, notes, draft config).
+
+    The target is run only when asked or when its weights are small (``auto``: under 4 GB): a large
+    target contributes its config and three tensors, nothing more."""
     from .draft import DraftFormatError, load_draft, read_draft_config
     from .target_heads import load_target_heads, read_target_config
 
