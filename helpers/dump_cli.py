@@ -133,7 +133,8 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
         out.append(f"   NOT confident: {len(cs)} layouts within noise of the best: {cs[:6]}"
                    + (" ..." if len(cs) > 6 else ""))
     elif len(d.ranking) > 1:
-        out.append(f"   runner-up {tuple(d.ranking.loc[1, 'slots'])}: z = {d.ranking.loc[1, 'z_vs_best']:.1f} (confident)")
+        r = d.ranking.loc[1]
+        out.append(f"   runner-up {tuple(r['slots'])}: z = {r['z_vs_best']:.1f} (confident)")
     if d.trained_slots is not None:
         out.append(f"trained choice (the trainer's): slots {d.trained_slots} = {d.trained_layout}   "
                    f"{_row_text(d.row(d.trained_slots))}")
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
     from .dumps import FORMATS
 
     ap = argparse.ArgumentParser(prog="python -m helpers dump",
-                                 description="write a hidden-state dump in a trainer's own layout from a runnable target")
+                                 description="write a hidden-state dump in a trainer's layout from a runnable target")
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--boundaries", required=True, help="ascending boundaries to save, e.g. 0,3,7,12")
     ap.add_argument("--format", choices=FORMATS, required=True)

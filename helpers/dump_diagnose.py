@@ -64,12 +64,14 @@ def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) 
             out[s]["next_ce"] = float(F.cross_entropy(logits, nxt))
             if rec.final_normed is not None:
                 fin = rec.final_normed[:n].float()
-                out[s]["final_norm_rel_diff"] = float((heads.final_norm(x) - fin).abs().max() / (fin.abs().max() + 1e-12))
+                diff = (heads.final_norm(x) - fin).abs().max()
+                out[s]["final_norm_rel_diff"] = float(diff / (fin.abs().max() + 1e-12))
     if target is not None:
         from .capture import decoder_parts, run_and_capture
 
         L = len(decoder_parts(target)[1])
-        _, store = run_and_capture(target, ids[None].to(next(target.parameters()).device), range(L + 1), use_cache=False)
+        dev = next(target.parameters()).device
+        _, store = run_and_capture(target, ids[None].to(dev), range(L + 1), use_cache=False)
         for s in range(dump.num_slots):
             x = slots[:, s].float()
             errs = {b: float((store[b][0].float().cpu() - x).abs().max() / (x.abs().max() + 1e-12)) for b in store}
@@ -79,7 +81,8 @@ def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) 
     return out
 
 
-def identify_slots(dump: Dump, heads=None, target=None, stated=None, num_layers: int | None = None) -> tuple[list[SlotIdentity], list[str]]:
+def identify_slots(dump: Dump, heads=None, target=None, stated=None,
+                   num_layers: int | None = None) -> tuple[list[SlotIdentity], list[str]]:
     """Each slot's boundary, with how it is known, and notes on disagreements.
 
     Precedence: stated by the user, then the target's own capture (exact), then the dump's own

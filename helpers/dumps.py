@@ -185,7 +185,8 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
             with safe_open(str(f), framework="pt") as st:
                 keys = set(st.keys())
                 if not {"hidden_states", "token_ids"} <= keys:
-                    raise DumpError(f"{f} lacks {sorted({'hidden_states', 'token_ids'} - keys)}; it holds {sorted(keys)}")
+                    missing = sorted({"hidden_states", "token_ids"} - keys)
+                    raise DumpError(f"{f} lacks {missing}; it holds {sorted(keys)}")
                 hs = st.get_tensor("hidden_states")
                 ids = st.get_tensor("token_ids")
                 mask = st.get_tensor("loss_mask") if "loss_mask" in keys else None

@@ -38,7 +38,8 @@ scored = score_layouts(draft, dump, layouts, steps, progress=False)
 if device.startswith("cuda"):
     torch.cuda.synchronize()
 t2 = time.perf_counter()
-out = {"load_s": t1 - t0, "score_s": t2 - t1, "layouts": len(layouts), "tokens_streamed": sum(r.tokens for r in dump.records()),
+out = {"load_s": t1 - t0, "score_s": t2 - t1, "layouts": len(layouts),
+       "tokens_streamed": sum(r.tokens for r in dump.records()),
        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss_bytes": base}
 if device.startswith("cuda"):
     out["peak_cuda_bytes"] = torch.cuda.max_memory_allocated()
