@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -485,10 +486,19 @@ _LAYER_PREFIXES = ("midlayer.", "layers.0.")
 _VERIFIER_PREFIXES = ("verifier_lm_head.", "verifier_norm.")
 
 
-def _read_weight_file(f: Path) -> dict[str, torch.Tensor]:
+def _read_weight_file(f: Path, as_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``as_dtype``: floating tensors converted as each is read, so a large draft never holds its
+    stored (bf16) copy and its compute (fp32) copy whole at the same time."""
     if f.name.endswith(".safetensors"):
         try:
-            return load_file(str(f))
+            if as_dtype is None:
+                return load_file(str(f))
+            out = {}
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    t = st.get_tensor(k)
+                    out[k] = t.to(as_dtype) if t.is_floating_point() else t
+            return out
         except Exception as e:  # SafetensorError (truncated, bad header) has no importable base class
             raise DraftFormatError(f"{f} is not a readable safetensors file ({type(e).__name__}: "
                                    f"{str(e).splitlines()[0] if str(e) else 'no detail'}); truncated or "
@@ -505,7 +515,7 @@ def _read_weight_file(f: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
-def _read_sharded(index: Path) -> dict[str, torch.Tensor]:
+def _read_sharded(index: Path, as_dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Shards named by ``weight_map``; every mapped key must be found in its shard, or the
     checkpoint is incomplete (a shard overwritten or from another run)."""
     try:
@@ -519,20 +529,21 @@ def _read_sharded(index: Path) -> dict[str, torch.Tensor]:
         f = index.parent / shard
         if not f.is_file():
             raise FileNotFoundError(f"{index} names shard {shard}, which is not in {index.parent}")
-        out.update(_read_weight_file(f))
+        out.update(_read_weight_file(f, as_dtype))
     lost = [f"{k} (in {v})" for k, v in weight_map.items() if k not in out]
     if lost:
         raise DraftFormatError(f"{index} maps tensors its shards do not hold: {lost[:5]}")
     return out
 
 
-def read_draft_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """The raw tensors of a draft directory, and the file they came from (for error messages)."""
+def read_draft_weights(path: str | Path, as_dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], Path]:
+    """The raw tensors of a draft directory (floating ones in ``as_dtype`` when given), and the
+    file they came from (for error messages)."""
     path = Path(path)
     for name in WEIGHT_FILES:
         f = path / name
         if f.is_file():
-            return (_read_sharded(f) if name.endswith(".index.json") else _read_weight_file(f)), f
+            return (_read_sharded(f, as_dtype) if name.endswith(".index.json") else _read_weight_file(f, as_dtype)), f
     raise FileNotFoundError(f"no weights at {path / WEIGHT_FILES[0]}: expected one of {', '.join(WEIGHT_FILES)} "
                             f"in {path}")
 
@@ -611,7 +622,7 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
         cfg = config_from_json(cfg_json)
     except (BadConfig, DraftFormatError) as exc:
         raise type(exc)(f"{path / 'config.json'}: {exc}") from None
-    raw, source = read_draft_weights(path)
+    raw, source = read_draft_weights(path, as_dtype=dtype)
     state = canonical_state(raw, source)
     if "fc.weight" not in state:
         raise DraftFormatError(f"{source} has no fc.weight; keys start {sorted(raw)[:5]}")
