@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from .boundaries import CapturePlan
 from .draft import run_as
-from .errors import check_finite, print_json
+from .errors import check_finite, glue_option_values, print_json
 from .engine import (GenerationResult, acceptance_histogram, baseline_generate, check_lossless,
                      position_acceptance, speculative_generate)
 
@@ -163,20 +163,6 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     )
 
 
-def _join_layout(argv: list[str]) -> list[str]:
-    """Let '--layout -1,3,7' reach the layout check, which names the bad boundary; argparse
-    would take '-1,3,7' for an option and answer 'expected one argument'."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--layout" and i + 1 < len(argv) and argv[i + 1].startswith("-"):
-            out.append(f"--layout={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
-
-
 def main(argv=None) -> int:
     from .errors import InputError, fail
     from .pair import (DEFAULT_ENGINE, MAX_STEPS, check_device, default_prompts, fit_prompts, load_pair, plan_for,
@@ -199,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--truncate-prompts", action="store_true",
                     help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(_join_layout(list(sys.argv[1:] if argv is None else argv)))
+    a = ap.parse_args(glue_option_values(list(sys.argv[1:] if argv is None else argv), "--layout"))
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
     if a.repeats < 1:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .boundaries import layout_label, parse_layout
-from .errors import BadOption, InputError, fail, print_json
+from .errors import BadOption, fail, print_json
 
 RUN_TARGET_MAX_BYTES = 4 * 2**30
 
@@ -154,7 +154,7 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
 
 
 def main(argv=None) -> int:
-    from .dumps import FORMATS
+    from .dumps import FORMATS, check_new_dir
 
     ap = argparse.ArgumentParser(prog="python -m helpers dump",
                                  description="write a hidden-state dump in a trainer's layout from a runnable target")
@@ -171,8 +171,7 @@ def main(argv=None) -> int:
         if a.window < 8 or a.records < 1:
             raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window} and {a.records}")
         bounds = parse_layout(a.boundaries)
-        if a.out.exists() and (not a.out.is_dir() or any(a.out.iterdir())):
-            raise InputError(f"{a.out} already exists and is not an empty folder; a dump is written into a new one")
+        check_new_dir(a.out)                 # before the target loads
         written = write_from_text(a.target, bounds, a.format, a.out, a.text, a.window, a.records, a.device,
                                   progress=True)
     except (FileNotFoundError, ValueError) as exc:

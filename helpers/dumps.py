@@ -25,6 +25,7 @@ import pickle
 import re
 import shutil
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -294,15 +295,29 @@ def open_dump(root) -> Dump:
 # Writing dumps, exactly as those trainers lay them out
 
 
-def _atomic_dir(out: Path):
-    """Write into a sibling staging folder and rename at the end, so a failure leaves nothing."""
+def check_new_dir(out: Path) -> None:
+    """A dump goes into a new (or empty) folder: never mixed with, or over, another run's records."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"{out} already exists and is not an empty folder; a dump is written into a new one")
+
+
+@contextmanager
+def staged_dir(out: Path):
+    """A sibling staging folder renamed to ``out`` when the block ends cleanly, removed when it
+    does not: a failure or Ctrl-C half-way through a dump leaves nothing behind."""
+    check_new_dir(out)
     stage = out.parent / f".{out.name}.partial"
     if stage.exists():
         shutil.rmtree(stage)
     stage.mkdir(parents=True)
-    return stage
+    try:
+        yield stage
+        if out.exists():
+            out.rmdir()
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out, loss_mask: torch.Tensor | None = None,
@@ -328,11 +343,8 @@ def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out, loss_ma
     if fmt == "specforge" and bounds[-1] != L:
         raise InputError(f"a SpecForge dump keeps the final state (boundary {L}) as hidden_state; end the "
                          f"boundaries with {L}, got {bounds}")
-    if fmt == "speculators-legacy" and bounds[0] < 0:
-        raise InputError(f"boundaries {bounds} must be >= 0")
     out = Path(out)
-    stage = _atomic_dir(out)
-    try:
+    with staged_dir(out) as stage:
         for i in tqdm(range(windows.shape[0]), desc=f"dump ({fmt})", disable=not progress):
             ids = windows[i:i + 1]
             _, store = run_and_capture(target, ids, bounds, use_cache=False)
@@ -346,12 +358,6 @@ def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out, loss_ma
                 "hidden_states": {"layer_ids": [b - 1 for b in bounds]},
                 "num_hidden_layers": L, "records": int(windows.shape[0]),
                 "written_by": "eagle3-wiring-workbook dump (speculators <= 0.4 layout)"}, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return out
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -64,14 +63,13 @@ def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, m
     """POST each token window, split each row into k slots of ``hidden``, write a speculators dump."""
     from tqdm.auto import tqdm
 
-    from .dumps import _atomic_dir
+    from .dumps import staged_dir
 
     if post is None:
         from .sglang_server import _http_json as post
     out = Path(out)
-    stage = _atomic_dir(out)
     width = None
-    try:
+    with staged_dir(out) as stage:
         for i in tqdm(range(windows.shape[0]), desc="capture through the engine", disable=not progress):
             ids = windows[i].long()
             body = post(url.rstrip("/") + "/generate", request_payload(ids.tolist()))
@@ -83,12 +81,6 @@ def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, m
             save_file({"hidden_states": hs, "token_ids": ids.contiguous()}, str(stage / f"hs_{i}.safetensors"))
         (stage / "capture.json").write_text(json.dumps({"engine_url": url, "records": int(windows.shape[0]),
                                                         "slots": width // hidden, **(meta or {})}, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
     return out
 
 

@@ -190,3 +190,18 @@ def one_line_parser(**kw):
             raise SystemExit(2)
 
     return OneLineParser(**kw)
+
+
+def glue_option_values(argv: list[str], *options: str) -> list[str]:
+    """``--ids -1,2,6`` -> ``--ids=-1,2,6`` for the named options: argparse takes a value starting
+    with '-' for an option and answers 'expected one argument' instead of letting the value's own
+    check name the bad boundary."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in options and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out

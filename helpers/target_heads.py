@@ -8,7 +8,6 @@ tensor; nothing else of the checkpoint is touched.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from .errors import BadCheckpoint, BadConfig
+from .errors import BadCheckpoint, BadConfig, read_json_file
 
 TEXT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "architectures", "model_type",
              "tie_word_embeddings")
@@ -30,10 +29,7 @@ def read_target_config(path) -> dict:
     f = path / "config.json" if path.is_dir() else path
     if not f.is_file():
         raise FileNotFoundError(f"no target config at {f}: expected a Hugging Face directory with config.json")
-    try:
-        cfg = json.loads(f.read_text())
-    except ValueError as exc:
-        raise BadConfig(f"{f} is not valid JSON: {exc}") from None
+    cfg = read_json_file(f, "target config")
     if not isinstance(cfg, dict):
         raise BadConfig(f"{f} holds a JSON {type(cfg).__name__}; expected a model config object")
     text = cfg.get("text_config") or cfg.get("language_config") or {}
@@ -51,8 +47,8 @@ def _weight_map(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
+            wm = read_json_file(index, "shard index")["weight_map"]
+        except (KeyError, TypeError) as exc:
             raise BadCheckpoint(f"{index} is not a shard index with a weight_map: {exc}") from None
         return {k: path / v for k, v in wm.items()}
     single = path / "model.safetensors"

@@ -33,6 +33,7 @@ from helpers.boundaries import (
     layout_label,
 )
 from helpers import sglang_source as ss
+from helpers.errors import glue_option_values
 from helpers.sglang_source import ClassRef, ParsedFile, SglangSource
 
 SETTER = "set_eagle3_layers_to_capture"
@@ -1395,19 +1396,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _join_negative_ids(argv: list[str]) -> list[str]:
-    """Let '--ids -1,2,6' through argparse, which would take '-1,2,6' for an option."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--ids" and i + 1 < len(argv):
-            out.append(f"--ids={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
-
-
 def _target_config(folder: str) -> dict:
     path = Path(folder)
     path = path if path.is_file() else path / "config.json"
@@ -1486,7 +1474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI: 0 = capturable, 1 = resolved but not capturable, 2 = bad input."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser().parse_args(_join_negative_ids(argv))
+        args = _parser().parse_args(glue_option_values(argv, "--ids"))
         target_cfg = _target_config(args.target) if args.target is not None else None
         arch, layers = _target_arch_and_layers(args, target_cfg)
         ids = _parse_ids(args.ids) if args.ids is not None else None
