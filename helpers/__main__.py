@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .errors import InputError, fail
+
 COMMANDS = {
     "build-default": ("helpers.build", "build the embedded target/draft pair (data/tiny-kimi)"),
     "bench": ("helpers.bench", "baseline vs speculative tok/s and accept length, one process"),
@@ -12,8 +14,8 @@ COMMANDS = {
     "scale-check": ("helpers.scale_check", "dump diagnosis cost at a 7168-wide draft: peak memory, s per 1000 tokens"),
     "capture": ("helpers.engine_capture", "capture hidden states through a serving SGLang into a dump"),
     "wiring": ("helpers.wiring", "resolve the boundaries an engine version feeds a draft"),
-    "patch-sglang": ("helpers.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
-    "sglang-bench": ("helpers.sglang_server", "live SGLang server benchmark on a GPU host"),
+    "patch-sglang": ("helpers.sglang.patch", "apply / revert / check the boundary-0 capture patch"),
+    "sglang-bench": ("helpers.sglang.server", "live SGLang server benchmark on a GPU host"),
     "run-workbook": ("helpers.workbook", "execute notebooks 01-06 and render reports/"),
 }
 
@@ -33,7 +35,6 @@ def main(argv=None) -> int:
     if cmd not in COMMANDS:
         print(f"unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    from .errors import InputError, fail
 
     try:
         module = importlib.import_module(COMMANDS[cmd][0])

@@ -7,8 +7,6 @@ warm-up and is discarded.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -17,11 +15,30 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from . import cli
 from .boundaries import CapturePlan
+from .conventions import parse_engine
 from .draft import run_as
-from .errors import check_finite, glue_option_values, print_json
-from .engine import (GenerationResult, acceptance_histogram, baseline_generate, check_lossless,
-                     position_acceptance, speculative_generate)
+from .engine import (
+    GenerationResult,
+    acceptance_histogram,
+    baseline_generate,
+    check_lossless,
+    position_acceptance,
+    speculative_generate,
+)
+from .errors import BadOption, InputError, check_finite, fail, print_json
+from .pair import (
+    MAX_STEPS,
+    check_device,
+    check_steps,
+    default_prompts,
+    fit_prompts,
+    load_pair,
+    plan_for,
+    plan_problems,
+)
+from .prompts import read_prompts
 
 
 @dataclass
@@ -99,13 +116,10 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         raise ValueError("no prompts to benchmark")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1 (the warm-up pass is not counted), got {repeats}")
-    from .pair import check_steps
-
     check_steps(steps, "steps")
     limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     longest = max(int(p.numel()) for p in prompt_ids)
     if limit and longest + max_new_tokens + steps > limit:  # checked before any work, not after minutes
-        from .errors import BadOption
         raise BadOption(f"the longest prompt ({longest} tokens) + max_new_tokens {max_new_tokens} + steps {steps} "
                         f"exceeds the target's {limit} positions (max_position_embeddings); shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
@@ -164,28 +178,17 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
 
 
 def main(argv=None) -> int:
-    from .errors import InputError, fail
-    from .pair import (DEFAULT_ENGINE, MAX_STEPS, check_device, default_prompts, fit_prompts, load_pair, plan_for,
-                       plan_problems, read_prompts)
-    from .sglang_source import parse_engine
-
-    from .errors import one_line_parser
-
-    ap = one_line_parser(prog="python -m helpers bench", description=__doc__.splitlines()[0])
+    ap = cli.parser("bench", __doc__)
     ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
     ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
     ap.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field, or one prompt per line")
-    ap.add_argument("--target", type=Path, default=None)
-    ap.add_argument("--draft", type=Path, default=None)
-    ap.add_argument("--engine", default=DEFAULT_ENGINE, help="whose wiring 'served' means, e.g. sglang==0.5.9 or vllm")
+    cli.add_pair_args(ap)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=None)
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--truncate-prompts", action="store_true",
                     help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(glue_option_values(list(sys.argv[1:] if argv is None else argv), "--layout"))
+    a = ap.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--layout"))
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
     if a.repeats < 1:
@@ -218,7 +221,7 @@ def main(argv=None) -> int:
                             a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
     except InputError as exc:
         return fail(exc)
-    engine_notes = [n for n in plan.notes if n.startswith("warning:")] + fit_notes + engine_notes
+    engine_notes = list(plan.warnings) + fit_notes + engine_notes
     if a.json:
         print_json(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes})
     else:

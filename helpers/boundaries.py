@@ -8,7 +8,7 @@ else. A *layout* is the ordered tuple of boundaries concatenated into the draft'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from .errors import BadOption
@@ -69,48 +69,6 @@ def capture_name(b: int) -> str:
     return f"resid.{b}"
 
 
-# --------------------------------------------------------------------------------------
-# Default id lists of each system, expressed in its own numbering.
-
-
-def eagle3_default_boundaries(num_layers: int) -> Layout:
-    """The layout every system falls back to: inputs to layers 2, L//2 and L-3."""
-    return (2, num_layers // 2, num_layers - 3)
-
-
-def deployed_eagle_ids(num_layers: int) -> list[int]:
-    """The ids a SpecForge/SGLang draft config usually carries: ``[2, L//2, L-3]``."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-# --------------------------------------------------------------------------------------
-# Conversions. Each returns boundaries; the engine resolvers in ``wiring`` prefer running
-# the engine's own code and only fall back on these rules.
-
-
-def sglang_plus_one(ids: Sequence[int]) -> Layout:
-    """SGLang's Llama/Qwen rule (0.5.x): capture before layer ``id + 1``."""
-    return tuple(sorted(i + 1 for i in ids))
-
-
-def vllm_ids_to_boundaries(ids: Sequence[int]) -> Layout:
-    """vLLM: an id is the boundary itself (0 = embedding), captured in ascending order."""
-    return tuple(sorted(int(i) for i in ids))
-
-
-def speculators_v1_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
-    """speculators <= 0.4 data generation: 'layer i' is the output of layer i = boundary i+1.
-
-    ``-1`` is how those pipelines name the embedding output (boundary 0).
-    """
-    return tuple(0 if i == -1 else i + 1 for i in layer_ids)
-
-
-def specforge_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
-    """SpecForge ids are outputs of layers: boundary = id + 1."""
-    return tuple(i + 1 for i in layer_ids)
-
-
 @dataclass(frozen=True)
 class CapturePlan:
     """Which boundaries are captured and how they are concatenated for the draft.
@@ -124,6 +82,8 @@ class CapturePlan:
     num_layers: int
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    errors: tuple[str, ...] = field(default=())     # why the engine cannot capture this layout at all
+    warnings: tuple[str, ...] = field(default=())   # what it silently does differently (ignored ids, flags)
 
     def __post_init__(self):
         check_layout(self.layout, self.num_layers)
@@ -137,11 +97,53 @@ class CapturePlan:
     def label(self) -> str:
         return layout_label(self.layout, self.num_layers)
 
-    @property
-    def errors(self) -> list[str]:
-        """Reasons the engine cannot actually capture this layout (from the resolver's notes)."""
-        return [n[len("error: "):] for n in self.notes if n.startswith("error: ")]
-
     def to_dict(self) -> dict:
         return {"layout": list(self.layout), "num_layers": self.num_layers, "source": self.source,
-                "label": self.label, "notes": list(self.notes)}
+                "label": self.label, "notes": list(self.notes), "errors": list(self.errors),
+                "warnings": list(self.warnings)}
+
+
+@dataclass
+class WiringResult:
+    """What one engine release will feed the draft's fc for one target, and whether it can at all.
+
+    ``errors`` mean the deployment fails (or drops features); ``warnings`` that it silently differs
+    from what the config says. ``hazards`` carry the structured form of errors a caller can act on
+    (today: boundary 0 meeting ``residual = None``), so advice is attached where it is known.
+    """
+
+    engine: str
+    version: str | None
+    arch: str
+    num_layers: int
+    served_layout: Layout
+    layers_to_capture: list[int]
+    ids_used: list[int] | None
+    ids_source: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    source_lines: list[dict] = field(default_factory=list)
+    hazards: list[dict] = field(default_factory=list)
+
+    @property
+    def capturable(self) -> bool:
+        return not self.errors
+
+    @property
+    def label(self) -> str:
+        return layout_label(self.served_layout, self.num_layers)
+
+    def plan(self) -> CapturePlan:
+        """The served layout as the plan the reference engine and the reports share."""
+        source = (f"{self.engine} {self.arch}: ids {self.ids_used} ({self.ids_source}) -> "
+                  f"layers_to_capture {self.layers_to_capture} -> served {self.served_layout}")
+        return CapturePlan(self.served_layout, self.num_layers, source, errors=tuple(self.errors),
+                           warnings=tuple(self.warnings))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["served_layout"] = list(self.served_layout)
+        d["ids_source"] = str(self.ids_source)
+        d["capturable"] = self.capturable
+        d["label"] = self.label
+        return d

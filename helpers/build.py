@@ -9,7 +9,6 @@ actually serves.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -18,11 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .boundaries import check_layout, deployed_eagle_ids, parse_layout, sglang_plus_one
+from . import cli
+from .boundaries import check_layout, parse_layout
+from .conventions import default_ids, sglang_plus_one
 from .corpus import prompt_chunks, save_hf_tokenizer, stdlib_corpus, train_tokenizer
 from .draft import Eagle3Draft, new_draft_config, save_draft, vocab_maps
 from .draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
-from .target import describe, eval_loss, save_target, target_config, train_target, write_json
+from .target import describe, eval_loss, load_target, save_target, target_config, train_target, write_json
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"
 
@@ -99,8 +100,6 @@ def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log
 def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Scale, seed: int, fmt: str,
                 eagle_ids=None, log=print, samples=None) -> dict:
     """Train one draft on ``training_boundaries`` against the saved target; returns its record."""
-    from .target import load_target
-
     t0 = time.perf_counter()
     target, hf_tok = load_target(target_dir)
     L = target.config.num_hidden_layers
@@ -115,7 +114,7 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
     val = generate_samples(target, held_ids, scale.val_samples, scale.seq_len, capture, scale.regen_fraction,
                            seed + 1, desc="val")
     torch.manual_seed(seed)
-    ids = list(eagle_ids if eagle_ids is not None else deployed_eagle_ids(L))
+    ids = list(eagle_ids if eagle_ids is not None else default_ids(L))
     draft = Eagle3Draft(new_draft_config(target.config, scale.draft_vocab, ids, num_aux=len(training_boundaries)))
     draft.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.detach())
     d2t, t2d = vocab_maps(draft_ids, target.config.vocab_size)
@@ -153,12 +152,12 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
         # the deployed config carries SGLang's three default ids, so the pair reproduces the
         # seed only when the draft also takes three distinct features
         raise ValueError(f"the embedded pair's draft takes three distinct boundaries, like the deployed ids "
-                         f"{deployed_eagle_ids(layers)}; got {tuple(training_boundaries)}")
+                         f"{default_ids(layers)}; got {tuple(training_boundaries)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = {"scale": "tiny" if tiny else "full", "seed": seed, "arch": arch, "layers": layers,
-               "draft_format": fmt, "deployed_eagle_ids": deployed_eagle_ids(layers)}
+               "draft_format": fmt, "deployed_eagle_ids": default_ids(layers)}
     record = out / "target" / "training.json"
     if reuse_target and record.is_file():
         summary["target"] = json.loads(record.read_text())
@@ -170,7 +169,7 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
         summary["target"] = build_target(out, arch, layers, scale, seed, log)
     summary["draft"] = build_draft(out / "draft", out / "target", training_boundaries, scale, seed, fmt, log=log)
     if retrained if retrained is not None else not tiny:
-        served = sglang_plus_one(deployed_eagle_ids(layers))
+        served = sglang_plus_one(default_ids(layers))
         summary["draft_retrained"] = build_draft(out / "draft-retrained", out / "target", served, scale, seed, fmt,
                                                  log=log)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
@@ -181,7 +180,7 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers build-default", description=__doc__.splitlines()[0])
+    ap = cli.parser("build-default", __doc__)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--training-boundaries", default="0,3,7")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import random
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,8 +108,6 @@ def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, max_len: int = 2048) -> Non
 
 def prompt_chunks(text: str, tok: Tokenizer, n: int, prompt_tokens: int = 48, seed: int = 0) -> list[str]:
     """Prompts that start at a ``def``/``class`` line of held-out text: code a model continues."""
-    import random
-
     lines = text.splitlines(keepends=True)
     starts = [i for i, l in enumerate(lines) if l.lstrip().startswith(("def ", "class ")) and len(l) > 12]
     rng = random.Random(seed)

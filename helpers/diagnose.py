@@ -6,16 +6,18 @@ the engine resolves for the draft's config. A large gap is the wiring bug.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import cli
 from .boundaries import layout_label
+from .conventions import parse_engine
 from .draft import run_as
+from .dump_cli import run_dump_diagnosis
+from .errors import check_finite, fail, print_json, read_text_file
 from .evaluate import EvalInputError, evaluate_layout
 from .layout_search import SearchResult, search
+from .pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 
 
 @dataclass
@@ -91,11 +93,9 @@ class Diagnosis:
 
 
 def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> Diagnosis:
-    from .pair import plan_problems, served_plan
-
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
-    served = served_plan(pair, engine)  # first: a bad engine string should not wait for the search
+    served = pair.served(engine)  # first: a bad engine string should not wait for the search
     errors = plan_problems(pair, served)
     named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout)
              if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
@@ -103,12 +103,11 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
     rank_ce = {tuple(r["layout"]): float(r["ce"]) for r in res.ranking.to_dict("records")}
     best = evaluate_layout(pair.draft, caps, res.best, steps)
     srv = None
-    notes = list(served.notes)
+    notes = [*served.warnings, *served.notes]
     if not errors:
         with run_as(pair.draft, engine) as engine_notes:  # served: the engine's wiring and its forward
             srv = evaluate_layout(pair.draft, caps, served.layout, steps)
         notes += engine_notes
-    from .errors import check_finite  # a NaN score ranks anywhere and names a wrong layout with exit 0
 
     check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce, res.margin_ce)
     if srv is not None:
@@ -121,19 +120,11 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
 
 
 def main(argv=None) -> int:
-    from .pair import DEFAULT_ENGINE, eval_captures, load_pair
-
-    from .errors import one_line_parser
-
-    ap = one_line_parser(prog="python -m helpers diagnose", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", type=Path, default=None)
-    ap.add_argument("--draft", type=Path, default=None)
+    ap = cli.parser("diagnose", __doc__.replace("``python -m helpers diagnose``: ", ""))
+    cli.add_pair_args(ap)
     ap.add_argument("--text", type=Path, default=None, help="held-out text to evaluate on (default: heldout.txt)")
-    ap.add_argument("--engine", default=DEFAULT_ENGINE)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--json", action="store_true")
     dump = ap.add_argument_group("from a trainer's hidden-state dump (no target forward; see docs/dumps.md)")
     dump.add_argument("--data", type=Path, default=None,
                       help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or rows_*/data_*.ckpt[.gz]")
@@ -144,21 +135,16 @@ def main(argv=None) -> int:
     dump.add_argument("--run-target", choices=("auto", "yes", "no"), default="auto",
                       help="match slots against the target's own capture (auto: when its weights are under 4 GB)")
     a = ap.parse_args(argv)
-    from .pair import MAX_STEPS
 
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got {a.windows}")
     if a.data is not None:
-        from .dump_cli import run_dump_diagnosis
-
         return run_dump_diagnosis(a)
     try:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")
-        from .errors import read_text_file
-        from .sglang_source import parse_engine
 
         parse_engine(a.engine)
         text = read_text_file(a.text, "text file") if a.text else None  # before the models load
@@ -166,10 +152,8 @@ def main(argv=None) -> int:
         caps = eval_captures(pair, text, max_windows=a.windows)
         d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
     except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
-        from .errors import fail
         return fail(exc)
     if a.json:
-        from .errors import print_json
         print_json(d.to_dict())
         return 0
     L = d.num_layers

@@ -34,10 +34,18 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .conventions import (
+    NORM_BEFORE_RESIDUAL_ON_SGLANG,
+    SGLANG_DRAFT_ARCH,
+    SPECULATORS_ARCH,
+    IdsAt,
+    honours_norm_before_residual,
+    ids_in_config,
+    read_draft_config,
+)
 from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
 
-SGLANG_ARCH = "LlamaForCausalLMEagle3"
-SPECULATORS_ARCH = "Eagle3Speculator"
+SGLANG_ARCH = SGLANG_DRAFT_ARCH
 
 
 class DraftFormatError(BadCheckpoint):
@@ -52,15 +60,6 @@ class ServingMismatchWarning(UserWarning):
 # loading them as if unset would evaluate a model the checkpoint is not.
 UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
 
-NORM_BEFORE_RESIDUAL_ON_SGLANG = (
-    "the draft sets norm_before_residual=true (the residual of its fused hidden input is taken "
-    "after hidden_norm). SGLang's llama_eagle3.py (0.5.9 and 0.5.23) ignores the flag and always "
-    "takes the residual from the raw hidden state, so SGLang serves this draft with a different "
-    "forward from the one it was trained with; vLLM's llama_eagle3.py honours it. Evaluate what "
-    "SGLang runs by setting draft.cfg.norm_before_residual = False."
-)
-
-
 @contextmanager
 def run_as(draft, engine: str):
     """Run ``draft`` the way ``engine`` runs it, for the duration of the block.
@@ -69,12 +68,9 @@ def run_as(draft, engine: str):
     SGLang's llama_eagle3 has no norm_before_residual, so a draft trained with it is served
     without it; vLLM honours it. Yields notes saying what was switched, for the reports.
     """
-    from .sglang_source import parse_engine
-
-    name, _ = parse_engine(engine)
     saved = draft.cfg.norm_before_residual
     notes = []
-    if name == "sglang" and saved:
+    if saved and not honours_norm_before_residual(engine):
         draft.cfg.norm_before_residual = False
         notes.append(f"run as {engine} runs it: norm_before_residual ignored (the draft was trained with it)")
     try:
@@ -98,7 +94,7 @@ class DraftConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     eagle_ids: list[int] | None = None      # as the config file holds them
-    ids_location: str = "eagle_config"       # where the file held them: eagle_config | top_level | none
+    ids_location: str = IdsAt.EAGLE_CONFIG   # where the file held them (conventions.IdsAt)
     format: str = "sglang"
     norm_before_residual: bool = False       # residual of the hidden input taken after hidden_norm
 
@@ -335,18 +331,6 @@ def _layer_cfg_from(cfg_json: dict) -> dict:
     return cfg_json.get("transformer_layer_config") or cfg_json
 
 
-def read_draft_config(path: str | Path) -> dict:
-    path = Path(path)
-    f = path / "config.json"
-    if not f.is_file():
-        raise FileNotFoundError(f"no draft at {path}: expected config.json beside model.safetensors, "
-                                f"model.safetensors.index.json or pytorch_model.bin")
-    cfg = read_json_file(f, "draft config")
-    if not isinstance(cfg, dict):
-        raise BadConfig(f"{f} holds a JSON {type(cfg).__name__}; expected an object (a draft config)")
-    return cfg
-
-
 def _need(d: dict, key: str, where: str = "config"):
     """A field the forward cannot be built without: a BadConfig naming it, not a bare KeyError."""
     if key not in d or d[key] is None:
@@ -363,17 +347,6 @@ def draft_format(cfg_json: dict) -> str:
         return "sglang"
     raise DraftFormatError(f"config architectures {cfg_json.get('architectures')} is not an EAGLE-3 draft "
                            f"(expected {SGLANG_ARCH} or {SPECULATORS_ARCH})")
-
-
-def eagle_ids_of(cfg_json: dict) -> tuple[list[int] | None, str]:
-    """The layer ids a config carries, and where: ``eagle_config``, ``top_level`` or ``none``."""
-    nested = (cfg_json.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if nested is not None:
-        return [int(i) for i in nested], "eagle_config"
-    top = cfg_json.get("eagle_aux_hidden_state_layer_ids")
-    if top is not None:
-        return [int(i) for i in top], "top_level"
-    return None, "none"
 
 
 def _flag(cfg_json: dict, layer: dict, name: str) -> bool:
@@ -397,7 +370,7 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
                                    f"{name} either)")
     h = _need(layer, "hidden_size")
     heads = _need(layer, "num_attention_heads")
-    ids, where = eagle_ids_of(cfg_json)
+    ids, where = ids_in_config(cfg_json)
     rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
     theta = layer.get("rope_theta") or rope.get("rope_theta") or 10000.0
     return DraftConfig(
@@ -670,7 +643,8 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
     draft.load_state_dict(state, assign=True)
     draft.embed_tokens.weight.requires_grad_(False)
     if cfg.norm_before_residual:
-        warnings.warn(f"{path}: {NORM_BEFORE_RESIDUAL_ON_SGLANG}", ServingMismatchWarning, stacklevel=2)
+        warnings.warn(f"{path}: {NORM_BEFORE_RESIDUAL_ON_SGLANG} Evaluate what SGLang runs by setting "
+                      f"draft.cfg.norm_before_residual = False.", ServingMismatchWarning, stacklevel=2)
     return draft.to(device=device, dtype=dtype).eval()
 
 

@@ -7,14 +7,21 @@ pair the workbook can run, to check a trainer's output against or to test with.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
+from . import cli
 from .boundaries import layout_label, parse_layout
-from .errors import BadOption, fail, print_json
+from .conventions import parse_engine, read_draft_config, read_target_config
+from .draft import DraftFormatError, load_draft
+from .dump_diagnose import diagnose_dump
+from .dumps import FORMATS, check_new_dir, open_dump, write_dump
+from .errors import BadOption, fail, print_json, read_text_file
+from .pair import DEFAULT_DIR, text_windows
+from .target import load_target
+from .target_heads import load_target_heads
 
 RUN_TARGET_MAX_BYTES = 4 * 2**30
 
@@ -43,9 +50,6 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
 
     The target is run only when asked or when its weights are small (``auto``: under 4 GB): a large
     target contributes its config and three tensors, nothing more."""
-    from .draft import DraftFormatError, load_draft, read_draft_config
-    from .target_heads import load_target_heads, read_target_config
-
     notes = []
     heads = target = tcfg = None
     if target_dir is not None:
@@ -60,8 +64,6 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
                          "slots are not measured and scores use the dump's next tokens")
         size = _weights_bytes(target_dir)
         if run_target == "yes" or (run_target == "auto" and has_weights and size <= RUN_TARGET_MAX_BYTES):
-            from .target import load_target
-
             target, _ = load_target(target_dir, device)
             notes.append(f"target small enough to run ({size / 2**20:.0f} MiB): slots matched against its own capture")
     draft_dir = Path(draft_dir) if draft_dir is not None else None
@@ -81,10 +83,6 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
 
 
 def run_dump_diagnosis(a) -> int:
-    from .dump_diagnose import diagnose_dump
-    from .dumps import open_dump
-    from .sglang_source import parse_engine
-
     try:
         for name in ("max_records", "max_tokens"):
             v = getattr(a, name)
@@ -154,18 +152,14 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
 
 
 def main(argv=None) -> int:
-    from .dumps import FORMATS, check_new_dir
-
-    ap = argparse.ArgumentParser(prog="python -m helpers dump",
-                                 description="write a hidden-state dump in a trainer's layout from a runnable target")
-    ap.add_argument("--target", type=Path, required=True)
+    ap = cli.parser("dump", "write a hidden-state dump in a trainer's layout from a runnable target")
+    cli.add_pair_args(ap, draft=None, engine=None, json=False, required=True)
     ap.add_argument("--boundaries", required=True, help="ascending boundaries to save, e.g. 0,3,7,12")
     ap.add_argument("--format", choices=FORMATS, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--text", type=Path, default=None, help="text to dump (default: heldout.txt beside the target)")
     ap.add_argument("--window", type=int, default=256, help="tokens per record")
     ap.add_argument("--records", type=int, default=12, help="records to write at most")
-    ap.add_argument("--device", default="cpu")
     a = ap.parse_args(argv)
     try:
         if a.window < 8 or a.records < 1:
@@ -183,11 +177,6 @@ def main(argv=None) -> int:
 def write_from_text(target_dir, boundaries, fmt, out, text_path=None, window: int = 256, records: int = 12,
                     device: str = "cpu", progress: bool = False) -> Path:
     """Tokenise held-out text into windows and dump them: the records a trainer would have saved."""
-    from .dumps import write_dump
-    from .errors import read_text_file
-    from .pair import DEFAULT_DIR, text_windows
-    from .target import load_target
-
     target_dir = Path(target_dir)
     if text_path is None:
         for d in (target_dir.parent, DEFAULT_DIR):

@@ -25,8 +25,12 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .boundaries import layout_label
+from .capture import decoder_parts, run_and_capture
+from .draft import run_as
 from .dumps import Dump
+from .errors import BadCheckpoint, BadOption, BadText
 from .evaluate import accuracy_table
+from .wiring import served_plan
 
 Z_NOISE = 3.0          # a layout within this paired z of the best is "within noise" of it
 BLOCK = 64             # tokens per block of the paired test: neighbouring tokens are not independent
@@ -67,8 +71,6 @@ def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) 
                 diff = (heads.final_norm(x) - fin).abs().max()
                 out[s]["final_norm_rel_diff"] = float(diff / (fin.abs().max() + 1e-12))
     if target is not None:
-        from .capture import decoder_parts, run_and_capture
-
         L = len(decoder_parts(target)[1])
         dev = next(target.parameters()).device
         _, store = run_and_capture(target, ids[None].to(dev), range(L + 1), use_cache=False)
@@ -95,7 +97,6 @@ def identify_slots(dump: Dump, heads=None, target=None, stated=None,
     ids: list[SlotIdentity] = [SlotIdentity(s, None, "unknown", meas[s]) for s in range(k)]
     if stated is not None:
         if len(stated) != k:
-            from .errors import BadOption
             raise BadOption(f"--slot-boundaries names {len(stated)} boundaries {tuple(stated)}; the dump's records "
                             f"hold {k} slots")
         for s, b in enumerate(stated):
@@ -260,7 +261,6 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         bar.update(1)
     bar.close()
     if not records:
-        from .errors import BadText
         raise BadText(f"{dump.root}: no record has the {steps + 3} tokens {steps} draft steps need")
     return {"accs": accs, "tokens": tokens, "records": records, "soft": bool(soft), "steps": steps}
 
@@ -275,7 +275,6 @@ def _summary(a: _Acc, steps: int) -> dict:
         run *= c
         total += run
     if not bool(torch.isfinite(ce).all()):
-        from .errors import BadCheckpoint
         raise BadCheckpoint("the draft's scores are not finite (NaN or Inf): its weights or the dump's states "
                             "cannot be trusted")
     return {"ce": float(ce.mean()), "acc0": full[0], "full_acc": [round(x, 4) for x in full],
@@ -470,15 +469,12 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     t0 = time.perf_counter()
     k_fc = draft.cfg.num_aux
     if dump.hidden != draft.cfg.target_hidden_size:
-        from .errors import BadText
         raise BadText(f"{dump.root}: states are {dump.hidden} wide; the draft's fc takes {k_fc} x "
                       f"{draft.cfg.target_hidden_size} (a dump of another target?)")
     if dump.num_slots < k_fc:
-        from .errors import BadText
         raise BadText(f"{dump.root}: records hold {dump.num_slots} slot(s); the draft's fc takes {k_fc} "
                       f"({draft.cfg.fc_in} wide), so no choice of slots can feed it")
     if heads is not None and heads.config.hidden_size != dump.hidden:
-        from .errors import BadText
         raise BadText(f"{dump.root}: states are {dump.hidden} wide; the target at {heads.path} has hidden_size "
                       f"{heads.config.hidden_size}")
     L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
@@ -492,12 +488,10 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
                      "trained from, or holds extra states")
     served_layout, served_slots, served_source, served_errors = None, None, "", []
     if engine and draft_config is not None and arch and L is not None:
-        from .pair import resolve_plan
-
-        plan = resolve_plan(engine, arch, L, draft_config)
+        plan = served_plan(draft_config, L, arch, engine)
         served_layout, served_source = tuple(plan.layout), plan.source
         served_errors = list(plan.errors)
-        notes += [f"served plan: {n}" for n in plan.notes]
+        notes += [f"served plan: {n}" for n in (*plan.warnings, *plan.notes)]
         if not served_errors and len(served_layout) != k_fc:
             served_errors.append(f"{plan.source} feeds {len(served_layout)} features {served_layout}; the draft's fc "
                                  f"takes {k_fc}")
@@ -518,7 +512,6 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     ranking = rank(scored, bounds, L)
     engine_row = None
     if served_slots is not None and engine:
-        from .draft import run_as
         with run_as(draft, engine) as engine_notes:
             if engine_notes:
                 again = score_layouts(draft, dump, [served_slots], steps, heads, final_slot, max_records,

@@ -33,7 +33,10 @@ from typing import Iterator
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
+from .boundaries import check_layout
+from .capture import decoder_parts, run_and_capture
 from .errors import BadText, InputError
 
 FORMATS = ("speculators", "speculators-legacy", "specforge")
@@ -327,11 +330,6 @@ def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out, loss_ma
     For ``specforge`` the last boundary must be the final one: its *normed* state becomes
     ``hidden_state`` and the others the concatenated ``aux_hidden_state``.
     """
-    from tqdm.auto import tqdm
-
-    from .boundaries import check_layout
-    from .capture import decoder_parts, run_and_capture
-
     if fmt not in FORMATS:
         raise InputError(f"unknown dump format {fmt!r}; expected one of {', '.join(FORMATS)}")
     _, layers, norm = decoder_parts(target)

@@ -25,6 +25,7 @@ import torch
 from .boundaries import CapturePlan
 from .capture import capture_boundaries
 from .draft import DraftKVCache, Eagle3Draft
+from .errors import NonFiniteResult
 
 
 def rollback(cache, length: int) -> None:
@@ -128,7 +129,6 @@ class DraftRunner:
         pos = torch.arange(self.columns, self.columns + n, device=fused.device)[None]
         logits, state = self.draft.step(next_tokens[None], fused[None].to(self.cache.k.dtype), pos, self.cache)
         if not bool(torch.isfinite(logits[0, -1]).all()):  # argmax of NaN is token 0: a silent tau of 1.0
-            from .errors import NonFiniteResult
             raise NonFiniteResult(f"the draft's logits are NaN/Inf at position {self.columns + n - 1}: its weights "
                                   f"or the features fed to it overflow, so no accept length it gives can be trusted")
         self.columns += n

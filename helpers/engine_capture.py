@@ -15,15 +15,21 @@ instead of inferring it from the engine's source.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
-from .errors import BadOption, BadText, InputError, fail, print_json
+from . import cli
+from .boundaries import parse_layout
+from .conventions import read_target_config
+from .dumps import open_dump, staged_dir
+from .errors import BadOption, BadText, InputError, fail, print_json, read_text_file
+from .pair import text_windows
+from .sglang.server import http_json
 
 
 class CaptureError(InputError):
@@ -61,12 +67,8 @@ def rows_from_response(body: dict, n_tokens: int, width: int | None = None) -> t
 def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, meta: dict | None = None,
                  progress: bool = False) -> Path:
     """POST each token window, split each row into k slots of ``hidden``, write a speculators dump."""
-    from tqdm.auto import tqdm
-
-    from .dumps import staged_dir
-
     if post is None:
-        from .sglang_server import _http_json as post
+        post = http_json
     out = Path(out)
     width = None
     with staged_dir(out) as stage:
@@ -88,8 +90,6 @@ def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, m
 def match_slots(captured, reference, max_records: int = 4) -> list[dict]:
     """For each slot of ``captured``, the ``reference`` slot it equals on the same tokens: with the
     reference's boundaries known, this measures which boundaries the engine really captured."""
-    from .dumps import open_dump
-
     a, b = open_dump(captured), open_dump(reference)
     if a.hidden != b.hidden:
         raise BadText(f"{a.root} is {a.hidden} wide, {b.root} is {b.hidden}: not the same target")
@@ -117,7 +117,7 @@ def match_slots(captured, reference, max_records: int = 4) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers capture", description=__doc__.splitlines()[0])
+    ap = cli.parser("capture", __doc__)
     ap.add_argument("--engine-url", required=True, help="a running SGLang server, e.g. http://127.0.0.1:30000")
     ap.add_argument("--tokenizer", type=Path, required=True, help="the target's directory (tokenizer and config)")
     ap.add_argument("--text", type=Path, required=True)
@@ -131,11 +131,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         from transformers import AutoTokenizer
-
-        from .boundaries import parse_layout
-        from .errors import read_text_file
-        from .pair import text_windows
-        from .target_heads import read_target_config
 
         if a.window < 8 or a.records < 1:
             raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window}, {a.records}")

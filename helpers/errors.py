@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 
 class InputError(ValueError):
@@ -70,8 +72,6 @@ def one_line(exc: BaseException | str) -> str:
 
 def fail(exc: BaseException | str, code: int = 2) -> int:
     """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return."""
-    import sys
-
     print(f"error: {one_line(exc)}", file=sys.stderr)
     return code
 
@@ -82,8 +82,6 @@ _said: set[str] = set()
 def warn_once(message: str) -> str:
     """One ``warning:`` line on stderr per distinct message per process: a fallback that is
     resolved for several plans in one command must still be said, but said once."""
-    import sys
-
     line = one_line(message)
     if line not in _said:
         _said.add(line)
@@ -102,8 +100,6 @@ def print_json(obj, **kw) -> None:
 
 def read_text_file(path, what: str = "text file") -> str:
     """UTF-8 text or a BadText naming the file and the byte where decoding stopped."""
-    from pathlib import Path
-
     path = Path(path)
     if not path.is_file():
         raise BadText(f"no {what} at {path}" + (" (it is a folder)" if path.is_dir() else ""))
@@ -118,8 +114,6 @@ def read_text_file(path, what: str = "text file") -> str:
 
 def read_json_file(path, what: str = "config") -> object:
     """Parsed JSON or a BadConfig naming the file, line and column."""
-    from pathlib import Path
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -175,33 +169,3 @@ def check_finite(what: str, *values) -> None:
         if not ok:
             raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so nothing "
                              f"it measured can be trusted; check the checkpoints' weights")
-
-
-def one_line_parser(**kw):
-    """An ``argparse.ArgumentParser`` whose errors are one line (``error: <prog>: <what>``) and
-    exit 2, like every other bad input: argparse's default prints the whole usage block first,
-    which pushes the reason off a one-line log."""
-    import argparse
-    import sys
-
-    class OneLineParser(argparse.ArgumentParser):
-        def error(self, message):
-            print(f"error: {self.prog}: {one_line(message)} (see --help)", file=sys.stderr)
-            raise SystemExit(2)
-
-    return OneLineParser(**kw)
-
-
-def glue_option_values(argv: list[str], *options: str) -> list[str]:
-    """``--ids -1,2,6`` -> ``--ids=-1,2,6`` for the named options: argparse takes a value starting
-    with '-' for an option and answers 'expected one argument' instead of letting the value's own
-    check name the bad boundary."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] in options and i + 1 < len(argv):
-            out.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out

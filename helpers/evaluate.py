@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from .boundaries import check_layout
-from .errors import InputError
 from .capture import capture_boundaries, decoder_parts
+from .errors import InputError
 
 
 class EvalInputError(InputError):
@@ -53,8 +54,6 @@ def verifier_logits(target, final_state: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def capture_text(target, windows: torch.Tensor, boundaries=None, batch: int = 8, progress: bool = False) -> TargetCaptures:
     """Run the target over [N, T] token windows once, keeping the asked boundaries (default: all)."""
-    from tqdm.auto import tqdm
-
     _, layers, _ = decoder_parts(target)
     L = len(layers)
     wanted = sorted(set(range(L + 1) if boundaries is None else boundaries) | {L})

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from .boundaries import WiringError
 from .draft import read_draft_config, read_draft_weights
+from .sglang.source import fetch_sglang
 
 
 def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
@@ -99,8 +100,6 @@ def reorder_fc(draft_dir, out_dir, trained_layout, served_layout) -> Path:
 
 def sglang_working_copy(version: str, dest) -> Path:
     """A private copy of a cached SGLang version's source to patch, so the shared cache stays pristine."""
-    from .sglang_source import fetch_sglang
-
     dest = Path(dest)
     if (dest / "sglang").is_dir():
         return dest

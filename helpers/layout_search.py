@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 from .boundaries import check_layout, layout_label
 from .evaluate import EvalInputError, LayoutScore, TargetCaptures, evaluate_layout
 
-
 Z_NOISE = 3.0   # a layout whose paired z against the best is below this is within noise of it
 
 

@@ -7,21 +7,23 @@ layout search). Everything downstream compares the two.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .boundaries import CapturePlan, check_layout, sglang_plus_one, vllm_ids_to_boundaries, eagle3_default_boundaries
-from .draft import Eagle3Draft, load_draft, read_draft_config, read_training_record
+from .boundaries import CapturePlan, WiringError, check_layout, parse_layout
+from .conventions import DEFAULT_ENGINE, read_draft_config
+from .draft import Eagle3Draft, load_draft, read_training_record
+from .errors import BadOption, read_text_file
 from .evaluate import EvalInputError, TargetCaptures, attach_draft_probs, capture_text
-from .errors import BadOption, BadText, read_text_file, warn_once
+from .layout_search import search
+from .prompts import read_prompts  # noqa: F401  (notebooks read prompts through the pair module)
 from .target import load_target
+from .wiring import served_plan
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / "data" / "tiny-kimi"
-DEFAULT_ENGINE = "sglang==0.5.9"
 # Draft tokens per verify step. Acceptance decays geometrically along the chain, so past ~8 a
 # step almost never pays; 16 leaves room to show that, while a typo (100000000) would ask the
 # draft KV cache for hundreds of GB before anything ran.
@@ -46,6 +48,12 @@ class Pair:
     @property
     def arch(self) -> str:
         return (self.target.config.architectures or [type(self.target).__name__])[0]
+
+    def served(self, engine: str = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
+        """The layout ``engine`` will feed this draft, from its own source (``root``: a specific
+        tree, e.g. a patched copy; ``config``: a rewritten draft config, e.g. fixed ids)."""
+        return served_plan(self.draft_config if config is None else config, self.num_layers, self.arch, engine,
+                           root=root)
 
     @property
     def recorded_layout(self) -> tuple[int, ...] | None:
@@ -96,36 +104,6 @@ def load_pair(target_dir=None, draft_dir=None, device: str = "cpu") -> Pair:
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise ValueError(f"{draft_dir / 'training.json'} is not valid JSON: {exc}") from None
     return Pair(target, tok, draft, target_dir, draft_dir, read_draft_config(draft_dir), record)
-
-
-def read_prompts(path) -> list[str]:
-    """JSONL with a ``prompt`` field per line, or plain text with one prompt per line.
-
-    The format is decided by the content, not the file name: a ``.json`` file of JSONL
-    lines would otherwise be benchmarked as its raw JSON strings.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no prompts file at {path}")
-    lines = [l for l in read_text_file(path, "prompts file").splitlines() if l.strip()]
-    jsonl = path.suffix in (".jsonl", ".json") or (bool(lines) and lines[0].lstrip().startswith("{"))
-    if not jsonl:
-        prompts = lines
-    else:
-        prompts = []
-        for n, line in enumerate(lines, 1):
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise BadText(f"{path}:{n}: not a JSON line ({exc.msg}); expected {{\"prompt\": \"...\"}} "
-                                 "per line, or use a .txt file with one prompt per line") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-                raise BadText(f"{path}:{n}: expected an object with a string 'prompt' field, got "
-                                 f"{type(obj).__name__} {sorted(obj) if isinstance(obj, dict) else ''}".rstrip())
-            prompts.append(obj["prompt"])
-    if not prompts:
-        raise BadText(f"{path} holds no prompts")
-    return prompts
 
 
 def fit_prompts(pair: Pair, prompt_ids: list[torch.Tensor], max_new_tokens: int, steps: int,
@@ -195,13 +173,6 @@ def eval_captures(pair: Pair, text: str | None = None, window: int = 256, max_wi
     return caps
 
 
-def served_plan(pair: Pair, engine: str = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
-    """The layout the engine will feed this draft, resolved from the engine's own source
-    (``root``: a specific source tree, e.g. a patched copy)."""
-    cfg = config if config is not None else pair.draft_config
-    return resolve_plan(engine, pair.arch, pair.num_layers, cfg, root)
-
-
 def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:
     """Why this plan cannot feed this draft at all (empty when it can): the engine's own wiring
     errors, or a feature count the draft's fc does not take. Such a deployment does not serve
@@ -211,65 +182,6 @@ def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:
         problems.append(f"{plan.source} feeds {len(plan.layout)} features {plan.layout}; the draft's fc takes "
                         f"{pair.draft.cfg.num_aux} ({pair.draft.cfg.fc_in} wide)")
     return problems
-
-
-def resolve_plan(engine: str, arch: str, num_layers: int, draft_config: dict, root=None) -> CapturePlan:
-    from .sglang_source import SglangSourceError
-
-    from . import wiring
-    from .errors import CacheError, one_line
-    from .sglang_source import UnknownVersionError
-
-    try:
-        return wiring.served_plan(draft_config, num_layers, arch, engine=engine, root=root)
-    except UnknownVersionError:  # a version that does not exist: the user's to fix, no rule stands in
-        raise
-    except (SglangSourceError, CacheError, OSError) as exc:  # no source reachable: say so, use the documented rule
-        plan = rule_plan(engine, num_layers, draft_config, arch=arch,
-                         note=f"engine source unavailable ({one_line(exc)}); documented rule used")
-        rule = plan.notes[-1].removeprefix("rule: ")
-        line = (f"{engine}: engine source could not be read ({one_line(exc)[:240]}); documented rule used "
-                f"instead ({rule}) -> served layout {plan.layout}")
-        warn_once(line)
-        return CapturePlan(plan.layout, plan.num_layers, plan.source, (f"warning: {line}",) + plan.notes[1:])
-
-
-def _version_tuple(version: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (version or "").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
-
-
-def rule_plan(engine: str, num_layers: int, draft_config: dict, note: str = "", arch: str = "") -> CapturePlan:
-    """The rules of docs/conventions.md, for when the engine's source cannot be read.
-
-    SGLang's DeepSeek classes changed rule (PR #25454): 0.5.9 adds one to every id, 0.5.23
-    uses the ids as given unless the first is 1. Versions in between are not pinned down,
-    so the note says which rule was assumed.
-    """
-    from .draft import eagle_ids_of
-    from .sglang_source import parse_engine
-
-    name, version = parse_engine(engine)
-    ids, where = eagle_ids_of(draft_config)
-    notes = [note] if note else []
-    if name == "vllm":
-        layout = vllm_ids_to_boundaries(ids) if ids is not None else eagle3_default_boundaries(num_layers)
-        notes.append("rule: vLLM id = boundary" if ids is not None else "rule: EAGLE-3 default boundaries")
-    elif where != "eagle_config":
-        layout = eagle3_default_boundaries(num_layers)
-        notes.append("rule: no ids under eagle_config, so SGLang's default boundaries")
-    elif "deepseek" in arch.lower() and _version_tuple(version) >= (0, 5, 23):
-        layout = sglang_plus_one(ids) if ids and ids[0] == 1 else tuple(sorted(ids))
-        notes.append("rule: DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1")
-    else:
-        layout = sglang_plus_one(ids)
-        notes.append("rule: SGLang boundary = id + 1 (0.5.9 convention)")
-    return CapturePlan(layout, num_layers, f"{engine} (rule)", tuple(notes))
 
 
 def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
@@ -286,8 +198,6 @@ def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
         raise EvalInputError("the draft has no training record (training.json with training_boundaries), so the "
                              "training layout must be inferred from captures; or state it (--layout a,b,c / "
                              "TRAINING_LAYOUT)")
-    from .layout_search import search
-
     res = search(pair.draft, caps, progress=False)
     return CapturePlan(res.best, pair.num_layers, "inferred by layout search",
                        (f"margin {res.margin_ce} nats, z={res.z}",))
@@ -295,16 +205,12 @@ def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
 
 def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) -> CapturePlan:
     """'served', 'trained' or an explicit 'a,b,c'."""
-    from .boundaries import parse_layout
-
     if which == "served":
-        return served_plan(pair, engine)
+        return pair.served(engine)
     if which == "trained":
         if pair.recorded_layout is None and caps is None:
             caps = eval_captures(pair)  # no record: infer the layout from held-out text
         return trained_plan(pair, caps)
-    from .boundaries import WiringError
-
     layout = check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux)
     if len(set(layout)) != len(layout):
         raise WiringError(f"layout {layout} repeats a boundary; expected {pair.draft.cfg.num_aux} distinct "

@@ -9,7 +9,6 @@ and states are random.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from . import cli
+from .conventions import SGLANG_DRAFT_ARCH as SGLANG_ARCH
 from .errors import BadOption, fail, print_json
 
 SCORER = r"""
@@ -50,8 +51,6 @@ print("SCALE" + json.dumps(out))
 def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, head_dim: int = 128,
                        kv_heads: int = 8, num_aux: int = 3, seed: int = 0) -> int:
     """An SGLang-format draft with its own embedding and a full draft vocabulary; returns its parameter count."""
-    from .draft import SGLANG_ARCH
-
     g = torch.Generator().manual_seed(seed)
     heads = hidden // head_dim
     kv_heads = min(kv_heads, heads)
@@ -132,14 +131,14 @@ def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 1843
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers scale-check", description=__doc__.splitlines()[0])
+    ap = cli.parser("scale-check", __doc__)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--vocab", type=int, default=32000, help="draft (and its own embedding's) vocabulary")
     ap.add_argument("--intermediate", type=int, default=18432)
     ap.add_argument("--tokens", type=int, default=512, help="tokens per record")
     ap.add_argument("--records", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1)
-    ap.add_argument("--device", default="cpu")
+    cli.add_pair_args(ap, target=None, draft=None, engine=None, json=False)
     ap.add_argument("--workdir", default=None, help="where the temporary draft and dump go (needs ~3 GB at 7168)")
     a = ap.parse_args(argv)
     try:

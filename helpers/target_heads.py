@@ -16,31 +16,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from .errors import BadCheckpoint, BadConfig, read_json_file
+from .conventions import TEXT_KEYS, read_target_config
+from .errors import BadCheckpoint, read_json_file
 
-TEXT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "architectures", "model_type",
-             "tie_word_embeddings")
-
-
-def read_target_config(path) -> dict:
-    """config.json of a target directory (or the file itself); multimodal wrappers keep the language
-    model's numbers in ``text_config``, which are lifted to the top here."""
-    path = Path(path)
-    f = path / "config.json" if path.is_dir() else path
-    if not f.is_file():
-        raise FileNotFoundError(f"no target config at {f}: expected a Hugging Face directory with config.json")
-    cfg = read_json_file(f, "target config")
-    if not isinstance(cfg, dict):
-        raise BadConfig(f"{f} holds a JSON {type(cfg).__name__}; expected a model config object")
-    text = cfg.get("text_config") or cfg.get("language_config") or {}
-    out = dict(cfg)
-    for k in TEXT_KEYS:
-        if k not in out and k in text:
-            out[k] = text[k]
-    for k in ("num_hidden_layers", "hidden_size", "vocab_size"):
-        if not isinstance(out.get(k), int):
-            raise BadConfig(f"{f} has no integer {k} (also looked in text_config); got {out.get(k)!r}")
-    return out
+HEAD_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
@@ -129,7 +108,7 @@ class TargetHeads:
 
 def load_target_heads(path) -> TargetHeads:
     path = Path(path)
-    cfg = read_target_config(path)
+    cfg = read_target_config(path, HEAD_KEYS)
     wm = _weight_map(path)
     keys = list(wm)
     emb_key = _pick(keys, "embed_tokens.weight") or _pick(keys, "wte.weight")

@@ -7,7 +7,6 @@ that notebook 06 wrote to ``summary.json``.
 """
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import sys
@@ -50,9 +49,8 @@ def notebook_parameters(path: Path) -> dict:
 
 
 def render_html(executed: Path, out_dir: Path) -> list[str]:
-    from nbconvert import HTMLExporter
     import nbformat
-
+    from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     nb = nbformat.read(executed, as_version=4)

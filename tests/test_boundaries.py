@@ -1,4 +1,4 @@
-"""Boundaries, layouts and the id conventions of docs/conventions.md (pure Python).
+"""Boundaries, layouts and capture plans: the vocabulary of docs/boundaries.md (pure Python).
 
 Every expectation below is written from the table in docs/conventions.md, for a 12-layer target
 unless stated: boundary b is the residual stream entering decoder layer b, 0 is the
@@ -15,14 +15,8 @@ from helpers.boundaries import (
     capture_name,
     check_boundary,
     check_layout,
-    deployed_eagle_ids,
-    eagle3_default_boundaries,
     layout_label,
     parse_layout,
-    sglang_plus_one,
-    specforge_layers_to_boundaries,
-    speculators_v1_layers_to_boundaries,
-    vllm_ids_to_boundaries,
 )
 
 L = 12
@@ -122,57 +116,6 @@ def test_check_layout_width_error(layout):
         check_layout(layout, L, width=3)
 
 
-# -- defaults -----------------------------------------------------------------------------------
-
-
-def test_eagle3_default_boundaries():
-    assert eagle3_default_boundaries(12) == (2, 6, 9)
-    assert eagle3_default_boundaries(61) == (2, 30, 58)
-    assert eagle3_default_boundaries(8) == (2, 4, 5)
-
-
-def test_deployed_eagle_ids():
-    assert deployed_eagle_ids(12) == [2, 6, 9]
-
-
-# -- conversions ----------------------------------------------------------------------------------
-
-
-def test_sglang_plus_one():
-    # The deployed tiny-kimi ids [2, 6, 9] are served as boundaries (3, 7, 10) (the embedded pair, README).
-    assert sglang_plus_one([2, 6, 9]) == (3, 7, 10)
-    # Fix A: id -1 is the embedding.
-    assert sglang_plus_one([-1, 2, 6]) == (0, 3, 7)
-    # Capture order is ascending layer index, whatever the config order.
-    assert sglang_plus_one([9, 2, 6]) == (3, 7, 10)
-
-
-def test_vllm_ids_are_boundaries_sorted():
-    assert vllm_ids_to_boundaries([2, 6, 9]) == (2, 6, 9)
-    assert vllm_ids_to_boundaries([9, 0, 6]) == (0, 6, 9)
-    assert vllm_ids_to_boundaries([12, 3, 0]) == (0, 3, 12)
-
-
-def test_speculators_v1_layers():
-    # "layer i" is the output of layer i = boundary i + 1; -1 names the embedding output.
-    assert speculators_v1_layers_to_boundaries([-1, 2, 6, 11]) == (0, 3, 7, 12)
-    assert speculators_v1_layers_to_boundaries([2, 6, 9, 11]) == (3, 7, 10, 12)
-    # The draft input is the concatenation in the given order: not sorted.
-    assert speculators_v1_layers_to_boundaries([6, -1, 2]) == (7, 0, 3)
-
-
-def test_specforge_layers():
-    # SpecForge defaults [1, L//2-1, L-4] are the boundaries [2, L//2, L-3].
-    assert specforge_layers_to_boundaries([1, L // 2 - 1, L - 4]) == eagle3_default_boundaries(L)
-    assert specforge_layers_to_boundaries([0, 5]) == (1, 6)
-
-
-def test_conversions_return_tuples():
-    for fn in (sglang_plus_one, vllm_ids_to_boundaries, speculators_v1_layers_to_boundaries,
-               specforge_layers_to_boundaries):
-        assert isinstance(fn([1, 2, 3]), tuple)
-
-
 # -- CapturePlan ------------------------------------------------------------------------------------
 
 
@@ -202,6 +145,6 @@ def test_capture_plan_to_dict():
     plan = CapturePlan((0, 3, 7), L, source="training", notes=("a", "b"))
     d = plan.to_dict()
     assert d == {"layout": [0, 3, 7], "num_layers": 12, "source": "training",
-                 "label": "(embed, b3, b7)", "notes": ["a", "b"]}
+                 "label": "(embed, b3, b7)", "notes": ["a", "b"], "errors": [], "warnings": []}
     import json
     assert json.loads(json.dumps(d)) == d             # plain JSON types only

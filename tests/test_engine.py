@@ -162,8 +162,8 @@ def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):
 
     from helpers.bench import main
     from helpers.fixes import with_engine_ids
-    from helpers.patch_sglang import apply_patch
-    from helpers.sglang_source import fetch_sglang
+    from helpers.sglang.patch import apply_patch
+    from helpers.sglang.source import fetch_sglang
 
     pristine = fetch_sglang("0.5.9")
     cache = tmp_path / "cache"

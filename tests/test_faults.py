@@ -22,7 +22,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from _pairs import tiny_default
-from helpers import errors, patch_sglang as ps, sglang_source as ss
+from helpers import errors
+from helpers.sglang import patch as ps
+from helpers.sglang import source as ss
 from helpers.__main__ import main as cli
 
 REPO = Path(__file__).resolve().parent.parent

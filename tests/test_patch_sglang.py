@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import patch_sglang as ps, sglang_source as ss, wiring
+from helpers import wiring
+from helpers.sglang import patch as ps
+from helpers.sglang import source as ss
+from helpers.sglang.inspect import inspect_model
+from helpers.sglang.stub import exec_capture_site, run_setter
 
 L = 12
 FILES = [e.file for e in ps.EDITS]
@@ -74,16 +78,16 @@ def test_apply_makes_boundary0_capturable(tree, arch):
 
     after = _resolve(tree, arch)
     assert after.served_layout == (0, 3, 7) and after.errors == []
-    site = wiring.inspect_model(arch, source=ss.source_at(tree, "0.5.9")).capture
+    site = inspect_model(arch, source=ss.source_at(tree, "0.5.9")).capture
     assert site.style == "inline-guarded"
     # the patched statement itself, executed: the embedding alone at i == 0, the sum elsewhere
-    assert wiring.exec_capture_site(site, 0, 1.0, None, [0]) == [1.0]
-    assert wiring.exec_capture_site(site, 3, 1.0, 2.0, [3]) == [3.0]
+    assert exec_capture_site(site, 0, 1.0, None, [0]) == [1.0]
+    assert exec_capture_site(site, 3, 1.0, 2.0, [3]) == [3.0]
 
 
 def test_setter_needs_no_edit(tree):
     # 0.5.9's `[val + 1 for val in layer_ids]` already sends id -1 to capture index 0
-    run = wiring.run_setter(ss.source_at(tree, "0.5.9"), "DeepseekV3ForCausalLM", L, [-1, 2, 6])
+    run = run_setter(ss.source_at(tree, "0.5.9"), "DeepseekV3ForCausalLM", L, [-1, 2, 6])
     assert run.layers_to_capture == [0, 3, 7]
     assert all("set_eagle3" not in e.anchor for e in ps.EDITS)
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import sglang_server as ss
+from helpers.prompts import read_prompts
+from helpers.sglang import server as ss
 
 VERSIONS = ("0.5.9", "0.5.23")
 REPO = Path(__file__).resolve().parents[1]
@@ -210,11 +211,11 @@ def test_parse_server_info():
 def test_load_prompts(tmp_path):
     (tmp_path / "p.jsonl").write_text('{"prompt": "a", "id": 1}\n\n{"prompt": "b"}\n')
     (tmp_path / "p.txt").write_text("one\ntwo\n")
-    assert ss.load_prompts(tmp_path / "p.jsonl") == ["a", "b"]
-    assert ss.load_prompts(tmp_path / "p.txt") == ["one", "two"]
+    assert read_prompts(tmp_path / "p.jsonl") == ["a", "b"]
+    assert read_prompts(tmp_path / "p.txt") == ["one", "two"]
     (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n')
     with pytest.raises(ValueError, match="prompt"):
-        ss.load_prompts(tmp_path / "bad.jsonl")
+        read_prompts(tmp_path / "bad.jsonl")
 
 
 # --------------------------------------------------------------------------- lifecycle, fake server
@@ -366,9 +367,9 @@ def test_atexit_stops_a_server_left_running(fake, tmp_path):
     spec, pid_file = fake()
     leader_file = tmp_path / "leader"
     script = textwrap.dedent(f'''
-        import importlib.util, sys
-        s = importlib.util.spec_from_file_location("ss", {str(REPO / "helpers" / "sglang_server.py")!r})
-        ss = importlib.util.module_from_spec(s); sys.modules["ss"] = ss; s.loader.exec_module(ss)
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from helpers.sglang import server as ss
         spec = ss.ServerSpec(target="unused", port={spec.port}, command={spec.command!r})
         server = ss.SGLangServer(spec, poll_interval=0.1, grace_s=3.0, startup_timeout=15)
         server.start()

@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from helpers import sglang_source as ss
+from helpers import conventions
+from helpers.sglang import classes as cl
+from helpers.sglang import source as ss
 
 VERSIONS = ("0.5.9", "0.5.23")
 
@@ -118,23 +120,23 @@ def test_dead_index_url_is_unreachable_not_unknown(monkeypatch, tmp_path):
                                           ("qwen3moe", "Qwen3MoeForCausalLM"),
                                           ("DeepseekV3ForCausalLm", "DeepseekV3ForCausalLM")])
 def test_architecture_suggestions(sources, typed, first):
-    close = ss.suggest_architectures(sources["0.5.9"], typed)
+    close = cl.suggest_architectures(sources["0.5.9"], typed)
     assert close and close[0] == first and len(close) <= 6
-    with pytest.raises(ss.UnknownArchitectureError, match=f"did you mean {first}"):
-        ss.find_model_file(sources["0.5.9"], typed)
+    with pytest.raises(cl.UnknownArchitectureError, match=f"did you mean {first}"):
+        cl.find_model_file(sources["0.5.9"], typed)
 
 
 def test_inner_model_from_constructor_default_and_class_attribute(sources):
     src = sources["0.5.23"]
     # qwen3_vl.py: `self.model = language_model_cls(...)`, default `language_model_cls=Qwen3LLMModel`
-    vl = ss.class_for_arch(src, "Qwen3VLForConditionalGeneration")
-    assert ss.child_class(src, vl, "model").name == "Qwen3LLMModel"
+    vl = cl.class_for_arch(src, "Qwen3VLForConditionalGeneration")
+    assert cl.child_class(src, vl, "model").name == "Qwen3LLMModel"
     # qwen3_5.py: the subclass declares its own default and hands it to super().__init__
-    q35 = ss.class_for_arch(src, "Qwen3_5ForConditionalGeneration")
-    assert ss.child_class(src, q35, "model").path.name == "qwen3_5.py"
+    q35 = cl.class_for_arch(src, "Qwen3_5ForConditionalGeneration")
+    assert cl.child_class(src, q35, "model").path.name == "qwen3_5.py"
     # qwen3_5_text.py: `self.model = self.body_cls(...)`, `body_cls = qwen3_5.Qwen3_5ForCausalLM`
-    text = ss.class_for_arch(src, "Qwen3_5MoeForCausalLM")
-    inner = ss.child_class(src, text, "model")
+    text = cl.class_for_arch(src, "Qwen3_5MoeForCausalLM")
+    inner = cl.child_class(src, text, "model")
     assert (inner.name, inner.path.name) == ("Qwen3_5MoeForCausalLM", "qwen3_5.py")
 
 
@@ -156,21 +158,21 @@ def test_malformed_version_never_reaches_pip(bad, monkeypatch):
 ])
 def test_arch_maps_to_model_file(sources, version, arch, filename):
     src = sources[version]
-    path = ss.find_model_file(src, arch)
+    path = cl.find_model_file(src, arch)
     assert path.name == filename
-    assert arch in ss.entry_class_names(ss.parse_file(path))
-    assert ss.class_for_arch(src, arch).path == path
+    assert arch in cl.entry_class_names(cl.parse_file(path))
+    assert cl.class_for_arch(src, arch).path == path
 
 
 def test_unknown_arch_suggests_close_names(sources):
-    with pytest.raises(ss.UnknownArchitectureError, match="DeepseekV3ForCausalLM"):
-        ss.find_model_file(sources["0.5.9"], "DeepseekV3ForCausalLm")
+    with pytest.raises(cl.UnknownArchitectureError, match="DeepseekV3ForCausalLM"):
+        cl.find_model_file(sources["0.5.9"], "DeepseekV3ForCausalLm")
 
 
 def test_inherited_setter_is_found_on_the_base_class(sources):
     src = sources["0.5.9"]
-    v3 = ss.class_for_arch(src, "DeepseekV3ForCausalLM")
-    owner, fn = ss.find_method(src, v3, "set_eagle3_layers_to_capture")
+    v3 = cl.class_for_arch(src, "DeepseekV3ForCausalLM")
+    owner, fn = cl.find_method(src, v3, "set_eagle3_layers_to_capture")
     assert owner.name == "DeepseekV2ForCausalLM"
     assert src.path(src.rel(owner.path)).read_text().splitlines()[fn.lineno - 1].strip().startswith(
         "def set_eagle3_layers_to_capture")
@@ -178,25 +180,25 @@ def test_inherited_setter_is_found_on_the_base_class(sources):
 
 def test_base_class_in_another_file_is_followed(sources):
     src = sources["0.5.9"]
-    qwen3 = ss.class_for_arch(src, "Qwen3ForCausalLM")
-    model = ss.child_class(src, qwen3, "model")
+    qwen3 = cl.class_for_arch(src, "Qwen3ForCausalLM")
+    model = cl.child_class(src, qwen3, "model")
     assert model.name == "Qwen3Model"
-    owner, _ = ss.find_method(src, model, "forward")
+    owner, _ = cl.find_method(src, model, "forward")
     assert owner.name == "Qwen2Model" and owner.path.name == "qwen2.py"
 
 
 def test_factory_method_child_is_resolved(sources):
     # LlamaForCausalLM builds self.model through self._init_model(...)
     src = sources["0.5.9"]
-    llama = ss.class_for_arch(src, "LlamaForCausalLM")
-    assert ss.child_class(src, llama, "model").name == "LlamaModel"
+    llama = cl.class_for_arch(src, "LlamaForCausalLM")
+    assert cl.child_class(src, llama, "model").name == "LlamaModel"
 
 
 def test_wrapper_hands_setter_to_language_model(sources):
     src = sources["0.5.23"]
-    kimi = ss.class_for_arch(src, "KimiK25ForConditionalGeneration")
-    assert ss.wrapped_attr(src, kimi) == "language_model"
-    assert ss.child_class(src, kimi, "language_model").name == "DeepseekV3ForCausalLM"
+    kimi = cl.class_for_arch(src, "KimiK25ForConditionalGeneration")
+    assert cl.wrapped_attr(src, kimi) == "language_model"
+    assert cl.child_class(src, kimi, "language_model").name == "DeepseekV3ForCausalLM"
 
 
 def test_entry_class_single_name_and_list(tmp_path):
@@ -207,9 +209,9 @@ def test_entry_class_single_name_and_list(tmp_path):
     (tmp_path / "sglang-9.9.9.dist-info").mkdir()
     src = ss.source_at(tmp_path)
     assert src.version == "9.9.9"
-    assert ss.entry_class_index(src) == {"Foo": models / "one.py", "A": models / "two.py",
+    assert cl.entry_class_index(src) == {"Foo": models / "one.py", "A": models / "two.py",
                                          "B": models / "two.py"}
-    assert ss.find_model_file(src, "B").name == "two.py"
+    assert cl.find_model_file(src, "B").name == "two.py"
 
 
 def test_source_at_needs_an_sglang_folder(tmp_path):
@@ -218,13 +220,13 @@ def test_source_at_needs_an_sglang_folder(tmp_path):
 
 
 def test_parse_engine():
-    assert ss.parse_engine("sglang==0.5.9") == ("sglang", "0.5.9")
-    assert ss.parse_engine("vllm") == ("vllm", None)
+    assert conventions.parse_engine("sglang==0.5.9") == ("sglang", "0.5.9")
+    assert conventions.parse_engine("vllm") == ("vllm", None)
     with pytest.raises(ValueError, match="unknown engine"):
-        ss.parse_engine("tgi")
+        conventions.parse_engine("tgi")
 
 
 def test_sglang_is_never_imported(sources):
     ss.installed_sglang()
-    ss.class_for_arch(sources["0.5.23"], "LlamaForCausalLM")
+    cl.class_for_arch(sources["0.5.23"], "LlamaForCausalLM")
     assert "sglang" not in sys.modules

@@ -9,8 +9,13 @@ import textwrap
 import pandas as pd
 import pytest
 
-from helpers import patch_sglang, sglang_source as ss, wiring
+from helpers import wiring
+from helpers.sglang import patch as patch_sglang
+from helpers.sglang import source as ss
+from helpers.sglang.inspect import inspect_model
+from helpers.sglang.stub import exec_capture_site
 from helpers.boundaries import CapturePlan, WiringError
+from helpers.conventions import DraftConfigError
 
 L = 12
 ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")
@@ -75,7 +80,7 @@ def test_must_show_table(src, version, arch, ids):
     r = _resolve(src, version, arch, ids=list(ids) if ids is not None else None)
     assert r.layers_to_capture == ltc
     assert r.served_layout == served
-    assert r.ids_source == ("explicit" if ids is not None else "default")
+    assert r.ids_source == ("explicit" if ids is not None else "none")
     if error is None:
         assert r.errors == [] and r.capturable
     else:
@@ -135,7 +140,7 @@ def test_qwen_059_already_guards_the_residual(src):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_inspector_059_flags_residual_none(src, arch):
-    w = wiring.inspect_model(arch, source=src["0.5.9"])
+    w = inspect_model(arch, source=src["0.5.9"])
     c = w.capture
     assert c.style == "inline-add" and c.boundary0_hazard and not w.boundary0_capturable
     lines = src["0.5.9"].path(c.file).read_text().splitlines()
@@ -148,7 +153,7 @@ def test_inspector_059_flags_residual_none(src, arch):
 
 
 def test_inspector_deepseek_loop_and_tbo_note(src):
-    c = wiring.inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
+    c = inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
     assert c.loop_range == ("normal_start_layer", "normal_end_layer")
     assert any("two-batch overlap" in n for n in c.notes)
     assert c.file == "sglang/srt/models/deepseek_v2.py"
@@ -156,14 +161,14 @@ def test_inspector_deepseek_loop_and_tbo_note(src):
 
 @pytest.mark.parametrize("arch", ARCHS + ("Qwen2ForCausalLM", "Qwen3ForCausalLM"))
 def test_inspector_0523_delegates_capture(src, arch):
-    w = wiring.inspect_model(arch, source=src["0.5.23"])
+    w = inspect_model(arch, source=src["0.5.23"])
     assert w.capture.style == "delegated" and w.boundary0_capturable
     assert any(h.file.endswith("layer_boundary/stage.py") and "residual is None" in h.text
                for h in w.capture.handler)
 
 
 def test_inspector_follows_kimi_wrapper(src):
-    w = wiring.inspect_model("KimiK25ForConditionalGeneration", source=src["0.5.23"])
+    w = inspect_model("KimiK25ForConditionalGeneration", source=src["0.5.23"])
     assert w.chain == ["KimiK25ForConditionalGeneration", "language_model:DeepseekV3ForCausalLM"]
     assert [s.cls for s in w.setters] == ["KimiK25ForConditionalGeneration", "DeepseekV2ForCausalLM"]
     assert w.owner == "DeepseekV2Model"
@@ -177,10 +182,10 @@ def test_kimi_059_has_no_setter(src):
 
 
 def test_capture_statement_raises_at_boundary0_in_059(src):
-    c = wiring.inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
-    assert wiring.exec_capture_site(c, 3, 1.0, 2.0, [3]) == [3.0]
+    c = inspect_model("DeepseekV3ForCausalLM", source=src["0.5.9"]).capture
+    assert exec_capture_site(c, 3, 1.0, 2.0, [3]) == [3.0]
     with pytest.raises(TypeError):
-        wiring.exec_capture_site(c, 0, 1.0, None, [0])
+        exec_capture_site(c, 0, 1.0, None, [0])
 
 
 # --------------------------------------------------------------------------------------
@@ -215,14 +220,14 @@ def test_qwen_moe_flag_capture_is_resolved(src, version, arch):
     r0 = _resolve48(src, version, arch, [-1, 23, 44])
     assert (r0.served_layout, r0.errors) == ((0, 24, 45), [])
     _cited_lines_are_real(src, version, r0)
-    c = wiring.inspect_model(arch, source=src[version]).capture
+    c = inspect_model(arch, source=src[version]).capture
     assert (c.style, c.flag) == ("delegated", "_is_layer_to_capture")
     # Qwen2MoeModel.forward runs the capture loop only when `forward_batch.can_run_tbo` is false
     assert any("two-batch overlap" in n for n in c.notes) == (arch != "Qwen3NextForCausalLM")
 
 
 def test_qwen_moe_059_handler_is_the_communicator(src):
-    c = wiring.inspect_model("Qwen3MoeForCausalLM", source=src["0.5.9"]).capture
+    c = inspect_model("Qwen3MoeForCausalLM", source=src["0.5.9"]).capture
     assert c.layer_call.file == "sglang/srt/models/qwen3_moe.py"  # the arch's own decoder layer
     assert "captured_last_layer_outputs=captured_last_layer_outputs" in c.layer_call.text
     handler = {h.text for h in c.handler if h.file == "sglang/srt/layers/communicator.py"}
@@ -292,7 +297,7 @@ def test_flag_on_a_negative_index_is_python_indexing(tmp_path):
         EntryClass = ToyForCausalLM
     '''))
     toy = ss.source_at(tmp_path, "9.9.9")
-    c = wiring.inspect_model("ToyForCausalLM", source=toy).capture
+    c = inspect_model("ToyForCausalLM", source=toy).capture
     assert (c.style, c.flag) == ("delegated", "_is_layer_to_capture") and c.handler
     r = wiring.resolve("sglang==9.9.9", "ToyForCausalLM", L, ids=[-1, 3, 7], source=toy)
     assert r.layers_to_capture == [-1, 3, 7] and r.served_layout == (3, 7, 11)
@@ -302,7 +307,7 @@ def test_flag_on_a_negative_index_is_python_indexing(tmp_path):
 def test_gemma3_0523_captures_branches_not_boundaries(src):
     # gemma3_causal.py 0.5.23: `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states)`
     # while the loop does `hidden_states, residual = layer(...)`: past layer 0 that is the MLP branch
-    c = wiring.inspect_model("Gemma3ForCausalLM", source=src["0.5.23"]).capture
+    c = inspect_model("Gemma3ForCausalLM", source=src["0.5.23"]).capture
     assert c.style == "inline-hidden-only" and c.split_residual.text.startswith("hidden_states, residual = layer(")
     r = _resolve48(src, "0.5.23", "Gemma3ForCausalLM", [-1, 23, 44])
     assert r.served_layout == (0, 24, 45)
@@ -313,7 +318,7 @@ def test_gemma3_0523_captures_branches_not_boundaries(src):
 
 def test_super_forward_is_followed(src):
     # teleflm.py: TeleFLMModel.forward scales the embedding and returns super().forward(...)
-    w = wiring.inspect_model("TeleFLMForCausalLM", source=src["0.5.9"])
+    w = inspect_model("TeleFLMForCausalLM", source=src["0.5.9"])
     assert w.capture.cls == "LlamaModel" and w.capture.style == "inline-add"
     r = _resolve48(src, "0.5.9", "TeleFLMForCausalLM", [-1, 23, 44])
     assert any("--arch TeleFLMForCausalLM" in e for e in r.errors), r.errors
@@ -351,7 +356,7 @@ def test_top_level_ids_are_ignored_by_sglang(src):
     cfg = {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}
     for version in ("0.5.9", "0.5.23"):
         r = _resolve(src, version, "DeepseekV3ForCausalLM", draft=cfg)
-        assert r.ids_source == "default" and r.ids_used is None
+        assert r.ids_source == "none" and r.ids_used is None
         assert r.served_layout == (2, 6, 9)
         assert any("ignores them" in w for w in r.warnings)
         assert any("eagle_config" in s["text"] for s in r.source_lines
@@ -395,7 +400,7 @@ def test_vllm_rule():
     nested = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}})
     assert (nested.ids_source, nested.served_layout) == ("eagle_config", (2, 6, 12))
     default = wiring.resolve("vllm", "LlamaForCausalLM", L)
-    assert (default.ids_source, default.served_layout) == ("default", (2, 6, 9))
+    assert (default.ids_source, default.served_layout) == ("none", (2, 6, 9))
     assert wiring.resolve("vllm", "X", L, ids=[-1, 2, 6]).errors
 
 
@@ -408,9 +413,9 @@ def test_bad_input_raises_clear_errors(src, tmp_path):
         _resolve(src, "0.5.9", "DeepseekV3ForCausalLm", ids=[2, 6, 9])
     with pytest.raises(WiringError, match="layer id 40 is outside -1..12"):
         _resolve(src, "0.5.9", "LlamaForCausalLM", ids=[2, 6, 40])
-    with pytest.raises(WiringError, match="not found"):
+    with pytest.raises(DraftConfigError, match="not found"):
         _resolve(src, "0.5.9", "LlamaForCausalLM", draft=tmp_path / "missing")
-    with pytest.raises(WiringError, match="no config.json"):
+    with pytest.raises(DraftConfigError, match="no config.json"):
         _resolve(src, "0.5.9", "LlamaForCausalLM", draft=tmp_path)
     with pytest.raises(WiringError, match="num_layers"):
         wiring.resolve("vllm", "LlamaForCausalLM", 0, ids=[1])
@@ -427,16 +432,16 @@ def test_served_plan(src):
     plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root)
     assert isinstance(plan, CapturePlan) and plan.layout == (0, 3, 7)
     assert "layers_to_capture [0, 3, 7]" in plan.source
-    assert any(n.startswith("error: boundary 0") for n in plan.notes)
+    assert any(e.startswith("boundary 0") for e in plan.errors) and plan.notes == ()
     with pytest.raises(WiringError):
         wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root, strict=True)
     ok = wiring.served_plan([1, 5, 8], L, "DeepseekV3ForCausalLM", engine="sglang==0.5.23",
                             root=src["0.5.23"].root)
-    assert ok.layout == (2, 6, 9) and ok.notes == ()
+    assert ok.layout == (2, 6, 9) and ok.errors == () and ok.warnings == ()
 
 
 def test_conventions_table(src, monkeypatch):
-    monkeypatch.setattr(wiring, "_sglang_source", lambda version, root: src[version])
+    monkeypatch.setattr(wiring, "source_for", lambda version, root: src[version])
     df = wiring.conventions_table([2, 6, 9], L)
     assert isinstance(df, pd.DataFrame) and len(df) == 6
     served = {(r.engine, r.arch): r.served_layout for r in df.itertuples()}
@@ -447,7 +452,7 @@ def test_conventions_table(src, monkeypatch):
 
 
 def test_ids_for_layout(src, monkeypatch):
-    monkeypatch.setattr(wiring, "_sglang_source", lambda version, root: src[version])
+    monkeypatch.setattr(wiring, "source_for", lambda version, root: src[version])
     assert wiring.ids_for_layout((0, 3, 7), "DeepseekV3ForCausalLM", L, "sglang==0.5.23") == [0, 3, 7]
     assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.23") == [-1, 2, 6]
     assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.9") is None  # unpatched
@@ -482,7 +487,7 @@ def test_cli_json_and_exit_codes(src, capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--engine", "vllm", "--arch", "X"], "need --arch and --layers"),
-    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "a,b"], "cannot read ids"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "a,b"], "cannot read --ids"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,2", "--draft", "d"], "not allowed"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--draft", "/nonexistent/draft"], "not found"),
     (["--bogus"], "unrecognized"),
@@ -548,10 +553,8 @@ def test_cli_offline_says_unreachable_not_missing(capsys, monkeypatch, tmp_path)
 
 
 def test_offline_falls_back_to_the_documented_rule(monkeypatch, tmp_path):
-    from helpers.pair import resolve_plan
-
     _offline(monkeypatch, tmp_path)
     cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}}
-    plan = resolve_plan("sglang==0.5.23", "LlamaForCausalLM", L, cfg)
+    plan = wiring.served_plan(cfg, L, "LlamaForCausalLM", "sglang==0.5.23")
     assert plan.layout == (2, 6, 9) and plan.source.endswith("(rule)")
-    assert any("documented rule used" in n and "unreachable" in n for n in plan.notes)
+    assert any("documented rule used" in w and "unreachable" in w for w in plan.warnings)

@@ -20,7 +20,6 @@ already captures boundary 0 (0.5.23 moved capture into the layers) need no patch
 """
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import os
@@ -28,16 +27,34 @@ import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Sequence
 
-from helpers import sglang_source as ss
-from helpers.errors import print_json
-from helpers.sglang_source import SglangSource
+from .. import cli
+from ..errors import fail, print_json
+from . import source as ss
+from .inspect import inspect_model
+from .source import SglangSource
+from .stub import run_setter
 
 MARKER = "eagle3-workbook patch"
 BACKUP_DIR = ".eagle3-workbook-patch"
 MANIFEST = "manifest.json"
+
+
+class PatchState(StrEnum):
+    """The state of one edited file, or of a whole tree (the first six)."""
+
+    PRISTINE = "pristine"          # the patch would apply
+    PATCHED = "patched"
+    PARTIAL = "partial"            # some files patched, some not: apply or revert finishes it
+    STRANDED = "stranded"          # a backup exists but no file is patched: an interrupted run
+    NOT_NEEDED = "not-needed"      # this release already captures boundary 0
+    UNSUPPORTED = "unsupported"    # no edited file fits
+    NO_CAPTURE = "no-capture"      # the file has no EAGLE-3 capture to patch
+    MISFIT = "misfit"              # a capture, but not the text the patch anchors on
+    MISSING = "missing"            # the file is not in this release
 
 
 class PatchError(RuntimeError):
@@ -147,28 +164,28 @@ def _source(version: str, root: str | Path | None, target: str) -> SglangSource:
         raise PatchError(str(exc)) from None
 
 
-def _file_state(src: SglangSource, edit: Edit) -> tuple[str, str]:
+def _file_state(src: SglangSource, edit: Edit) -> tuple[PatchState, str]:
     """(state, why) of one edited file: pristine | patched | not-needed | no-capture | misfit | missing."""
     path = src.path(edit.file)
     if not path.is_file():
-        return "missing", f"{edit.file} is not in {src.root}"
+        return PatchState.MISSING, f"{edit.file} is not in {src.root}"
     text = path.read_text(encoding="utf-8")
     anchors, replacements = text.count(edit.anchor), text.count(edit.replacement)
     if anchors == 1 and replacements == 0:
-        return "pristine", ""
+        return PatchState.PRISTINE, ""
     if anchors == 0 and replacements == 1:
-        return "patched", ""
+        return PatchState.PATCHED, ""
     misfit = f"anchor found {anchors} times, patched block {replacements} times (expected exactly one)"
     w = _inspect(src, edit.arch)
     if w is None:
-        return "misfit", misfit
+        return PatchState.MISFIT, misfit
     if not w.setters or w.capture is None:
-        return "no-capture", _no_capture(src, edit.arch, w)
+        return PatchState.NO_CAPTURE, _no_capture(src, edit.arch, w)
     if w.capture.file != edit.file:
-        return "misfit", f"{misfit}; {edit.arch} captures in {w.capture.file} in this version"
+        return PatchState.MISFIT, f"{misfit}; {edit.arch} captures in {w.capture.file} in this version"
     if w.boundary0_capturable:
-        return "not-needed", f"sglang {src.version}'s own {w.capture.style} capture already handles boundary 0"
-    return "misfit", misfit
+        return PatchState.NOT_NEEDED, f"sglang {src.version}'s own {w.capture.style} capture already handles boundary 0"
+    return PatchState.MISFIT, misfit
 
 
 def _no_capture(src: SglangSource, arch: str, w) -> str:
@@ -179,10 +196,8 @@ def _no_capture(src: SglangSource, arch: str, w) -> str:
 
 
 def _inspect(src: SglangSource, arch: str):
-    from helpers import wiring
-
     try:
-        return wiring.inspect_model(arch, source=src)
+        return inspect_model(arch, source=src)
     except (ss.SglangSourceError, SyntaxError):
         return None
 
@@ -213,10 +228,8 @@ def _not_needed_message(src: SglangSource, archs: Sequence[str]) -> str:
 
 def _embedding_id(src: SglangSource, arch: str) -> str:
     """-1 or 0: whichever this version's setter maps to capture index 0."""
-    from helpers import wiring
-
     for candidate in (-1, 0):
-        run = wiring.run_setter(src, arch, 12, [candidate, 2, 6])
+        run = run_setter(src, arch, 12, [candidate, 2, 6])
         if run.layers_to_capture and run.layers_to_capture[0] == 0:
             return str(candidate)
     return "none (the setter never maps to capture index 0)"
@@ -246,7 +259,7 @@ def _status_of(src: SglangSource) -> PatchStatus:
     by: dict[str, list[str]] = {}
     for f, (state, _) in states.items():
         by.setdefault(state, []).append(f)
-    skipped = {f: why for f, (state, why) in states.items() if state not in ("pristine", "patched")}
+    skipped = {f: why for f, (state, why) in states.items() if state not in (PatchState.PRISTINE, PatchState.PATCHED)}
     base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup,
                 file_states={f: st for f, (st, _) in states.items()}, skipped=skipped,
                 leftovers=[str(p) for p in leftovers])
@@ -254,33 +267,33 @@ def _status_of(src: SglangSource) -> PatchStatus:
     if leftovers:
         left += (f"; {', '.join(p.name for p in leftovers)} in {src.root} was left by an interrupted apply or "
                  f"revert and restores nothing: `patch-sglang apply` or `revert` removes it")
-    patched, pristine = by.get("patched", []), by.get("pristine", [])
+    patched, pristine = by.get(PatchState.PATCHED, []), by.get(PatchState.PRISTINE, [])
     if patched and pristine:
         how = ("the backup in " + str(_backup_dir(src)) + " holds the originals") if backup else "no backup"
-        return PatchStatus(state="partial", patched=False, needed=True,
+        return PatchStatus(state=PatchState.PARTIAL, patched=False, needed=True,
                            message=f"sglang {src.version} is partly patched ({', '.join(patched)} patched, "
                                    f"{', '.join(pristine)} not): an interrupted apply or revert ({how}); revert it, "
                                    f"or apply again to finish it{left}", **base)
     if patched:
-        return PatchStatus(state="patched", patched=True, needed=True,
+        return PatchStatus(state=PatchState.PATCHED, patched=True, needed=True,
                            message=f"sglang {src.version} is patched ({', '.join(patched)}){left}", **base)
     if pristine and (leftovers or backup):
         what = ", ".join(str(p) for p in leftovers) or f"{backup} (a finished revert's backup)"
-        return PatchStatus(state="stranded", patched=False, needed=True,
+        return PatchStatus(state=PatchState.STRANDED, patched=False, needed=True,
                            message=f"sglang {src.version} is unpatched ({', '.join(pristine)}), but {what} was left "
                                    f"by an interrupted apply or revert; `patch-sglang revert` removes it, `apply` "
                                    f"removes it and patches{''.join(f'; {f} left alone: {w}' for f, w in skipped.items())}",
                            **base)
     if pristine:
-        return PatchStatus(state="pristine", patched=False, needed=True,
+        return PatchStatus(state=PatchState.PRISTINE, patched=False, needed=True,
                            message=f"sglang {src.version} is unpatched: boundary 0 raises TypeError "
                                    f"({', '.join(pristine)}){left}", **base)
-    if by.get("not-needed") and not by.get("misfit") and not by.get("missing"):
-        archs = [e.arch for e in EDITS if e.file in by["not-needed"]]
-        return PatchStatus(state="not-needed", patched=False, needed=False,
+    if by.get(PatchState.NOT_NEEDED) and not by.get(PatchState.MISFIT) and not by.get(PatchState.MISSING):
+        archs = [e.arch for e in EDITS if e.file in by[PatchState.NOT_NEEDED]]
+        return PatchStatus(state=PatchState.NOT_NEEDED, patched=False, needed=False,
                            message=_not_needed_message(src, archs), **base)
     detail = "; ".join(f"{f}: {why}" for f, why in skipped.items())
-    return PatchStatus(state="unsupported", patched=False, needed=True,
+    return PatchStatus(state=PatchState.UNSUPPORTED, patched=False, needed=True,
                        message=f"the boundary-0 patch fits no file of sglang {src.version}: {detail}", **base)
 
 
@@ -296,7 +309,7 @@ def _arch_file(src: SglangSource, arch: str, status: PatchStatus) -> str:
         raise PatchError(f"{arch} captures in {w.capture.file}, which the patch does not edit (it edits "
                          f"{', '.join(e.file for e in EDITS)}); nothing written")
     state = status.file_states.get(edit.file)
-    if state not in ("pristine", "patched", "not-needed"):
+    if state not in (PatchState.PRISTINE, PatchState.PATCHED, PatchState.NOT_NEEDED):
         raise PatchError(f"the patch does not fit {edit.file}, where {arch} captures: "
                          f"{status.skipped.get(edit.file, state)}; nothing written")
     return edit.file
@@ -310,7 +323,7 @@ def fix_advice(src: SglangSource, arch: str, capture_file: str) -> str:
                 f"{', '.join(e.file for e in EDITS)}): choose ids that avoid boundary 0, or retrain the "
                 f"draft on a layout this version can serve")
     state, why = _file_state(src, edit)
-    if state in ("pristine", "patched"):
+    if state in (PatchState.PRISTINE, PatchState.PATCHED):
         where = {"root": f" --root {src.root}", "installed": " --target installed"}.get(src.origin, "")
         return f"fix: `python -m helpers patch-sglang apply --version {src.version}{where} --arch {arch}`"
     return (f"the workbook's patch does not fit {capture_file} in sglang {src.version} ({why}): choose ids "
@@ -428,23 +441,23 @@ def apply_patch(version: str, *, root: str | Path | None = None, target: str = "
     status = _status_of(src)
     if arch is not None:
         _arch_file(src, arch, status)
-    if status.state in ("patched", "not-needed") and not status.leftovers:
+    if status.state in (PatchState.PATCHED, PatchState.NOT_NEEDED) and not status.leftovers:
         return status
-    if status.state == "unsupported":
+    if status.state == PatchState.UNSUPPORTED:
         raise PatchError(status.message + "; nothing written")
     backup = _backup_dir(src)
-    if status.state == "partial":
+    if status.state == PatchState.PARTIAL:
         if not (backup / MANIFEST).is_file():
             raise PatchError(status.message + " (no backup to finish from); nothing written")
         return _finish_apply(src, backup)
     removed = _remove_leftovers(src)
-    if status.state == "stranded" and (backup / MANIFEST).is_file():
+    if status.state == PatchState.STRANDED and (backup / MANIFEST).is_file():
         _retire_backup(src)  # files pristine: a revert restored them and was stopped before deleting it
-    if status.state in ("patched", "not-needed"):
+    if status.state in (PatchState.PATCHED, PatchState.NOT_NEEDED):
         result = _status_of(src)
         result.changed = bool(removed)
         return result
-    todo = [f for f, st in status.file_states.items() if st == "pristine"]
+    todo = [f for f, st in status.file_states.items() if st == PatchState.PRISTINE]
     texts = _patched_texts(src, todo)
     try:
         _publish_backup(src, texts)
@@ -501,8 +514,8 @@ def revert_patch(version: str, *, root: str | Path | None = None, target: str = 
     backup = _backup_dir(src)
     if (backup / MANIFEST).is_file():
         _restore_from_backup(src, backup)  # also finishes an interrupted apply or revert
-    elif status.state in ("patched", "partial"):
-        _restore_by_reverse_edit(src, [f for f, st in status.file_states.items() if st == "patched"])
+    elif status.state in (PatchState.PATCHED, PatchState.PARTIAL):
+        _restore_by_reverse_edit(src, [f for f, st in status.file_states.items() if st == PatchState.PATCHED])
     elif not status.leftovers:
         return status
     _remove_leftovers(src)
@@ -556,17 +569,17 @@ def show_diff(version: str, *, root: str | Path | None = None, target: str = "ca
     leaves alone are named with the reason, so the diff never looks more complete than it is."""
     src = _source(version, root, target)
     status = _status_of(src)
-    if status.state in ("not-needed", "unsupported"):
+    if status.state in (PatchState.NOT_NEEDED, PatchState.UNSUPPORTED):
         return f"# {status.message}\n"
     chunks = []
     backup = _backup_dir(src)
     for edit in EDITS:
         state = status.file_states.get(edit.file)
-        if state not in ("pristine", "patched"):
+        if state not in (PatchState.PRISTINE, PatchState.PATCHED):
             chunks.append(f"# {edit.file}: not patched ({status.skipped.get(edit.file, state)})\n")
             continue
         current = src.path(edit.file).read_text(encoding="utf-8")
-        if state == "patched":
+        if state == PatchState.PATCHED:
             saved = backup / "files" / edit.file
             old = saved.read_text(encoding="utf-8") if saved.is_file() else current.replace(
                 edit.replacement, edit.anchor)
@@ -582,18 +595,8 @@ def show_diff(version: str, *, root: str | Path | None = None, target: str = "ca
 # CLI.
 
 
-class _ArgError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise _ArgError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m helpers patch-sglang",
-                description="Apply, revert or inspect the boundary-0 capture patch for SGLang.")
+def _parser():
+    p = cli.parser("patch-sglang", "Apply, revert or inspect the boundary-0 capture patch for SGLang.")
     p.add_argument("action", choices=("apply", "revert", "status", "diff"))
     p.add_argument("--version", required=True, help="sglang version, e.g. 0.5.9")
     p.add_argument("--target", choices=("cache", "installed"), default="cache",
@@ -620,11 +623,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             action = {"revert": revert_patch, "status": patch_status}[args.action]
             status = action(args.version, root=args.root, target=args.target)
-    except SystemExit as exc:  # --help
+    except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
         return int(exc.code or 0)
-    except (_ArgError, PatchError, ValueError, ss.SglangSourceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (PatchError, ValueError, ss.SglangSourceError) as exc:
+        return fail(exc)
     if args.json:
         print_json(status.to_dict(), indent=2)
     else:

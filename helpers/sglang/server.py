@@ -18,7 +18,6 @@ Names read from SGLang's source (0.5.9 and 0.5.23 wheels):
 """
 from __future__ import annotations
 
-import argparse
 import atexit
 import dataclasses
 import ipaddress
@@ -37,6 +36,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
+
+from .. import cli
+from ..conventions import IdsAt, engine_ids, ids_in_config, read_draft_config
+from ..errors import print_json
+from ..prompts import read_prompts
 
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode
@@ -155,7 +159,7 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 # --------------------------------------------------------------------------- HTTP
 
 
-def _http_json(url: str, payload: dict | None = None, timeout: float = 600.0) -> Any:
+def http_json(url: str, payload: dict | None = None, timeout: float = 600.0) -> Any:
     """GET (payload None) or POST JSON; SGLang answers errors with a JSON body worth showing."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
@@ -454,11 +458,11 @@ def run_prompts(
         return {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
 
     for text in list(prompts)[:warmup]:
-        _http_json(url, payload(text), timeout=timeout)
+        http_json(url, payload(text), timeout=timeout)
     rows = []
     for i, text in enumerate(prompts):
         t0 = time.perf_counter()
-        body = _http_json(url, payload(text), timeout=timeout)
+        body = http_json(url, payload(text), timeout=timeout)
         rows.append(parse_generate_response(i, body, time.perf_counter() - t0))
     return summarize(label, rows)
 
@@ -482,7 +486,7 @@ def read_server_info(base_url: str, timeout: float = 30.0) -> ServerInfo:
     errors = []
     for path in SERVER_INFO_PATHS:
         try:
-            return parse_server_info(_http_json(base_url.rstrip("/") + path, timeout=timeout))
+            return parse_server_info(http_json(base_url.rstrip("/") + path, timeout=timeout))
         except (RuntimeError, urllib.error.URLError) as e:
             errors.append(f"{path}: {e}")
     raise RuntimeError("no server info endpoint answered: " + "; ".join(errors))
@@ -639,14 +643,6 @@ def sglang_available(python: str | None = None, timeout: float = 120.0) -> Avail
 # --------------------------------------------------------------------------- prompts and CLI
 
 
-def load_prompts(path: str | os.PathLike) -> list[str]:
-    """The project's prompt files (JSONL with a "prompt" field, or one prompt per line): one parser
-    for both benchmarks, so the reference and the live numbers come from the same prompts."""
-    from .pair import read_prompts
-
-    return read_prompts(path)
-
-
 def _looks_local(ref: str) -> bool:
     """A path the user typed (absolute or relative), as opposed to a hub id like org/name."""
     return ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
@@ -654,26 +650,24 @@ def _looks_local(ref: str) -> bool:
 
 def draft_wiring_notes(draft: str) -> list[str]:
     """What SGLang will read from a local draft's config: only the nested eagle_config ids."""
-    from .draft import eagle_ids_of, read_draft_config
-
     if not _looks_local(draft):
         return [f"{draft} is not a local directory; its ids are not checked here"]
-    cfg = read_draft_config(Path(draft).expanduser())
-    ids, where = eagle_ids_of(cfg)
-    if where == "eagle_config":
-        return [f"SGLang reads eagle_config ids {ids}; `python -m helpers wiring --engine sglang==VERSION` "
-                "says which boundaries that version captures for them"]
-    if where == "top_level":
+    cfg = read_draft_config(draft)
+    ids, where = ids_in_config(cfg)
+    chosen = engine_ids(cfg, "sglang")
+    if chosen.ids is not None:
+        return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine sglang==VERSION` "
+                "says which boundaries that version captures for them"] + chosen.warnings
+    if where == IdsAt.TOP_LEVEL:
         return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures its "
-                "defaults; write them into eagle_config (helpers.fixes.with_engine_ids) if they are the training layout"]
+                "defaults; write them into eagle_config (helpers.fixes.with_engine_ids) if they are the training "
+                "layout"]
     return ["the draft config carries no ids: SGLang captures its defaults"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m helpers sglang-bench",
-        description="Serve a target with SGLang, without and with an EAGLE-3 draft; compare tok/s and accept length.",
-    )
+def _parser():
+    p = cli.parser("sglang-bench", "Serve a target with SGLang, without and with an EAGLE-3 draft; compare tok/s "
+                                   "and accept length.")
     p.add_argument("--target", required=True, help="target model directory (or HF id)")
     p.add_argument("--draft", required=True, help="EAGLE-3 draft directory (or HF id)")
     p.add_argument("--prompts", help="JSONL with a 'prompt' field per line, or .txt one per line")
@@ -711,8 +705,6 @@ def _print_report(cmp: LiveBenchComparison) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .errors import print_json
-
     parser = _parser()
     args = parser.parse_args(argv)
     for flag in ("steps", "topk", "max_new_tokens", "tp_size"):
@@ -728,8 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a hub id "
                                         "like org/name is expected)")
         beside = Path(args.target).parent / "prompts.jsonl"
-        prompts = (load_prompts(args.prompts) if args.prompts else
-                   load_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
+        prompts = (read_prompts(args.prompts) if args.prompts else
+                   read_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
         notes = draft_wiring_notes(args.draft)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,79 @@
+"""Command-line plumbing every ``python -m helpers`` command shares.
+
+One parser class, so a bad flag reads the same everywhere (one ``error:`` line, exit 2, as any
+other bad input), and one set of pair options, so ``--target``/``--draft``/``--engine``/
+``--device``/``--json`` mean the same thing in every command.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .conventions import DEFAULT_ENGINE
+from .errors import BadOption, one_line
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's default prints the whole usage block before the reason, which pushes the reason
+    off a one-line log; this one prints ``error: <prog>: <what> (see --help)`` and exits 2."""
+
+    def error(self, message):
+        print(f"error: {self.prog}: {one_line(message)} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser(command: str, doc: str | None) -> OneLineParser:
+    """The parser of ``python -m helpers <command>``, described by its module's first doc line."""
+    return OneLineParser(prog=f"python -m helpers {command}", description=(doc or "").strip().splitlines()[0])
+
+
+def add_pair_args(p: argparse.ArgumentParser, *, target: str | None = "target model folder (Hugging Face layout)",
+                  draft: str | None = "EAGLE-3 draft folder (SGLang or speculators format)",
+                  engine: str | None = "whose wiring 'served' means: sglang==VERSION, sglang (installed) or vllm",
+                  device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
+    """The options naming the pair and where it runs; pass None to leave one out."""
+    kind = Path if paths else str
+    if target is not None:
+        p.add_argument("--target", type=kind, default=None, required=required, help=target)
+    if draft is not None:
+        p.add_argument("--draft", type=kind, default=None, required=required, help=draft)
+    if engine is not None:
+        p.add_argument("--engine", default=DEFAULT_ENGINE, help=engine)
+    if device:
+        p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
+    if json:
+        p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+
+
+def glue_option_values(argv: list[str], *options: str) -> list[str]:
+    """``--ids -1,2,6`` -> ``--ids=-1,2,6`` for the named options: argparse takes a value starting
+    with '-' for an option and answers 'expected one argument' instead of letting the value's own
+    check name the bad boundary."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in options and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def parse_int_list(text: str, option: str, example: str = "-1,2,6", empty_hint: str = "") -> list[int]:
+    """Every comma-separated field must be an integer: an empty field is a typo, never 'skip'."""
+    if not text.strip():
+        raise BadOption(f"{option} is empty; give integers like {example}{empty_hint}")
+    parts = [p.strip() for p in text.split(",")]
+    if any(not p for p in parts):
+        raise BadOption(f"{option} {text!r} has an empty field; expected integers separated by single commas, "
+                        f"like {example}")
+    out = []
+    for p in parts:
+        try:
+            out.append(int(p))
+        except ValueError:
+            raise BadOption(f"cannot read {option} from {text!r}: {p!r} is not an integer; expected integers "
+                            f"like {example}") from None
+    return out

@@ -1,0 +1,349 @@
+"""What each engine and trainer reads from a draft and does with it: the one home of every rule.
+
+A wiring bug is two conventions disagreeing, so each convention is written down exactly once,
+here, and every other module asks this one. SGLang is the exception that proves the rule: its
+id-to-layer step is not restated at all but run from each release's own source
+(``helpers.sglang``); what lives here for SGLang is only what surrounds that step (where the ids
+sit in the config, the fallback used when no source can be read, the forward flags it ignores).
+``docs/conventions.md`` says where and at which version each rule was read.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Sequence
+
+from .boundaries import Layout, WiringError, WiringResult
+from .errors import BadConfig, BadOption, read_json_file
+
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+ENGINES = ("sglang", "vllm")
+# The engine of the original case, and the one the workbook resolves against when told nothing.
+DEFAULT_ENGINE = "sglang==0.5.9"
+# Before and after SGLang changed its DeepSeek rule, and the other engine: the comparison table.
+DEFAULT_ENGINES = (DEFAULT_ENGINE, "sglang==0.5.23", "vllm")
+SGLANG_DRAFT_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+
+_VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+
+
+class IdsAt(StrEnum):
+    """Where a draft's layer ids came from; one spelling for configs, engines and reports."""
+
+    EAGLE_CONFIG = "eagle_config"   # nested: {"eagle_config": {IDS_KEY: [...]}} (SGLang/SpecForge)
+    TOP_LEVEL = "top-level"         # {IDS_KEY: [...]} (speculators, vLLM)
+    NONE = "none"                   # the config holds none: the engine uses its defaults
+    EXPLICIT = "explicit"           # given on the command line or by a notebook
+
+
+class DraftConfigError(BadConfig):
+    """A draft config.json that is missing, unreadable or not an EAGLE-3 draft's."""
+
+
+class TargetConfigError(BadConfig):
+    """A target config.json that is missing, unreadable, an EAGLE-3 draft's, or without its depth."""
+
+
+# Keys a multimodal wrapper keeps under text_config / language_config and the workbook needs on top.
+TEXT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "architectures", "model_type",
+             "tie_word_embeddings")
+
+
+# --------------------------------------------------------------------------------------
+# Engines and versions.
+
+
+def is_version_string(version: str) -> bool:
+    """A plain release number, safe to hand to pip or use as a folder name."""
+    return bool(_VERSION_RE.match(version))
+
+
+def parse_engine(engine: str) -> tuple[str, str | None]:
+    """'sglang==0.5.9' -> ('sglang', '0.5.9'); 'vllm' -> ('vllm', None)."""
+    text = str(engine).strip().lower()
+    name, _, version = text.partition("==")
+    name, version = name.strip(), version.strip()
+    if name not in ENGINES:
+        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang' or 'vllm'")
+    if "==" in text and not _VERSION_RE.match(version):
+        raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
+                        + (" or plain 'vllm'" if name == "vllm" else ""))
+    return name, (version or None)
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """'0.5.13.post1' -> (0, 5, 13, 1): release order, good enough to compare published versions."""
+    return tuple(int(p) for p in re.findall(r"\d+", version or ""))
+
+
+# --------------------------------------------------------------------------------------
+# Reading a draft config, and where its ids sit.
+
+
+def read_draft_config(draft: str | Path | dict) -> dict:
+    """A draft's config.json as a dict, from a dict, a checkpoint folder or the file itself."""
+    if isinstance(draft, dict):
+        return draft
+    path = Path(draft).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise DraftConfigError(f"no draft at {draft}: the folder has no config.json (expected beside "
+                                   f"model.safetensors, model.safetensors.index.json or pytorch_model.bin)")
+    elif not path.is_file():
+        raise DraftConfigError(f"draft {draft} not found (expected a checkpoint folder or its config.json)")
+    try:
+        cfg = read_json_file(path, "draft config")
+    except BadConfig as exc:
+        raise DraftConfigError(str(exc)) from None
+    if not isinstance(cfg, dict):
+        raise DraftConfigError(f"{path} holds a JSON {type(cfg).__name__}; expected an object (a draft config)")
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
+            "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
+        raise DraftConfigError(f"draft {draft} is a {', '.join(archs)} model, not an EAGLE-3 draft: are --target "
+                               f"and --draft swapped?")
+    return cfg
+
+
+def is_draft_config(cfg: dict) -> bool:
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    return bool(cfg.get("speculators_model_type")) or any("eagle" in a.lower() or "speculator" in a.lower()
+                                                          for a in archs)
+
+
+def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_layers",)) -> dict:
+    """A target's config.json (a folder or the file), with a multimodal wrapper's language-model
+    numbers lifted to the top, so every reader sees ``num_hidden_layers`` in one place."""
+    path = Path(path).expanduser()
+    f = path / "config.json" if path.is_dir() else path
+    if not f.is_file():
+        raise TargetConfigError(f"no target config at {f}: expected a Hugging Face directory with config.json")
+    try:
+        cfg = read_json_file(f, "target config")
+    except BadConfig as exc:
+        raise TargetConfigError(str(exc)) from None
+    if not isinstance(cfg, dict):
+        raise TargetConfigError(f"{f} holds a JSON {type(cfg).__name__}; expected a model config object")
+    if is_draft_config(cfg):
+        what = ", ".join(str(a) for a in cfg.get("architectures") or []) or cfg.get("speculators_model_type")
+        raise TargetConfigError(f"target {path} is an EAGLE-3 draft ({what}), not a target model: are --target "
+                                f"and --draft swapped?")
+    text = cfg.get("text_config") or cfg.get("language_config") or {}
+    out = dict(cfg)
+    for k in TEXT_KEYS:
+        if k not in out and k in text:
+            out[k] = text[k]
+    for k in require:
+        if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
+            raise TargetConfigError(f"{f} has no integer {k} (also looked in text_config); got {out.get(k)!r}")
+    return out
+
+
+def _ids(value: Any, where: str) -> list:
+    """The list as written; its entries are checked against the target's depth by ``check_ids``."""
+    if not isinstance(value, (list, tuple)):
+        raise DraftConfigError(f"{where}{IDS_KEY} is {value!r}; expected a list of layer ids")
+    return list(value)
+
+
+def ids_in_config(cfg: dict) -> tuple[list[int] | None, IdsAt]:
+    """The ids a config file carries and where, nested first: what the file says, before any engine."""
+    nested = cfg.get("eagle_config")
+    if isinstance(nested, dict) and nested.get(IDS_KEY) is not None:
+        return _ids(nested[IDS_KEY], "eagle_config."), IdsAt.EAGLE_CONFIG
+    if cfg.get(IDS_KEY) is not None:
+        return _ids(cfg[IDS_KEY], "top-level "), IdsAt.TOP_LEVEL
+    return None, IdsAt.NONE
+
+
+@dataclass
+class DraftIds:
+    """The ids an engine will pass on, where it found them, and what it silently ignored."""
+
+    ids: list[int] | None
+    source: IdsAt
+    warnings: list[str] = field(default_factory=list)
+    lines: list = field(default_factory=list)   # cited engine source lines, when read from source
+    use_aux: bool = True
+
+
+def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False) -> DraftIds:
+    """The ids ``engine`` reads from a draft config.
+
+    SGLang reads only ``eagle_config``'s key (unless the version's own code, read by the
+    caller, also falls back to the top level); vLLM reads the top-level key first, then
+    ``eagle_config``'s. A key the engine skips is a warning, since nothing else reports it.
+    """
+    name, _ = parse_engine(engine)
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
+    inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
+    warnings: list[str] = []
+    if name == "vllm":
+        if top is not None:
+            return DraftIds(top, IdsAt.TOP_LEVEL)
+        return DraftIds(inner, IdsAt.EAGLE_CONFIG) if inner is not None else DraftIds(None, IdsAt.NONE)
+    use_aux = bool(nested.get("use_aux_hidden_state", True))
+    ids, origin = (inner, IdsAt.EAGLE_CONFIG) if inner is not None else (None, IdsAt.NONE)
+    if ids is None and top is not None:
+        if sglang_reads_top_level:
+            ids, origin = top, IdsAt.TOP_LEVEL
+        else:
+            warnings.append(
+                f"the draft config has a top-level {IDS_KEY} = {top} (speculators/vLLM format); "
+                f"SGLang reads ids only from eagle_config.{IDS_KEY}, so it ignores them and uses its defaults")
+    elif ids is not None and top is not None and top != ids:
+        warnings.append(f"top-level {IDS_KEY} = {top} differs from eagle_config's {ids}; "
+                        f"SGLang uses eagle_config's, vLLM the top-level one")
+    if not use_aux:
+        warnings.append("eagle_config.use_aux_hidden_state is false: SGLang captures no aux hidden states")
+    return DraftIds(ids, origin, warnings, [], use_aux)
+
+
+def check_ids(ids: Sequence[int] | None, num_layers: int, low: int = -1) -> list[int] | None:
+    """Ids within ``low..L``: anything else is a typo, never a layer of this target."""
+    if ids is None:
+        return None
+    out = []
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise WiringError(f"layer ids must be integers, got {i!r}")
+        if not low <= i <= num_layers:
+            raise WiringError(f"layer id {i} is outside {low}..{num_layers} for a target with {num_layers} layers")
+        out.append(i)
+    if not out:
+        raise WiringError("the id list is empty")
+    return out
+
+
+def check_num_layers(num_layers: Any) -> int:
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 3:
+        raise WiringError(f"num_layers must be an integer >= 3 (the default ids use L-3), got {num_layers!r}")
+    return num_layers
+
+
+# --------------------------------------------------------------------------------------
+# Defaults and id-to-boundary rules.
+
+
+def default_ids(num_layers: int) -> list[int]:
+    """The ids every engine falls back to, and SpecForge writes: ``[2, L//2, L-3]``."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def default_boundaries(num_layers: int) -> Layout:
+    """Where vLLM (id = boundary) puts the default ids: inputs to layers 2, L//2 and L-3."""
+    return tuple(default_ids(num_layers))
+
+
+def sglang_plus_one(ids: Sequence[int]) -> Layout:
+    """SGLang's Llama/Qwen rule: id ``i`` is captured entering layer ``i + 1``, in ascending order."""
+    return tuple(sorted(i + 1 for i in ids))
+
+
+def vllm_ids_to_boundaries(ids: Sequence[int]) -> Layout:
+    """vLLM: an id is the boundary itself (0 = embedding output), captured in ascending order."""
+    return tuple(sorted(int(i) for i in ids))
+
+
+def sglang_documented_layout(arch: str, version: str | None, ids: list[int] | None,
+                             where: IdsAt, num_layers: int) -> tuple[Layout, str]:
+    """SGLang's rule as documented, for when no release source can be read; says which rule it assumed.
+
+    DeepSeek/Kimi classes changed rule (PR #25454): 0.5.9 adds one to every id, 0.5.23 uses the
+    ids as given unless the first is 1. Releases in between are not pinned down here.
+    """
+    if where != IdsAt.EAGLE_CONFIG or ids is None:
+        return default_boundaries(num_layers), "no ids under eagle_config, so SGLang's default boundaries"
+    if "deepseek" in arch.lower() and version_tuple(version) >= (0, 5, 23):
+        layout = sglang_plus_one(ids) if ids[0] == 1 else tuple(sorted(ids))
+        return layout, "DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1"
+    return sglang_plus_one(ids), "SGLang boundary = id + 1 (0.5.9 convention)"
+
+
+def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
+                 cfg: dict | None) -> WiringResult:
+    """vLLM's wiring by its documented rule (it is not read from source): id = boundary."""
+    if ids is not None:
+        chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
+    elif cfg is not None:
+        chosen = engine_ids(cfg, "vllm")
+        chosen.ids = check_ids(chosen.ids, num_layers)
+    else:
+        chosen = DraftIds(None, IdsAt.NONE)
+    used = chosen.ids if chosen.ids is not None else default_ids(num_layers)
+    errors = [f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)"
+              for i in used if i < 0]
+    if len(set(used)) != len(used):
+        errors.append(f"ids {used} repeat a boundary; the draft's fc would get fewer features than slots")
+    warnings = chosen.warnings + ["vLLM rule from docs/conventions.md (id = boundary, top-level key first, "
+                                  "ascending order); not read from vLLM source"]
+    return WiringResult(engine="vllm" + (f"=={version}" if version else ""), version=version, arch=arch,
+                        num_layers=num_layers,
+                        served_layout=tuple(sorted({i for i in used if 0 <= i <= num_layers})),
+                        layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
+                        errors=errors, warnings=warnings)
+
+
+# --------------------------------------------------------------------------------------
+# The draft's forward as each engine runs it.
+
+NORM_BEFORE_RESIDUAL_ON_SGLANG = (
+    "the draft sets norm_before_residual=true (the residual of its fused hidden input is taken "
+    "after hidden_norm). SGLang's llama_eagle3.py ignores the flag and always takes the residual "
+    "from the raw hidden state, so SGLang serves this draft with a different forward from the one "
+    "it was trained with; vLLM's llama_eagle3.py honours it.")
+
+
+def honours_norm_before_residual(engine: str) -> bool:
+    """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual``."""
+    return parse_engine(engine)[0] == "vllm"
+
+
+def sets_norm_before_residual(cfg: dict) -> bool:
+    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    return bool(cfg.get("norm_before_residual") or layer.get("norm_before_residual"))
+
+
+def is_speculators_format(cfg: dict) -> bool:
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    return bool(cfg.get("speculators_model_type")) or any("Speculator" in a for a in archs)
+
+
+def sglang_format_warnings(cfg: dict, knows_speculators: bool | None = None) -> list[str]:
+    """Draft-side mismatches no SGLang error reveals: a speculators checkpoint it cannot name, and a
+    forward flag its llama_eagle3 does not implement. ``knows_speculators``: whether the release
+    registers the speculators architecture (None when its source was not read)."""
+    out = []
+    if is_speculators_format(cfg) and not knows_speculators:
+        archs = [str(a) for a in cfg.get("architectures") or []]
+        out.append(f"speculators-format draft ({', '.join(archs) or cfg.get('speculators_model_type')}): "
+                   + ("this SGLang version registers no such architecture; " if knows_speculators is False else "")
+                   + f"to serve it, the config needs architectures {SGLANG_DRAFT_ARCH} with the ids in "
+                   "eagle_config, and the weights layers.0.* renamed midlayer.* (SGLang's llama_eagle3 "
+                   "load_weights skips names it does not know, without an error)")
+    if sets_norm_before_residual(cfg):
+        out.append("the draft was trained with norm_before_residual=true; SGLang's llama_eagle3 always keeps the "
+                   "raw hidden input as the residual, so it runs a different forward than training did")
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Trainers: which boundaries their recorded "layer ids" name.
+
+
+def speculators_v1_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
+    """speculators <= 0.4 data generation: 'layer i' is the output of layer i = boundary i+1.
+
+    ``-1`` is how those pipelines name the embedding output (boundary 0).
+    """
+    return tuple(0 if i == -1 else i + 1 for i in layer_ids)
+
+
+def specforge_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
+    """SpecForge ids are outputs of layers: boundary = id + 1."""
+    return tuple(i + 1 for i in layer_ids)

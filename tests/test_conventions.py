@@ -1,0 +1,187 @@
+"""Each engine's and trainer's rules, as docs/conventions.md records them (pure Python, no engine source)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.boundaries import WiringError
+from helpers.conventions import (
+    DraftConfigError,
+    IdsAt,
+    TargetConfigError,
+    check_ids,
+    default_boundaries,
+    default_ids,
+    engine_ids,
+    honours_norm_before_residual,
+    ids_in_config,
+    parse_engine,
+    read_draft_config,
+    read_target_config,
+    sglang_documented_layout,
+    sglang_format_warnings,
+    sglang_plus_one,
+    specforge_layers_to_boundaries,
+    speculators_v1_layers_to_boundaries,
+    vllm_ids_to_boundaries,
+)
+from helpers.errors import BadOption, InputError
+
+L = 12
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+# -- defaults -----------------------------------------------------------------------------------
+
+
+def test_default_boundaries():
+    assert default_boundaries(12) == (2, 6, 9)
+    assert default_boundaries(61) == (2, 30, 58)
+    assert default_boundaries(8) == (2, 4, 5)
+
+
+def test_default_ids():
+    assert default_ids(12) == [2, 6, 9]
+
+
+# -- conversions ----------------------------------------------------------------------------------
+
+
+def test_sglang_plus_one():
+    # The deployed tiny-kimi ids [2, 6, 9] are served as boundaries (3, 7, 10) (the embedded pair, README).
+    assert sglang_plus_one([2, 6, 9]) == (3, 7, 10)
+    # Fix A: id -1 is the embedding.
+    assert sglang_plus_one([-1, 2, 6]) == (0, 3, 7)
+    # Capture order is ascending layer index, whatever the config order.
+    assert sglang_plus_one([9, 2, 6]) == (3, 7, 10)
+
+
+def test_vllm_ids_are_boundaries_sorted():
+    assert vllm_ids_to_boundaries([2, 6, 9]) == (2, 6, 9)
+    assert vllm_ids_to_boundaries([9, 0, 6]) == (0, 6, 9)
+    assert vllm_ids_to_boundaries([12, 3, 0]) == (0, 3, 12)
+
+
+def test_speculators_v1_layers():
+    # "layer i" is the output of layer i = boundary i + 1; -1 names the embedding output.
+    assert speculators_v1_layers_to_boundaries([-1, 2, 6, 11]) == (0, 3, 7, 12)
+    assert speculators_v1_layers_to_boundaries([2, 6, 9, 11]) == (3, 7, 10, 12)
+    # The draft input is the concatenation in the given order: not sorted.
+    assert speculators_v1_layers_to_boundaries([6, -1, 2]) == (7, 0, 3)
+
+
+def test_specforge_layers():
+    # SpecForge defaults [1, L//2-1, L-4] are the boundaries [2, L//2, L-3].
+    assert specforge_layers_to_boundaries([1, L // 2 - 1, L - 4]) == default_boundaries(L)
+    assert specforge_layers_to_boundaries([0, 5]) == (1, 6)
+
+
+def test_conversions_return_tuples():
+    for fn in (sglang_plus_one, vllm_ids_to_boundaries, speculators_v1_layers_to_boundaries,
+               specforge_layers_to_boundaries):
+        assert isinstance(fn([1, 2, 3]), tuple)
+
+
+
+# -- where ids sit, and which key each engine reads ------------------------------------------------
+
+
+NESTED = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {IDS_KEY: [2, 6, 9]}}
+TOP = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", IDS_KEY: [-1, 2, 6]}
+BOTH = {**NESTED, IDS_KEY: [0, 3, 7]}
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    (NESTED, ([2, 6, 9], IdsAt.EAGLE_CONFIG)),
+    (TOP, ([-1, 2, 6], IdsAt.TOP_LEVEL)),
+    (BOTH, ([2, 6, 9], IdsAt.EAGLE_CONFIG)),
+    ({"architectures": ["LlamaForCausalLMEagle3"]}, (None, IdsAt.NONE)),
+])
+def test_ids_in_config(cfg, expected):
+    assert ids_in_config(cfg) == expected
+
+
+def test_one_spelling_for_where_ids_sit():
+    assert [str(v) for v in IdsAt] == ["eagle_config", "top-level", "none", "explicit"]
+    assert json.dumps({"at": IdsAt.TOP_LEVEL}) == '{"at": "top-level"}'
+
+
+def test_sglang_reads_only_the_nested_key():
+    got = engine_ids(TOP, "sglang==0.5.9")
+    assert (got.ids, got.source) == (None, IdsAt.NONE)
+    assert any("ignores them" in w for w in got.warnings)
+    assert engine_ids(TOP, "sglang", sglang_reads_top_level=True).ids == [-1, 2, 6]
+    both = engine_ids(BOTH, "sglang==0.5.9")
+    assert both.ids == [2, 6, 9] and any("differs" in w for w in both.warnings)
+
+
+def test_vllm_reads_the_top_level_key_first():
+    assert engine_ids(BOTH, "vllm").ids == [0, 3, 7]
+    assert engine_ids(NESTED, "vllm").source == IdsAt.EAGLE_CONFIG
+    assert engine_ids({"architectures": ["LlamaForCausalLMEagle3"]}, "vllm").source == IdsAt.NONE
+
+
+def test_ids_that_are_not_a_list_are_refused():
+    with pytest.raises(DraftConfigError, match="expected a list"):
+        ids_in_config({"eagle_config": {IDS_KEY: "2,6,9"}})
+
+
+def test_check_ids():
+    assert check_ids([-1, 2, 6], L) == [-1, 2, 6]
+    for bad in ([13], [-2], [], [1.5]):
+        with pytest.raises(WiringError):
+            check_ids(bad, L)
+
+
+# -- engines, versions and documented rules --------------------------------------------------------
+
+
+def test_parse_engine():
+    assert parse_engine("sglang==0.5.9") == ("sglang", "0.5.9")
+    assert parse_engine(" VLLM ") == ("vllm", None)
+    for bad in ("tensorrt", "sglang==latest"):
+        with pytest.raises(BadOption):
+            parse_engine(bad)
+
+
+def test_sglang_documented_layout_by_version():
+    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.9", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (3, 7, 10)
+    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (2, 6, 9)
+    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [1, 5, 8], IdsAt.EAGLE_CONFIG, L)[0] == (2, 6, 9)
+    assert sglang_documented_layout("LlamaForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (3, 7, 10)
+    assert sglang_documented_layout("LlamaForCausalLM", "0.5.9", [0, 3, 7], IdsAt.TOP_LEVEL, L)[0] == (2, 6, 9)
+
+
+def test_norm_before_residual_policy():
+    assert not honours_norm_before_residual("sglang==0.5.9") and honours_norm_before_residual("vllm")
+    warns = sglang_format_warnings({**TOP, "norm_before_residual": True})
+    assert any("speculators-format" in w for w in warns) and any("norm_before_residual" in w for w in warns)
+    assert sglang_format_warnings(NESTED) == []
+
+
+# -- reading configs: one exception type each -------------------------------------------------------
+
+
+def test_read_draft_config_errors(tmp_path):
+    with pytest.raises(DraftConfigError, match="no draft at"):
+        read_draft_config(tmp_path)
+    (tmp_path / "config.json").write_text("[1]")
+    with pytest.raises(DraftConfigError, match="holds a JSON list"):
+        read_draft_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(DraftConfigError, match="swapped"):
+        read_draft_config(tmp_path)
+    assert issubclass(DraftConfigError, InputError)
+
+
+def test_read_target_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
+                                                      "text_config": {"num_hidden_layers": 61, "hidden_size": 7168}}))
+    cfg = read_target_config(tmp_path)
+    assert cfg["num_hidden_layers"] == 61 and cfg["hidden_size"] == 7168
+    (tmp_path / "config.json").write_text(json.dumps(NESTED))
+    with pytest.raises(TargetConfigError, match="swapped"):
+        read_target_config(tmp_path)
+    with pytest.raises(TargetConfigError, match="no target config"):
+        read_target_config(tmp_path / "nope")
