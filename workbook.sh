@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The workbook's commands:
 #   bash workbook.sh run    set up (or reuse) .venv, then execute notebooks 01-06 into reports/
-#   bash workbook.sh test   set up (or reuse) .venv, then run the test suite
+#   bash workbook.sh test   set up (or reuse) .venv, then lint (ruff) and run the test suite
 #   bash workbook.sh lab    set up (or reuse) .venv, then open JupyterLab at the project root on the
 #                           .venv kernel; options after `lab` go to `jupyter lab` (--no-browser --port 8890)
 set -euo pipefail
@@ -56,6 +56,8 @@ case "$cmd" in
     ;;
   test)
     setup
+    # lint first: a stray import or an over-long line fails in a second, not after the suite
+    "$VENV/bin/python" -m ruff check --quiet helpers tests
     exec "$VENV/bin/python" -m pytest -q "$@" tests
     ;;
   lab)

@@ -143,10 +143,11 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
     return out
 
 
-def _ids(value: Any, where: str) -> list:
-    """The list as written; its entries are checked against the target's depth by ``check_ids``."""
-    if not isinstance(value, (list, tuple)):
-        raise DraftConfigError(f"{where}{IDS_KEY} is {value!r}; expected a list of layer ids")
+def _ids(value: Any, where: str) -> list[int]:
+    """Integers as written (their range is the target's to judge, in ``check_ids``): no engine turns
+    "2" into 2, so a config that needs that coercion would not serve what it seems to say."""
+    if not isinstance(value, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        raise DraftConfigError(f"{where}{IDS_KEY} is {value!r}; expected a list of integer layer ids")
     return list(value)
 
 
@@ -287,6 +288,25 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
                         served_layout=tuple(sorted({i for i in used if 0 <= i <= num_layers})),
                         layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
                         errors=errors, warnings=warnings)
+
+
+def engine_fc_slots(cfg: dict, engine: str) -> tuple[int, str]:
+    """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.
+
+    The engine builds ``fc`` from the config before loading weights, so a checkpoint whose fc is
+    wider or narrower fails at load. SGLang's llama_eagle3 hard-coded 3 up to 0.5.11; from 0.5.12
+    it reads ``num_aux_hidden_states``, then the nested ids' count. vLLM reads the same two keys
+    (never the top-level ids: vLLM PR #54598 reports the 4-slot speculators draft that crashes).
+    """
+    name, version = parse_engine(engine)
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
+        return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
+    if isinstance(cfg.get("num_aux_hidden_states"), int):
+        return cfg["num_aux_hidden_states"], "num_aux_hidden_states"
+    if isinstance(nested.get(IDS_KEY), list):
+        return len(nested[IDS_KEY]), f"the count of eagle_config.{IDS_KEY}"
+    return 3, "no num_aux_hidden_states and no eagle_config ids, so 3"
 
 
 # --------------------------------------------------------------------------------------

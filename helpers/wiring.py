@@ -7,11 +7,9 @@ rule when no source can be fetched, and prints. See docs/architecture.md for the
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Sequence
 
-from . import cli
 from .boundaries import CapturePlan, WiringError, WiringResult
 from .conventions import (
     DEFAULT_ENGINE,
@@ -22,12 +20,11 @@ from .conventions import (
     ids_in_config,
     parse_engine,
     read_draft_config,
-    read_target_config,
     resolve_vllm,
     sglang_documented_layout,
     vllm_ids_to_boundaries,
 )
-from .errors import CacheError, InputError, fail, one_line, print_json, warn_once
+from .errors import CacheError, one_line, warn_once
 from .sglang import patch as sglang_patch
 from .sglang import source as ss
 from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
@@ -135,78 +132,3 @@ def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: st
         if r.served_layout == target and not r.errors:
             return candidate
     return None
-
-
-# --------------------------------------------------------------------------------------
-# CLI.
-
-
-def _parser():
-    p = cli.parser("wiring", "Resolve a draft's layer ids to the boundaries an engine serves.")
-    p.add_argument("--arch", help="target architecture, e.g. DeepseekV3ForCausalLM")
-    p.add_argument("--layers", type=int, help="number of decoder layers L of the target")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--ids", help="explicit ids, e.g. -1,2,6")
-    cli.add_pair_args(g, target=None, engine=None, device=False, json=False, paths=False,
-                      draft="draft checkpoint folder (or its config.json)")
-    cli.add_pair_args(p, draft=None, device=False, paths=False,
-                      target="target folder: arch and num_hidden_layers from its config.json")
-    p.add_argument("--sglang-root", help="folder holding an sglang/ tree to read instead of the cache")
-    return p
-
-
-def _target_arch_and_layers(args, target_cfg: dict | None) -> tuple[str, int]:
-    """--arch/--layers, or the target's config.json; when both are given they must agree,
-    since a report about a different depth or class than the target's is silently wrong."""
-    cfg_arch = ((target_cfg or {}).get("architectures") or [None])[0]
-    cfg_layers = (target_cfg or {}).get("num_hidden_layers")
-    if target_cfg is not None:
-        where = Path(args.target) if Path(args.target).is_file() else Path(args.target) / "config.json"
-        if args.layers is not None and cfg_layers is not None and args.layers != cfg_layers:
-            raise WiringError(f"--layers {args.layers} contradicts {where}, which has num_hidden_layers = "
-                              f"{cfg_layers}; drop --layers or pass the matching value")
-        if args.arch is not None and cfg_arch is not None and args.arch != cfg_arch:
-            raise WiringError(f"--arch {args.arch} contradicts {where}, whose architectures are "
-                              f"{target_cfg.get('architectures')}; drop --arch or pass the matching name")
-    arch = args.arch or cfg_arch
-    layers = args.layers if args.layers is not None else cfg_layers
-    if not arch or layers is None:
-        missing = " and ".join(n for n, v in (("--arch", arch), ("--layers", layers)) if v is None or v == "")
-        raise WiringError(f"need --arch and --layers (or --target DIR with a config.json); missing {missing}")
-    return arch, layers
-
-
-def format_report(r: WiringResult) -> str:
-    lines = [f"{r.engine}  {r.arch}  L={r.num_layers}",
-             f"  ids used          : {r.ids_used} ({r.ids_source})",
-             f"  layers_to_capture : {r.layers_to_capture}",
-             f"  served layout     : {r.served_layout}  {r.label}",
-             f"  capturable        : {'yes' if r.capturable else 'NO'}"]
-    lines += [f"  error: {e}" for e in r.errors]
-    lines += [f"  warning: {w}" for w in r.warnings]
-    if r.source_lines:
-        lines.append("  source:")
-        lines += [f"    {s['file']}:{s['line']}: {s['text']}" for s in r.source_lines]
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: 0 = capturable, 1 = resolved but not capturable, 2 = bad input."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = _parser().parse_args(cli.glue_option_values(argv, "--ids"))
-        target_cfg = read_target_config(args.target) if args.target is not None else None
-        arch, layers = _target_arch_and_layers(args, target_cfg)
-        ids = (cli.parse_int_list(args.ids, "--ids", empty_hint=", or omit --ids to use the engine's default ids")
-               if args.ids is not None else None)
-        result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
-                         target_config=target_cfg)
-    except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
-        return int(exc.code or 0)
-    except (InputError, ss.SglangSourceError) as exc:
-        return fail(exc)
-    if args.json:
-        print_json(result.to_dict(), indent=2)
-    else:
-        print(format_report(result))
-    return 0 if result.capturable else 1

@@ -9,13 +9,13 @@ import textwrap
 import pandas as pd
 import pytest
 
-from helpers import wiring
+from helpers import wiring, wiring_cli
+from helpers.boundaries import CapturePlan, WiringError
+from helpers.conventions import DraftConfigError
 from helpers.sglang import patch as patch_sglang
 from helpers.sglang import source as ss
 from helpers.sglang.inspect import inspect_model
 from helpers.sglang.stub import exec_capture_site
-from helpers.boundaries import CapturePlan, WiringError
-from helpers.conventions import DraftConfigError
 
 L = 12
 ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")
@@ -463,7 +463,7 @@ def test_ids_for_layout(src, monkeypatch):
 
 
 def _cli(capsys, *argv):
-    code = wiring.main(list(argv))
+    code = wiring_cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -111,6 +111,9 @@ def resolve_sglang(src: SglangSource, arch: str, num_layers: int, ids: Sequence[
         result.source_lines = [ln.to_dict() for ln in dedupe(lines)]
         return result
     run = run_setter(src, arch, num_layers, chosen.ids, target_config)
+    if not run.takes_ids and chosen.ids is not None:
+        warnings.append(f"sglang {src.version}'s {SETTER} has no ids parameter, so no draft ids reach it: "
+                        f"{chosen.ids} are ignored and the defaults are served")
     lines.extend(run.executed)
     lines.extend(wiring.source_lines())
     if run.touched:

@@ -140,6 +140,7 @@ class SetterRun:
     touched: list[str]
     error: str | None = None
     flagged: dict[str, list[int]] = field(default_factory=dict)  # attribute -> layers it was set on
+    takes_ids: bool = True  # False: the version's setter has no ids parameter, so draft ids never reach it
 
 
 def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int] | None,
@@ -164,6 +165,10 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
         if attr is None:
             return SetterRun(None, None, [], [], f"{arch} has no {SETTER}")
         stub = getattr(stub, attr)
+    owner_cls = stub._cls if isinstance(stub, _StubModule) else None
+    found = classes.find_method(src, owner_cls, SETTER) if owner_cls is not None else None
+    params = found[1].args if found is not None else None
+    takes_ids = params is None or len(params.posonlyargs + params.args) > 1 or params.vararg is not None
     files = {}
 
     def tracer(frame, event, arg):
@@ -179,7 +184,11 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
     old = sys.gettrace()
     sys.settrace(tracer)
     try:
-        getattr(stub, SETTER)(list(ids) if ids is not None else None)
+        setter = getattr(stub, SETTER)
+        if takes_ids:
+            setter(list(ids) if ids is not None else None)
+        else:
+            setter()
     except Exception as exc:  # the version's code rejected the stub or the ids
         error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -199,7 +208,7 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
                 if k != "layer_id" and v is True:
                     flagged.setdefault(k, set()).add(layer.layer_id)
     return SetterRun(ltc, owner, executed, sorted(set(ctx.log)), error,
-                     {k: sorted(v) for k, v in flagged.items()})
+                     {k: sorted(v) for k, v in flagged.items()}, takes_ids)
 
 
 def _executed_lines(src: SglangSource, traced: list[tuple[str, int]]) -> list[SourceLine]:
@@ -218,8 +227,10 @@ def exec_capture_site(site: CaptureSite, i: int, hidden_states: Any, residual: A
     without importing sglang: the statement text comes from the file, and the rest of
     the loop's world is a handful of plain values.
     """
-    if site.style not in (CaptureStyle.INLINE_ADD, CaptureStyle.INLINE_GUARDED, CaptureStyle.INLINE_HIDDEN_ONLY):
-        raise WiringError(f"the capture at {site.file}:{site.line} is {site.style}; only inline sites execute")
+    if site.style not in (CaptureStyle.INLINE_ADD, CaptureStyle.INLINE_GUARDED,
+                          CaptureStyle.INLINE_HIDDEN_ONLY):
+        raise WiringError(f"the capture at {site.file}:{site.line} is {site.style}; only inline sites "
+                          f"execute")
     code = compile(textwrap.dedent(site.source), site.path, "exec")
     log: list[str] = []
     namespace = _Globals(log)

@@ -1,0 +1,398 @@
+"""``python -m helpers check``: will this deployment feed the draft what it was trained on?
+
+A static gate for CI before a deploy. It loads no weights: it reads the draft's and the target's
+config files, the safetensors headers (tensor names and shapes), the training record if there is
+one, the trainer's rule if one is named, and the engine release's own source through ``wiring``.
+Each problem comes with its fix: ids to write and in which key, the patch to apply, or retraining.
+Exit 0: the engine serves the trained layout; 1: it does not (or that cannot be known statically);
+2: bad input.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from . import cli
+from .boundaries import WiringError, WiringResult, check_layout, layout_label
+from .conventions import (
+    IDS_KEY,
+    IdsAt,
+    engine_fc_slots,
+    honours_norm_before_residual,
+    ids_in_config,
+    is_speculators_format,
+    parse_engine,
+    read_draft_config,
+    read_target_config,
+    sets_norm_before_residual,
+)
+from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, print_json, read_json_file
+from .sglang import source as ss
+from .trainers import TrainerResult, parse_trainer, trainer_layout
+from .wheels import PackageSourceError
+from .wiring import ids_for_layout, resolve
+
+ALGORITHMS = ("EAGLE3", "EAGLE")
+
+
+@dataclass
+class Problem:
+    kind: str
+    message: str
+    fix: str
+    blocking: bool = True
+
+
+@dataclass
+class CheckReport:
+    draft: str
+    target: str
+    engine: str
+    arch: str
+    num_layers: int
+    training_layout: tuple[int, ...] | None
+    training_source: str
+    served_layout: tuple[int, ...]
+    served_source: str
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def agree(self) -> bool | None:
+        return None if self.training_layout is None else tuple(self.served_layout) == tuple(self.training_layout)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.agree) and not any(p.blocking for p in self.problems)
+
+    @property
+    def verdict(self) -> str:
+        if self.ok:
+            return f"OK: {self.engine} serves the trained layout {self._label(self.served_layout)}"
+        if self.training_layout is None:
+            return "UNKNOWN: the training layout is not recorded; see the fixes below for how to settle it"
+        if not self.agree:
+            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)}, the draft was trained on "
+                    f"{self._label(self.training_layout)}")
+        return f"BLOCKED: the layouts agree, but {len([p for p in self.problems if p.blocking])} problem(s) remain"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def _label(self, layout) -> str:
+        return f"{tuple(layout)} {layout_label(layout, self.num_layers)}" if layout else "nothing"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(training_layout=list(self.training_layout) if self.training_layout else None,
+                 served_layout=list(self.served_layout), agree=self.agree, ok=self.ok, verdict=self.verdict,
+                 exit_code=self.exit_code)
+        return d
+
+
+# --------------------------------------------------------------------------------------
+# Reading without loading.
+
+
+def safetensors_shapes(folder: Path) -> dict[str, list[int]] | None:
+    """name -> shape from every safetensors header in ``folder`` (None when it ships none)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    shapes: dict[str, list[int]] = {}
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > 100 * 2**20:
+                    raise ValueError(f"header length {n}")
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, struct.error) as exc:
+            raise BadCheckpoint(f"{f} is not a readable safetensors file ({exc})") from None
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+    return shapes
+
+
+def _fc_in(shapes: dict[str, list[int]]) -> tuple[str, int] | None:
+    for name, shape in shapes.items():
+        if name.split(".")[-2:] == ["fc", "weight"] and len(shape) == 2:
+            return name, shape[1]
+    return None
+
+
+def _record(draft_dir: Path) -> dict | None:
+    path = draft_dir / "training.json"
+    if not path.is_file():
+        return None
+    rec = read_json_file(path, "training record")
+    if not isinstance(rec, dict):
+        raise BadConfig(f"{path} holds a JSON {type(rec).__name__}; expected an object with training_boundaries")
+    return rec
+
+
+# --------------------------------------------------------------------------------------
+# The check.
+
+
+def check(draft: str | Path, engine: str, *, target: str | Path | None = None, target_config: str | Path | None = None,
+          trainer: str | None = None, train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
+          root: str | Path | None = None) -> CheckReport:
+    started = time.perf_counter()
+    if (target is None) == (target_config is None):
+        raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
+    if algorithm.upper() not in ALGORITHMS:
+        raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE (the engine's speculative algorithm)")
+    name, version = parse_engine(engine)
+    if trainer is not None:
+        parse_trainer(trainer)
+    draft_dir = Path(draft).expanduser()
+    cfg = read_draft_config(draft_dir)
+    tcfg = read_target_config(target if target is not None else target_config)
+    arch = (tcfg.get("architectures") or [None])[0]
+    if not arch:
+        raise BadConfig(f"the target config {target or target_config} names no architectures")
+    n = tcfg["num_hidden_layers"]
+    shapes = safetensors_shapes(draft_dir) if draft_dir.is_dir() else None
+
+    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg)
+    ids, where = ids_in_config(cfg)
+    report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
+                         tuple(served.served_layout),
+                         f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
+                         f"{served.layers_to_capture}")
+    _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
+    problems = report.problems
+    for e in served.errors:
+        fix = e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e else "see `python -m helpers wiring` for the source"
+        problems.append(Problem("engine-cannot-capture", e.split(" (fix: ")[0], fix))
+    _layout_fixes(report, served, engine, name, version, root)
+    _ids_key(report, cfg, ids, where, name)
+    _fc_width(report, cfg, shapes, tcfg, engine, served)
+    _forward_flags(report, cfg, engine, name)
+    _vocab(report, cfg, shapes, tcfg)
+    if algorithm.upper() == "EAGLE":
+        problems.append(Problem(
+            "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states for this EAGLE-3 "
+            "draft, whose fc then sees the wrong input; it serves at accept length 1.00 with no warning "
+            "(SGLang PR #21272, Kimi-K2.5)",
+            "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
+    report.notes += [w for w in served.warnings if "placeholders" not in w]
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
+              tcfg: dict, arch: str) -> None:
+    n = report.num_layers
+    rec = _record(draft_dir) if draft_dir.is_dir() else None
+    recorded = rec.get("training_boundaries") if rec else None
+    if recorded is not None:
+        try:
+            report.training_layout = check_layout(recorded, n)
+        except (WiringError, TypeError, ValueError) as exc:
+            raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} do not fit a "
+                            f"{n}-layer target: {exc}") from None
+        report.training_source = "training.json (training_boundaries)"
+    if trainer is None:
+        if report.training_layout is None:
+            report.training_source = "unknown"
+            report.problems.append(Problem(
+                "training-unknown", "no training record (training.json) and no trainer named, so the layout the "
+                "fc learned is unknown",
+                f"name the trainer (--trainer speculators==0.4.0 [--train-ids ...]), or measure it: `python -m "
+                f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` on the trainer's hidden-state "
+                f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` where the target runs"))
+        return
+    res = _trainer_side(trainer, train_ids, cfg, n, arch)
+    report.notes += [f"trainer: {w}" for w in res.warnings]
+    for e in res.errors:
+        report.problems.append(Problem("trainer", e, "retrain the draft on boundaries"))
+    if res.training_layout is None:
+        return
+    k = _fc_slots(shapes, tcfg)
+    layout = res.training_layout
+    if k is not None and len(layout) == k + 1 and res.ids_source == IdsAt.EXPLICIT:
+        layout = layout[:k]   # the ids given were the captured list with the verifier's state last
+    said = f"{res.trainer}{'==' + res.version if res.version else ''} rule on ids {res.ids} ({res.read_from})"
+    if report.training_layout is not None and tuple(layout) != tuple(report.training_layout):
+        report.problems.append(Problem(
+            "record-vs-trainer", f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
+            "check which trainer release and ids produced the features, or measure with `diagnose`"))
+        return
+    if report.training_layout is None:
+        report.training_layout = tuple(layout)
+        report.training_source = said
+
+
+def _trainer_side(trainer: str, train_ids, cfg: dict, n: int, arch: str) -> TrainerResult:
+    """Explicit ids first; else the ids the trainer wrote into the draft config, if it writes any."""
+    name, _ = parse_trainer(trainer)
+    if train_ids is None:
+        ids, where = ids_in_config(cfg)
+        probe = trainer_layout(trainer, n, None, arch=arch, read_source=False)
+        if ids is not None and where == probe.writes_ids:
+            return trainer_layout(trainer, n, ids, arch=arch)
+    return trainer_layout(trainer, n, train_ids, arch=arch)
+
+
+def _fc_slots(shapes, tcfg: dict) -> int | None:
+    fc = _fc_in(shapes) if shapes else None
+    h = tcfg.get("hidden_size")
+    if fc is None or not isinstance(h, int) or fc[1] % h:
+        return None
+    return fc[1] // h
+
+
+def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: str, version: str | None,
+                  root) -> None:
+    if report.training_layout is None or report.agree:
+        return
+    trained = report.training_layout
+    key = f"eagle_config.{IDS_KEY}" if name == "sglang" else f"top-level {IDS_KEY}"
+    fixes = []
+    if tuple(sorted(trained)) != tuple(trained):
+        fixes.append(f"the draft was trained on {trained}, not in ascending order, and engines concatenate in "
+                     f"ascending order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids")
+    ids = ids_for_layout(trained, report.arch, report.num_layers, engine, root=root)
+    if ids is not None:
+        fixes.append(f"write ids {ids} in {key} (fix A, no engine change)")
+    elif name == "sglang":
+        for candidate in ([b - 1 for b in sorted(trained)], sorted(trained)):
+            try:
+                r = resolve(engine, report.arch, report.num_layers, ids=candidate, root=root)
+            except WiringError:
+                continue
+            if r.served_layout == tuple(sorted(trained)) and r.errors and all(
+                    any(h["error"] in e for h in r.hazards) for e in r.errors):
+                fixes.append(f"patch the engine (`python -m helpers patch-sglang apply --version {version} "
+                             f"--arch {report.arch}`), then write ids {candidate} in {key} (fix A)")
+                break
+    fixes.append(f"or retrain the draft on the served layout {served.served_layout} (fix B)")
+    report.problems.append(Problem(
+        "layout-mismatch", f"served {tuple(served.served_layout)} "
+        f"{layout_label(served.served_layout, report.num_layers)} != trained {trained} "
+        f"{layout_label(trained, report.num_layers)} ({report.training_source})", "; ".join(fixes)))
+
+
+def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str) -> None:
+    if ids is None:
+        report.problems.append(Problem(
+            "ids-missing", f"the draft config carries no {IDS_KEY}: {name} serves its default boundaries (vLLM "
+            f"PR #50170: about 1% acceptance when those are not the trained ones)",
+            f"write the trained ids into {'eagle_config' if name == 'sglang' else 'the top level'}",
+            blocking=False))
+    elif name == "sglang" and where == IdsAt.TOP_LEVEL:
+        report.problems.append(Problem(
+            "ids-key", f"the ids {ids} are top-level (speculators/vLLM format); SGLang reads only "
+            f"eagle_config.{IDS_KEY} and serves its defaults", f"move them into eagle_config.{IDS_KEY}",
+            blocking=False))
+    elif name == "vllm" and where == IdsAt.EAGLE_CONFIG and cfg.get(IDS_KEY) is None:
+        report.problems.append(Problem(
+            "ids-key", f"the ids {ids} sit under eagle_config (SGLang format); vLLM reads the top-level "
+            f"{IDS_KEY} first", f"also write them at the top level ({IDS_KEY})", blocking=False))
+
+
+def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, served: WiringResult) -> None:
+    if shapes is None:
+        report.notes.append("no safetensors in the draft folder: fc width not checked (a .bin cannot be read "
+                            "without loading it)")
+        return
+    fc = _fc_in(shapes)
+    h = tcfg.get("hidden_size")
+    if fc is None or not isinstance(h, int):
+        report.notes.append("fc width not checked (no fc.weight in the headers, or no hidden_size in the target)")
+        return
+    name, width = fc
+    if width % h:
+        report.problems.append(Problem(
+            "fc-width", f"{name} takes {width} inputs, not a multiple of the target's hidden_size {h}: this draft "
+            f"was trained for another target", "retrain (or pair it with the target it was trained for)"))
+        return
+    k = width // h
+    built, rule = engine_fc_slots(cfg, engine)
+    if built != k:
+        report.problems.append(Problem(
+            "fc-width", f"{report.engine} builds fc for {built} states ({rule}) but {name} is {width} = {k} x {h} "
+            f"wide: loading the weights fails", f"set num_aux_hidden_states = {k} in the draft config"))
+    if served.served_layout and len(served.served_layout) != k and not served.errors:
+        report.problems.append(Problem(
+            "fc-width", f"{report.engine} feeds {len(served.served_layout)} states, fc takes {k}",
+            f"give {k} ids"))
+
+
+def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> None:
+    if name == "sglang" and is_speculators_format(cfg):
+        report.problems.append(Problem(
+            "speculators-format", "speculators-format draft (Eagle3Speculator): SGLang registers no such "
+            "architecture in the releases read so far; its llama_eagle3 would skip layers.0.* weights silently",
+            "convert it: architectures LlamaForCausalLMEagle3, the ids under eagle_config (SGLang's numbering), "
+            "weights layers.0.* renamed midlayer.* (helpers.draft.save_draft(..., fmt='sglang') writes that "
+            "layout from a loaded draft)"))
+    if sets_norm_before_residual(cfg) and not honours_norm_before_residual(engine):
+        report.problems.append(Problem(
+            "norm-before-residual", f"the draft was trained with norm_before_residual=true; {report.engine}'s "
+            f"llama_eagle3 ignores the flag and runs another forward", "serve with vLLM, or retrain without it"))
+
+
+def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
+    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    draft_vocab = cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")
+    vocab = tcfg.get("vocab_size")
+    if not (isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab) or shapes is None:
+        return
+    if "d2t" not in shapes:
+        report.problems.append(Problem(
+            "vocab", f"reduced draft vocabulary ({draft_vocab} of {vocab}) but no d2t tensor: the engine cannot map "
+            f"draft tokens to target tokens, so nearly every draft token is rejected",
+            "add d2t (target_id - draft_id for each draft token) from the trainer's vocabulary mapping"))
+
+
+# --------------------------------------------------------------------------------------
+# CLI.
+
+
+def format_report(r: CheckReport) -> str:
+    lines = [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
+             f"  trained on : {r._label(r.training_layout)}   [{r.training_source}]",
+             f"  served     : {r._label(r.served_layout)}   [{r.served_source}]",
+             f"  verdict    : {r.verdict}"]
+    for i, p in enumerate(r.problems, 1):
+        lines.append(f"  {i}. [{p.kind}{'' if p.blocking else ', advisory'}] {p.message}")
+        lines.append(f"     fix: {p.fix}")
+    lines += [f"  note: {n}" for n in r.notes]
+    lines.append(f"  ({r.seconds:.2f} s, no weights loaded)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = cli.parser("check", __doc__)
+    cli.add_pair_args(p, device=False, paths=False, draft="the EAGLE-3 draft folder (config.json, safetensors)",
+                      target="the target folder (only config.json is read)")
+    p.add_argument("--target-config", help="the target's config.json alone, instead of --target")
+    p.add_argument("--trainer", help="NAME[==VERSION] of the trainer that captured the features")
+    p.add_argument("--train-ids", help="the ids the trainer was run with, in its own numbering")
+    p.add_argument("--algorithm", default="EAGLE3", help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
+    p.add_argument("--sglang-root", help="an sglang/ tree to read instead of the cached release (a patched copy)")
+    args = p.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--train-ids"))
+    try:
+        if args.draft is None:
+            raise BadOption("--draft DIR is required")
+        ids = cli.parse_int_list(args.train_ids, "--train-ids") if args.train_ids is not None else None
+        if ids is not None and args.trainer is None:
+            raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
+        report = check(args.draft, args.engine, target=args.target, target_config=args.target_config,
+                       trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root)
+    except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
+        return fail(exc)
+    if args.json:
+        print_json(report.to_dict(), indent=2)
+    else:
+        print(format_report(report))
+    return report.exit_code
