@@ -104,6 +104,18 @@ class BenchResult:
                  break_even_tau=round(self.break_even_tau, 3), slower_prompts=self.slower_prompts)
         return d
 
+    def row(self, wiring: str) -> dict:
+        """One configuration as a table row, named ``wiring``: notebooks 01 and 06 and summary.json
+        (``reports.bench_tables``) must show the same rounded figures under the same names."""
+        return {"wiring": wiring, "layout": list(self.layout), "baseline_tok_s": self.baseline_tok_s,
+                "spec_tok_s": self.spec_tok_s, "speedup": round(self.speedup, 3), "tau": self.tau,
+                "accept_rate": self.accept_rate, "speedup_per_tau": round(self.efficiency, 3),
+                "lossless": self.lossless, "decode_ms": self.decode_ms, "verify_ms": self.verify_ms,
+                "draft_step_ms": self.draft_step_ms, "draft_cost_ratio": round(self.draft_cost_ratio, 3),
+                "predicted_speedup": round(self.predicted_speedup, 3),
+                "break_even_tau": round(self.break_even_tau, 3), "slower_prompts": self.slower_prompts,
+                "prompts": len(self.per_prompt)}
+
 
 def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> list[torch.Tensor]:
     # verbose=False: transformers' own 'longer than the maximum' warning; fit_prompts says it in one line

@@ -48,8 +48,9 @@ class Scale:
     regen_fraction: float = 0.5
 
 
-FULL = Scale(corpus_chars=8_000_000, vocab=4096, hidden=256, target_steps=1100, target_batch=8, draft_vocab=1024,
-             train_samples=640, val_samples=48, seq_len=256, draft_steps=1400, ttt_steps=5, prompts=24)
+FULL = Scale(corpus_chars=8_000_000, vocab=4096, hidden=256, target_steps=1100, target_batch=8,
+             draft_vocab=1024, train_samples=640, val_samples=48, seq_len=256, draft_steps=1400, ttt_steps=5,
+             prompts=24)
 TINY = Scale(corpus_chars=600_000, vocab=1024, hidden=64, target_steps=600, target_batch=8, draft_vocab=384,
              train_samples=160, val_samples=16, seq_len=128, draft_steps=900, ttt_steps=3, prompts=6,
              target_lr=3e-3, regen_fraction=0.25)
@@ -91,7 +92,8 @@ def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log
             f.write(json.dumps({"prompt": p}) + "\n")
     (out / "heldout.txt").write_text(corpus.heldout_text[:200_000])
     write_json(out / "corpus.json", corpus.record())
-    info = {"arch": arch, **describe(model), "train": report.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}
+    info = {"arch": arch, **describe(model), "train": report.to_dict(),
+            "seconds": round(time.perf_counter() - t0, 1)}
     write_json(tdir / "training.json", info)
     log(f"target: val loss {report.val_loss:.3f} in {info['seconds']:.0f}s")
     return info
@@ -109,13 +111,14 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
     train_ids = torch.tensor(hf_tok(corpus.train_text, verbose=False)["input_ids"], dtype=torch.long)
     held_ids = torch.tensor(hf_tok(corpus.heldout_text, verbose=False)["input_ids"], dtype=torch.long)
     draft_ids = draft_vocab_from_counts(train_ids, target.config.vocab_size, scale.draft_vocab)
-    train = generate_samples(target, train_ids, scale.train_samples, scale.seq_len, capture, scale.regen_fraction,
-                             seed, desc="train")
+    train = generate_samples(target, train_ids, scale.train_samples, scale.seq_len, capture,
+                             scale.regen_fraction, seed, desc="train")
     val = generate_samples(target, held_ids, scale.val_samples, scale.seq_len, capture, scale.regen_fraction,
                            seed + 1, desc="val")
     torch.manual_seed(seed)
     ids = list(eagle_ids if eagle_ids is not None else default_ids(L))
-    draft = Eagle3Draft(new_draft_config(target.config, scale.draft_vocab, ids, num_aux=len(training_boundaries)))
+    draft = Eagle3Draft(new_draft_config(target.config, scale.draft_vocab, ids,
+                                         num_aux=len(training_boundaries)))
     draft.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.detach())
     d2t, t2d = vocab_maps(draft_ids, target.config.vocab_size)
     draft.d2t.copy_(d2t)
@@ -144,8 +147,8 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
 
 
 def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries=(0, 3, 7), seed: int = 0,
-                  tiny: bool = False, arch: str = "deepseek_v3", fmt: str = "sglang", retrained: bool | None = None,
-                  log=print, reuse_target: bool = False) -> dict:
+                  tiny: bool = False, arch: str = "deepseek_v3", fmt: str = "sglang",
+                  retrained: bool | None = None, log=print, reuse_target: bool = False) -> dict:
     scale = TINY if tiny else FULL
     training_boundaries = check_layout(training_boundaries, layers)   # before anything is written
     if len(training_boundaries) != 3 or len(set(training_boundaries)) != 3:
@@ -163,17 +166,20 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
         summary["target"] = json.loads(record.read_text())
         if (summary["target"].get("arch"), summary["target"].get("num_hidden_layers")) != (arch, layers):
             raise ValueError(f"--reuse-target: {out / 'target'} is {summary['target'].get('arch')} with "
-                             f"{summary['target'].get('num_hidden_layers')} layers; asked for {arch} with {layers}")
+                             f"{summary['target'].get('num_hidden_layers')} layers; asked for {arch} with "
+                             f"{layers}")
         log(f"reusing the target in {out / 'target'}")
     else:
         summary["target"] = build_target(out, arch, layers, scale, seed, log)
-    summary["draft"] = build_draft(out / "draft", out / "target", training_boundaries, scale, seed, fmt, log=log)
+    summary["draft"] = build_draft(out / "draft", out / "target", training_boundaries, scale, seed, fmt,
+                                   log=log)
     if retrained if retrained is not None else not tiny:
         served = sglang_plus_one(default_ids(layers))
-        summary["draft_retrained"] = build_draft(out / "draft-retrained", out / "target", served, scale, seed, fmt,
-                                                 log=log)
+        summary["draft_retrained"] = build_draft(out / "draft-retrained", out / "target", served, scale, seed,
+                                                 fmt, log=log)
     summary["seconds"] = round(time.perf_counter() - t0, 1)
-    summary["sizes_bytes"] = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    summary["sizes_bytes"] = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*"))
+                              if p.is_file()}
     write_json(out / "build.json", summary)
     log(f"built {out} in {summary['seconds']:.0f}s")
     return summary

@@ -123,6 +123,7 @@ def boundary_identities(model: nn.Module, input_ids: torch.Tensor):
                      "max_abs_diff": float((store[b] - outputs[b - 1]).abs().max())})
     rows.append({"boundary": L, "is": f"norm(boundary {L}) == output_hidden_states[{L}]",
                  "max_abs_diff": float((norm(store[L]) - hs[L]).abs().max())})
-    rows.append({"boundary": L, "is": f"raw boundary {L} vs output_hidden_states[{L}] (differs: that one is normed)",
+    rows.append({"boundary": L,
+                 "is": f"raw boundary {L} vs output_hidden_states[{L}] (differs: that one is normed)",
                  "max_abs_diff": float((store[L] - hs[L]).abs().max())})
     return pd.DataFrame(rows)

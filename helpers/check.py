@@ -30,6 +30,7 @@ from .conventions import (
     read_draft_config,
     read_target_config,
     sets_norm_before_residual,
+    vllm_reads,
 )
 from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, print_json, read_json_file
 from .sglang import source as ss
@@ -173,7 +174,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None, t
         fix = e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e else "see `python -m helpers wiring` for the source"
         problems.append(Problem("engine-cannot-capture", e.split(" (fix: ")[0], fix))
     _layout_fixes(report, served, engine, name, version, root)
-    _ids_key(report, cfg, ids, where, name)
+    _ids_key(report, cfg, ids, where, name, version)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
     _forward_flags(report, cfg, engine, name)
     _vocab(report, cfg, shapes, tcfg)
@@ -281,7 +282,7 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
         f"{layout_label(trained, report.num_layers)} ({report.training_source})", "; ".join(fixes)))
 
 
-def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str) -> None:
+def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str, version: str | None) -> None:
     if ids is None:
         report.problems.append(Problem(
             "ids-missing", f"the draft config carries no {IDS_KEY}: {name} serves its default boundaries (vLLM "
@@ -294,9 +295,12 @@ def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str) -> No
             f"eagle_config.{IDS_KEY} and serves its defaults", f"move them into eagle_config.{IDS_KEY}",
             blocking=False))
     elif name == "vllm" and where == IdsAt.EAGLE_CONFIG and cfg.get(IDS_KEY) is None:
+        _, reads_nested, why = vllm_reads(version, report.arch)
         report.problems.append(Problem(
-            "ids-key", f"the ids {ids} sit under eagle_config (SGLang format); vLLM reads the top-level "
-            f"{IDS_KEY} first", f"also write them at the top level ({IDS_KEY})", blocking=False))
+            "ids-key", f"the ids {ids} sit under eagle_config (SGLang format); "
+            + ("vLLM reads them here only as a fallback" if reads_nested else f"vLLM ignores them: {why}"),
+            f"write the boundaries at the top level ({IDS_KEY}), where every vLLM release since 0.11.1 reads "
+            f"them", blocking=False))
 
 
 def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, served: WiringResult) -> None:

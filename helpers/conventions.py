@@ -172,22 +172,30 @@ class DraftIds:
     use_aux: bool = True
 
 
-def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False) -> DraftIds:
+def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, arch: str = "") -> DraftIds:
     """The ids ``engine`` reads from a draft config.
 
     SGLang reads only ``eagle_config``'s key (unless the version's own code, read by the
-    caller, also falls back to the top level); vLLM reads the top-level key first, then
-    ``eagle_config``'s. A key the engine skips is a warning, since nothing else reports it.
+    caller, also falls back to the top level). vLLM's reading depends on the release and on
+    which model runner serves ``arch`` (``vllm_reads``). A key the engine skips is a warning,
+    since nothing else reports it.
     """
-    name, _ = parse_engine(engine)
+    name, version = parse_engine(engine)
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
     inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
     warnings: list[str] = []
     if name == "vllm":
-        if top is not None:
+        reads_top, reads_nested, why = vllm_reads(version, arch)
+        if top is not None and reads_top:
             return DraftIds(top, IdsAt.TOP_LEVEL)
-        return DraftIds(inner, IdsAt.EAGLE_CONFIG) if inner is not None else DraftIds(None, IdsAt.NONE)
+        if inner is not None and reads_nested:
+            return DraftIds(inner, IdsAt.EAGLE_CONFIG, [f"vLLM reads eagle_config's ids here: {why}"])
+        skipped = [f"{where} {ids}" for where, ids in (("top-level", top), ("eagle_config", inner)) if ids]
+        if skipped:
+            warnings.append(f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and serves its "
+                            f"default boundaries, without a warning")
+        return DraftIds(None, IdsAt.NONE, warnings)
     use_aux = bool(nested.get("use_aux_hidden_state", True))
     ids, origin = (inner, IdsAt.EAGLE_CONFIG) if inner is not None else (None, IdsAt.NONE)
     if ids is None and top is not None:
@@ -266,26 +274,104 @@ def sglang_documented_layout(arch: str, version: str | None, ids: list[int] | No
     return sglang_plus_one(ids), "SGLang boundary = id + 1 (0.5.9 convention)"
 
 
+# vLLM, read from every release's wheel (0.8.0 .. 0.33.0; docs/conventions.md has the evidence
+# lines). Ids are boundaries in every release (no +1), captured in ascending order.
+VLLM_FIRST_EAGLE3 = "0.8.5"
+VLLM_NEWEST_READ = "0.33.0"
+VLLM_READS_TOP_LEVEL = "0.11.1"        # v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config
+VLLM_V1_READS_NESTED = "0.22.0"        # the V1 runner falls back to eagle_config's ids; V2 never does
+VLLM_FC_FROM_CONFIG = "0.22.0"         # llama_eagle3: num_aux_hidden_states, then len(nested ids), else 3
+VLLM_HONOURS_NORM_BEFORE_RESIDUAL = "0.10.1"
+# The V2 model runner (which ignores eagle_config's ids) became the default release by release.
+VLLM_V2_DEFAULT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    ("0.22.0", ("Qwen3ForCausalLM",)),
+    ("0.23.0", ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")),
+    ("0.24.0", ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "DeepseekV2ForCausalLM",
+                "DeepseekV3ForCausalLM")),
+    ("0.25.0", ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "DeepseekV2ForCausalLM",
+                "DeepseekV3ForCausalLM", "Qwen2ForCausalLM")),
+    ("0.29.0", None),                  # every target
+)
+# Per target class: (first release with EAGLE-3 capture, first release whose capture reaches boundary N,
+# whether boundary 0 crashes because the capture adds a residual that is still None).
+VLLM_CAPTURE: dict[str, tuple[str | None, str | None, bool]] = {
+    "LlamaForCausalLM": ("0.8.5", "0.18.0", False),
+    "Qwen3ForCausalLM": ("0.10.1", "0.18.0", False),
+    "Qwen3MoeForCausalLM": ("0.11.1", "0.18.0", False),
+    "GptOssForCausalLM": ("0.11.0", "0.18.0", False),
+    "DeepseekV2ForCausalLM": ("0.18.0", "0.25.0", True),
+    "DeepseekV3ForCausalLM": ("0.18.0", "0.25.0", True),
+    "Glm4MoeForCausalLM": (None, None, False),
+}
+
+
+def _at_least(version: str | None, first: str | None) -> bool:
+    return first is not None and version_tuple(version or VLLM_NEWEST_READ) >= version_tuple(first)
+
+
+def vllm_reads(version: str | None, arch: str) -> tuple[bool, bool, str]:
+    """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``."""
+    v = version or VLLM_NEWEST_READ
+    if not _at_least(v, VLLM_READS_TOP_LEVEL):
+        return False, False, f"vLLM {v} reads no draft ids at all (from {VLLM_READS_TOP_LEVEL} it reads the top level)"
+    v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if _at_least(v, first)), ())
+    on_v2 = v2 is None or arch in v2
+    if on_v2:
+        return True, False, f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, which reads only " \
+                            f"the top-level key"
+    if _at_least(v, VLLM_V1_READS_NESTED):
+        return True, True, f"vLLM {v}'s V1 runner: the top-level key, then eagle_config's"
+    return True, False, f"vLLM {v} reads only the top-level key (eagle_config's from {VLLM_V1_READS_NESTED})"
+
+
 def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
                  cfg: dict | None) -> WiringResult:
-    """vLLM's wiring by its documented rule (it is not read from source): id = boundary."""
+    """What a vLLM release serves: its rules as read from its wheels (VLLM_* above), not run here."""
+    v = version or VLLM_NEWEST_READ
+    warnings: list[str] = []
+    errors: list[str] = []
+    if version is None:
+        warnings.append(f"no vLLM version given: the newest release read ({VLLM_NEWEST_READ}) is assumed")
+    if not _at_least(v, VLLM_FIRST_EAGLE3):
+        raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
+    if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
+        warnings.append(f"vLLM {v} is newer than the releases read ({VLLM_NEWEST_READ}); their rule is assumed")
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
-        chosen = engine_ids(cfg, "vllm")
+        chosen = engine_ids(cfg, f"vllm=={v}", arch=arch)
         chosen.ids = check_ids(chosen.ids, num_layers)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
+    warnings += chosen.warnings
     used = chosen.ids if chosen.ids is not None else default_ids(num_layers)
-    errors = [f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)"
-              for i in used if i < 0]
+    first, final_from, zero_crashes = VLLM_CAPTURE.get(arch, ("0.8.5", "0.18.0", False))
+    if arch not in VLLM_CAPTURE:
+        warnings.append(f"{arch} is not among the classes read from vLLM's source ({', '.join(VLLM_CAPTURE)}); "
+                        f"Llama's capture is assumed")
+    if not _at_least(v, first):
+        errors.append(f"vLLM {v} has no EAGLE-3 capture for {arch}"
+                      + (f" (from {first})" if first else " in any release read (up to "
+                         f"{VLLM_NEWEST_READ})"))
+        return WiringResult(engine=f"vllm=={v}" if version else "vllm", version=version, arch=arch,
+                            num_layers=num_layers, served_layout=(), layers_to_capture=[], ids_used=chosen.ids,
+                            ids_source=chosen.source, errors=errors, warnings=warnings)
+    captured = set()
+    for i in sorted(set(used)):
+        if i < 0:
+            errors.append(f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)")
+        elif i == num_layers and not _at_least(v, final_from):
+            errors.append(f"vLLM {v} captures {arch} before each layer, so id {num_layers} (the final boundary) "
+                          f"is never captured (from {final_from} it is): fewer features than fc slots")
+        elif i == 0 and zero_crashes:
+            errors.append(f"vLLM {v}'s {arch} capture adds the residual, which is still None before layer 0: "
+                          f"id 0 (the embedding) fails on the first forward")
+        else:
+            captured.add(i)
     if len(set(used)) != len(used):
         errors.append(f"ids {used} repeat a boundary; the draft's fc would get fewer features than slots")
-    warnings = chosen.warnings + ["vLLM rule from docs/conventions.md (id = boundary, top-level key first, "
-                                  "ascending order); not read from vLLM source"]
-    return WiringResult(engine="vllm" + (f"=={version}" if version else ""), version=version, arch=arch,
-                        num_layers=num_layers,
-                        served_layout=tuple(sorted({i for i in used if 0 <= i <= num_layers})),
+    return WiringResult(engine=f"vllm=={v}" if version else "vllm", version=version, arch=arch,
+                        num_layers=num_layers, served_layout=tuple(sorted(captured)),
                         layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
                         errors=errors, warnings=warnings)
 
@@ -302,6 +388,8 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int, str]:
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
         return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
+    if name == "vllm" and not _at_least(version, VLLM_FC_FROM_CONFIG):
+        return 3, f"vllm {version} llama_eagle3 builds fc for 3 states (from the config from {VLLM_FC_FROM_CONFIG})"
     if isinstance(cfg.get("num_aux_hidden_states"), int):
         return cfg["num_aux_hidden_states"], "num_aux_hidden_states"
     if isinstance(nested.get(IDS_KEY), list):
@@ -320,8 +408,10 @@ NORM_BEFORE_RESIDUAL_ON_SGLANG = (
 
 
 def honours_norm_before_residual(engine: str) -> bool:
-    """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual``."""
-    return parse_engine(engine)[0] == "vllm"
+    """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual`` (vLLM from 0.10.1;
+    no SGLang release read so far)."""
+    name, version = parse_engine(engine)
+    return name == "vllm" and _at_least(version, VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
 
 
 def sets_norm_before_residual(cfg: dict) -> bool:

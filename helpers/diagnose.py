@@ -66,7 +66,8 @@ class Diagnosis:
         if self.served_errors:
             return "the engine cannot feed this draft: " + "; ".join(self.served_errors)
         if self.mismatch:
-            return "MISMATCH: the served wiring scores significantly worse than the layout the draft was trained on"
+            return ("MISMATCH: the served wiring scores significantly worse than the layout the draft was "
+                    "trained on")
         if len(self.confident_set) > 1:
             return (f"served wiring consistent with training: within noise of the best "
                     f"({len(self.confident_set)} layouts cannot be told apart on this text)")
@@ -74,11 +75,13 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         return {
-            "best_layout": list(self.best_layout), "best_label": layout_label(self.best_layout, self.num_layers),
+            "best_layout": list(self.best_layout),
+            "best_label": layout_label(self.best_layout, self.num_layers),
             "best_acc": self.best_acc, "best_ce": self.best_ce, "best_full_acc": self.best_full_acc,
             "served_layout": list(self.served_layout),
             "served_label": layout_label(self.served_layout, self.num_layers),
-            "served_acc": self.served_acc, "served_ce": self.served_ce, "served_full_acc": self.served_full_acc,
+            "served_acc": self.served_acc, "served_ce": self.served_ce,
+            "served_full_acc": self.served_full_acc,
             "served_source": self.served_source, "served_notes": self.served_notes,
             "served_errors": self.served_errors,
             "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
@@ -99,7 +102,8 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
     errors = plan_problems(pair, served)
     named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout)
              if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
-    res = search(pair.draft, caps, progress=progress, include=named)   # named layouts get the final measure too
+    # named layouts get the final measure too
+    res = search(pair.draft, caps, progress=progress, include=named)
     rank_ce = {tuple(r["layout"]): float(r["ce"]) for r in res.ranking.to_dict("records")}
     best = evaluate_layout(pair.draft, caps, res.best, steps)
     srv = None
@@ -109,37 +113,43 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
             srv = evaluate_layout(pair.draft, caps, served.layout, steps)
         notes += engine_notes
 
-    check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce, res.margin_ce)
+    check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce,
+                 res.margin_ce)
     if srv is not None:
         check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
     ranked_by = str(res.ranking.loc[0, "scored_by"]) if "scored_by" in res.ranking else "step-0 ce"
     return Diagnosis(res.best, best.acc0, round(rank_ce[tuple(res.best)], 4), served.layout, srv and srv.acc0,
-                     None if srv is None else round(rank_ce.get(tuple(served.layout), srv.ce), 4), served.source,
-                     notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
+                     None if srv is None else round(rank_ce.get(tuple(served.layout), srv.ce), 4),
+                     served.source, notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
                      srv and srv.full_acc, errors, ranked_by=f"{ranked_by} (ce columns); accuracy beside it")
 
 
 def main(argv=None) -> int:
     ap = cli.parser("diagnose", __doc__.replace("``python -m helpers diagnose``: ", ""))
     cli.add_pair_args(ap)
-    ap.add_argument("--text", type=Path, default=None, help="held-out text to evaluate on (default: heldout.txt)")
+    ap.add_argument("--text", type=Path, default=None,
+                    help="held-out text to evaluate on (default: heldout.txt)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
     dump = ap.add_argument_group("from a trainer's hidden-state dump (no target forward; see docs/dumps.md)")
     dump.add_argument("--data", type=Path, default=None,
-                      help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or rows_*/data_*.ckpt[.gz]")
+                      help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or "
+                           "rows_*/data_*.ckpt[.gz]")
     dump.add_argument("--slot-boundaries", default=None,
-                      help="each slot's boundary, e.g. 0,3,7,12 ('?' for unknown); default: the dump's record or measured")
+                      help="each slot's boundary, e.g. 0,3,7,12 ('?' for unknown); default: the dump's "
+                           "record or measured")
     dump.add_argument("--max-records", type=int, default=None)
     dump.add_argument("--max-tokens", type=int, default=None)
     dump.add_argument("--run-target", choices=("auto", "yes", "no"), default="auto",
-                      help="match slots against the target's own capture (auto: when its weights are under 4 GB)")
+                      help="match slots against the target's own capture (auto: when its weights are "
+                           "under 4 GB)")
     a = ap.parse_args(argv)
 
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
     if a.windows < 2:
-        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got {a.windows}")
+        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
+                 f"{a.windows}")
     if a.data is not None:
         return run_dump_diagnosis(a)
     try:
@@ -159,8 +169,9 @@ def main(argv=None) -> int:
     L = d.num_layers
     print(f"trained on (most likely): {layout_label(d.best_layout, L)} = {d.best_layout}   "
           f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
-    print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = {d.search.z:.1f}"
-          f" ({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
+    print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = "
+          f"{d.search.z:.1f} "
+          f"({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
     if len(d.confident_set) > 1:
         print(f"   within noise of the best: {d.confident_set}")
     if d.served_errors:

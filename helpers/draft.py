@@ -117,7 +117,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                        device=positions.device) / head_dim))
     ang = positions.float()[..., None] * inv
     emb = torch.cat([ang, ang], -1)
     return emb.cos(), emb.sin()
@@ -137,7 +138,8 @@ class DraftKVCache:
     draft's own chain steps (discarded by ``crop`` once the target has verified them).
     """
 
-    def __init__(self, cfg: DraftConfig, batch: int = 1, max_len: int = 2048, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg: DraftConfig, batch: int = 1, max_len: int = 2048, device="cpu",
+                 dtype=torch.float32):
         shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -265,7 +267,8 @@ class Eagle3Draft(nn.Module):
         if hidden.shape[-1] != self.cfg.fc_in:
             raise DraftFormatError(
                 f"draft fed a feature of width {hidden.shape[-1]}; its fc expects {self.cfg.fc_in} "
-                f"({self.cfg.num_aux} x {self.cfg.target_hidden_size}) or its own width {self.cfg.hidden_size}")
+                f"({self.cfg.num_aux} x {self.cfg.target_hidden_size}) or its own width "
+                f"{self.cfg.hidden_size}")
         return self.fc(hidden)
 
     def step(self, input_ids, hidden, positions, cache: DraftKVCache):
@@ -316,7 +319,8 @@ def vocab_maps(draft_target_ids: torch.Tensor, vocab_size: int) -> tuple[torch.T
     ids = torch.sort(draft_target_ids.long()).values
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.numel():
-        raise DraftFormatError(f"draft vocabulary holds target id {int(bad[0])}; target ids run 0..{vocab_size - 1}")
+        raise DraftFormatError(f"draft vocabulary holds target id {int(bad[0])}; target ids run "
+                               f"0..{vocab_size - 1}")
     d2t = ids - torch.arange(ids.numel())
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[ids] = True
@@ -365,9 +369,9 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
     layer = _layer_cfg_from(cfg_json)
     for name in UNSUPPORTED_FLAGS:
         if _flag(cfg_json, layer, name):
-            raise DraftFormatError(f"config sets {name}=true; this draft implements only {name}=false, so it would "
-                                   f"run a different forward from the checkpoint's (SGLang's llama_eagle3.py has no "
-                                   f"{name} either)")
+            raise DraftFormatError(f"config sets {name}=true; this draft implements only {name}=false, so it "
+                                   f"would run a different forward from the checkpoint's (SGLang's "
+                                   f"llama_eagle3.py has no {name} either)")
     h = _need(layer, "hidden_size")
     heads = _need(layer, "num_attention_heads")
     ids, where = ids_in_config(cfg_json)
@@ -378,7 +382,8 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
         num_key_value_heads=layer.get("num_key_value_heads") or heads,
         head_dim=layer.get("head_dim") or h // heads,
         vocab_size=cfg_json.get("vocab_size") or _need(layer, "vocab_size"),
-        draft_vocab_size=cfg_json.get("draft_vocab_size") or layer.get("draft_vocab_size") or _need(layer, "vocab_size"),
+        draft_vocab_size=(cfg_json.get("draft_vocab_size") or layer.get("draft_vocab_size")
+                          or _need(layer, "vocab_size")),
         target_hidden_size=cfg_json.get("target_hidden_size") or layer.get("target_hidden_size") or h,
         num_aux=int(cfg_json.get("num_aux_hidden_states", 3)),
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
@@ -401,8 +406,8 @@ def _llama_layer_json(cfg: DraftConfig) -> dict:
 
 def config_to_json(cfg: DraftConfig, fmt: str, extra: dict | None = None) -> dict:
     if fmt == "sglang":
-        out = {"architectures": [SGLANG_ARCH], **_llama_layer_json(cfg), "draft_vocab_size": cfg.draft_vocab_size,
-               "target_hidden_size": cfg.target_hidden_size}
+        out = {"architectures": [SGLANG_ARCH], **_llama_layer_json(cfg),
+               "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size}
         if cfg.eagle_ids is not None:
             out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.eagle_ids),
                                    "use_aux_hidden_state": True}
@@ -484,7 +489,8 @@ def _read_weight_file(f: Path, as_dtype: torch.dtype | None = None) -> dict[str,
         raise DraftFormatError(f"{f} holds a {type(obj).__name__}; expected a dict of tensor name -> tensor")
     bad = [f"{k!r} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     if bad:
-        raise DraftFormatError(f"{f} holds non-tensor entries {bad[:5]}; expected a dict of tensor name -> tensor")
+        raise DraftFormatError(f"{f} holds non-tensor entries {bad[:5]}; expected a dict of tensor name -> "
+                               f"tensor")
     return obj
 
 
@@ -509,19 +515,22 @@ def _read_sharded(index: Path, as_dtype: torch.dtype | None = None) -> dict[str,
     return out
 
 
-def read_draft_weights(path: str | Path, as_dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], Path]:
+def read_draft_weights(path: str | Path,
+                       as_dtype: torch.dtype | None = None) -> tuple[dict[str, torch.Tensor], Path]:
     """The raw tensors of a draft directory (floating ones in ``as_dtype`` when given), and the
     file they came from (for error messages)."""
     path = Path(path)
     for name in WEIGHT_FILES:
         f = path / name
         if f.is_file():
-            return (_read_sharded(f, as_dtype) if name.endswith(".index.json") else _read_weight_file(f, as_dtype)), f
-    raise FileNotFoundError(f"no weights at {path / WEIGHT_FILES[0]}: expected one of {', '.join(WEIGHT_FILES)} "
-                            f"in {path}")
+            return (_read_sharded(f, as_dtype) if name.endswith(".index.json")
+                    else _read_weight_file(f, as_dtype)), f
+    raise FileNotFoundError(f"no weights at {path / WEIGHT_FILES[0]}: expected one of "
+                            f"{', '.join(WEIGHT_FILES)} in {path}")
 
 
-def canonical_state(raw: dict[str, torch.Tensor], source: str | Path = "checkpoint") -> dict[str, torch.Tensor]:
+def canonical_state(raw: dict[str, torch.Tensor],
+                    source: str | Path = "checkpoint") -> dict[str, torch.Tensor]:
     """Map the names real drafts use onto this module's: the layer as ``midlayer.*`` whether
     the file says ``midlayer.*`` (SGLang, SpecForge, EAGLE reference) or ``layers.0.*``
     (speculators), with an HF-style ``model.`` wrapper dropped. A second decoder layer is
@@ -539,7 +548,8 @@ def canonical_state(raw: dict[str, torch.Tensor], source: str | Path = "checkpoi
             deeper.add(f"layers.{k.split('.')[1]}.*")
             continue
         if k in state:
-            raise DraftFormatError(f"{source} holds both {origin[k]!r} and {key!r}, two names for the draft's {k}")
+            raise DraftFormatError(f"{source} holds both {origin[k]!r} and {key!r}, two names for the "
+                                   f"draft's {k}")
         state[k] = v
         origin[k] = key
     if deeper:
@@ -557,13 +567,13 @@ def _vocab_buffers(state: dict, cfg: DraftConfig, source) -> tuple[torch.Tensor,
         if cfg.draft_vocab_size != cfg.vocab_size:
             has = "t2d but no d2t" if t2d is not None else "no d2t"
             raise DraftFormatError(
-                f"{source} has {has}, but draft_vocab_size {cfg.draft_vocab_size} differs from the target vocab_size "
-                f"{cfg.vocab_size}: an identity map (draft id i = target id i) is only right when they are equal, "
-                f"and engines read only d2t")
+                f"{source} has {has}, but draft_vocab_size {cfg.draft_vocab_size} differs from the target "
+                f"vocab_size {cfg.vocab_size}: an identity map (draft id i = target id i) is only right when "
+                f"they are equal, and engines read only d2t")
         d2t = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
     if d2t.is_floating_point() or d2t.dtype == torch.bool or d2t.dim() != 1:
-        raise DraftFormatError(f"d2t is {d2t.dtype} of shape {tuple(d2t.shape)}; expected int64 offsets of shape "
-                               f"({cfg.draft_vocab_size},)")
+        raise DraftFormatError(f"d2t is {d2t.dtype} of shape {tuple(d2t.shape)}; expected int64 offsets of "
+                               f"shape ({cfg.draft_vocab_size},)")
     d2t = d2t.long()
     check_vocab_map(d2t, cfg)
     derived = torch.zeros(cfg.vocab_size, dtype=torch.bool)
@@ -571,14 +581,14 @@ def _vocab_buffers(state: dict, cfg: DraftConfig, source) -> tuple[torch.Tensor,
     if t2d is None:
         return d2t, derived
     if tuple(t2d.shape) != (cfg.vocab_size,):
-        raise DraftFormatError(f"t2d has shape {tuple(t2d.shape)}; expected ({cfg.vocab_size},), one flag per "
-                               f"target id")
+        raise DraftFormatError(f"t2d has shape {tuple(t2d.shape)}; expected ({cfg.vocab_size},), one flag "
+                               f"per target id")
     t2d = t2d.bool()
     if not torch.equal(t2d, derived):
         i = int((t2d != derived).nonzero()[0])
         raise DraftFormatError(
-            f"t2d and d2t disagree: t2d marks {int(t2d.sum())} target ids, d2t maps to {int(derived.sum())}; first "
-            f"difference at target id {i} (t2d says {bool(t2d[i])}, d2t says {bool(derived[i])})")
+            f"t2d and d2t disagree: t2d marks {int(t2d.sum())} target ids, d2t maps to {int(derived.sum())}; "
+            f"first difference at target id {i} (t2d says {bool(t2d[i])}, d2t says {bool(derived[i])})")
     return d2t, t2d
 
 
@@ -601,18 +611,21 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
         raise DraftFormatError(f"{source} has no fc.weight; keys start {sorted(raw)[:5]}")
     check_finite_weights(state.items(), f"draft {source}")
     if state["fc.weight"].dim() != 2 or state["fc.weight"].shape[0] != cfg.hidden_size:
-        raise DraftFormatError(f"{path / 'config.json'} says hidden_size {cfg.hidden_size}, but {source} holds "
-                               f"fc.weight {tuple(state['fc.weight'].shape)} ({state['fc.weight'].shape[0]} wide): "
-                               f"the config does not describe these weights")
+        raise DraftFormatError(f"{path / 'config.json'} says hidden_size {cfg.hidden_size}, but {source} "
+                               f"holds fc.weight {tuple(state['fc.weight'].shape)} "
+                               f"({state['fc.weight'].shape[0]} wide): the config does not describe these "
+                               f"weights")
     fc_in = state["fc.weight"].shape[1]
     stated = cfg_json.get("target_hidden_size") or _layer_cfg_from(cfg_json).get("target_hidden_size")
-    hint = "" if stated else " (the config has no target_hidden_size, so the draft's own hidden size was assumed)"
+    hint = "" if stated else (" (the config has no target_hidden_size, so the draft's own hidden size was "
+                              "assumed)")
     if fc_in % cfg.target_hidden_size:
-        raise DraftFormatError(f"fc.weight is {tuple(state['fc.weight'].shape)}; its input width {fc_in} is not a "
-                               f"multiple of the target hidden size {cfg.target_hidden_size}{hint}")
+        raise DraftFormatError(f"fc.weight is {tuple(state['fc.weight'].shape)}; its input width {fc_in} is "
+                               f"not a multiple of the target hidden size {cfg.target_hidden_size}{hint}")
     if target is not None and hint and cfg.target_hidden_size != target.config.hidden_size:
         raise DraftFormatError(f"draft expects target hidden size {cfg.target_hidden_size}; the target has "
-                               f"{target.config.hidden_size}{hint}; fc.weight is {tuple(state['fc.weight'].shape)}")
+                               f"{target.config.hidden_size}{hint}; fc.weight is "
+                               f"{tuple(state['fc.weight'].shape)}")
     cfg.num_aux = fc_in // cfg.target_hidden_size
     own_embedding = "embed_tokens.weight" in state
     if target is not None:
@@ -634,8 +647,8 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
     if missing or unexpected:
         raise DraftFormatError(
             f"{source} does not match an EAGLE-3 draft: missing {missing}, unexpected {unexpected} (expected "
-            f"fc.weight, norm.weight, lm_head.weight, one decoder layer under midlayer.* or layers.0.*, optionally "
-            f"embed_tokens.weight, d2t, t2d)")
+            f"fc.weight, norm.weight, lm_head.weight, one decoder layer under midlayer.* or layers.0.*, "
+            f"optionally embed_tokens.weight, d2t, t2d)")
     del raw                         # the state holds the same tensors; converting one at a time frees each
     for k in list(state):
         if state[k].is_floating_point():
@@ -666,17 +679,19 @@ def check_fits_target(cfg: DraftConfig, target, has_own_embedding: bool = False)
     th = tcfg.hidden_size
     tv = tcfg.vocab_size
     if cfg.target_hidden_size != th:
-        raise DraftFormatError(f"draft expects target hidden size {cfg.target_hidden_size}; the target has {th}")
+        raise DraftFormatError(f"draft expects target hidden size {cfg.target_hidden_size}; the target has "
+                               f"{th}")
     if cfg.num_aux * th != cfg.fc_in or cfg.num_aux < 1:
         raise DraftFormatError(f"draft fc input {cfg.fc_in} is not a multiple of the target hidden size {th}")
     if cfg.vocab_size != tv:
-        raise DraftFormatError(f"draft vocab_size is {cfg.vocab_size}; the target's vocabulary has {tv} tokens")
+        raise DraftFormatError(f"draft vocab_size is {cfg.vocab_size}; the target's vocabulary has {tv} "
+                               f"tokens")
     width = target.get_input_embeddings().weight.shape[1]
     if cfg.hidden_size != width and not has_own_embedding:
         raise DraftFormatError(
-            f"draft hidden size {cfg.hidden_size} differs from the target's embedding width {width}, so it cannot "
-            f"share it: expected the checkpoint to ship its own embed_tokens.weight [{cfg.vocab_size}, "
-            f"{cfg.hidden_size}]; it has none")
+            f"draft hidden size {cfg.hidden_size} differs from the target's embedding width {width}, so it "
+            f"cannot share it: expected the checkpoint to ship its own embed_tokens.weight "
+            f"[{cfg.vocab_size}, {cfg.hidden_size}]; it has none")
 
 
 def read_training_record(path: str | Path) -> dict | None:
@@ -690,7 +705,8 @@ def read_training_record(path: str | Path) -> dict | None:
     return record
 
 
-def new_draft_config(target_cfg, draft_vocab_size: int, eagle_ids: list[int], num_aux: int = 3) -> DraftConfig:
+def new_draft_config(target_cfg, draft_vocab_size: int, eagle_ids: list[int],
+                     num_aux: int = 3) -> DraftConfig:
     h = target_cfg.hidden_size
     return DraftConfig(hidden_size=h, intermediate_size=3 * h, num_attention_heads=4, num_key_value_heads=4,
                        head_dim=h // 4, vocab_size=target_cfg.vocab_size, draft_vocab_size=draft_vocab_size,

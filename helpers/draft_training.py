@@ -58,7 +58,8 @@ def generate_samples(target, token_stream: torch.Tensor, n_samples: int, seq_len
     half = seq_len // 2
     for s in tqdm(range(0, n_regen, batch), desc=f"{desc}: regenerate", mininterval=2.0):
         e = min(s + batch, n_regen)
-        out = target.generate(input_ids=windows[s:e, :half], attention_mask=torch.ones_like(windows[s:e, :half]),
+        out = target.generate(input_ids=windows[s:e, :half],
+                              attention_mask=torch.ones_like(windows[s:e, :half]),
                               max_new_tokens=seq_len - half, min_new_tokens=seq_len - half, do_sample=False,
                               pad_token_id=target.config.pad_token_id)
         windows[s:e] = out[:, :seq_len]
@@ -127,14 +128,16 @@ def validate(target, draft, data: SampleSet, ttt_steps: int, batch: int = 16) ->
 
 
 def train_draft(target, draft: Eagle3Draft, train: SampleSet, val: SampleSet, steps: int, ttt_steps: int = 5,
-                batch: int = 8, lr: float = 3e-3, seed: int = 0, evals: int = 6, desc: str = "draft") -> DraftTrainLog:
+                batch: int = 8, lr: float = 3e-3, seed: int = 0, evals: int = 6,
+                desc: str = "draft") -> DraftTrainLog:
     """TTT training on ``standardize_data_v1`` views of the samples; validation logged as it goes."""
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     warm = max(steps // 20, 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        opt, lambda s: (min(1.0, (s + 1) / warm)
+                        * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))))
     log = DraftTrainLog(tuple(train.boundaries[:-1]), steps, ttt_steps)
     every = max(steps // max(evals, 1), 1)
     draft.train()
@@ -163,7 +166,8 @@ def train_draft(target, draft: Eagle3Draft, train: SampleSet, val: SampleSet, st
     return log
 
 
-def draft_vocab_from_counts(token_stream: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
+def draft_vocab_from_counts(token_stream: torch.Tensor, vocab_size: int,
+                            draft_vocab_size: int) -> torch.Tensor:
     """The ``draft_vocab_size`` most frequent target tokens (ties broken by id)."""
     counts = torch.bincount(token_stream, minlength=vocab_size).double()
     counts = counts - torch.arange(vocab_size, dtype=torch.double) * 1e-9

@@ -27,7 +27,8 @@ RUN_TARGET_MAX_BYTES = 4 * 2**30
 
 
 def _weights_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors")) + sum(f.stat().st_size for f in path.glob("*.bin"))
+    return (sum(f.stat().st_size for f in path.glob("*.safetensors"))
+            + sum(f.stat().st_size for f in path.glob("*.bin")))
 
 
 def parse_slot_boundaries(text: str | None):
@@ -60,12 +61,13 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
             heads = load_target_heads(target_dir)
             notes += heads.notes
         else:
-            notes.append(f"{target_dir} has no safetensors weights: its config names the layers and architecture; "
-                         "slots are not measured and scores use the dump's next tokens")
+            notes.append(f"{target_dir} has no safetensors weights: its config names the layers and "
+                         f"architecture; slots are not measured and scores use the dump's next tokens")
         size = _weights_bytes(target_dir)
         if run_target == "yes" or (run_target == "auto" and has_weights and size <= RUN_TARGET_MAX_BYTES):
             target, _ = load_target(target_dir, device)
-            notes.append(f"target small enough to run ({size / 2**20:.0f} MiB): slots matched against its own capture")
+            notes.append(f"target small enough to run ({size / 2**20:.0f} MiB): slots matched against its "
+                         f"own capture")
     draft_dir = Path(draft_dir) if draft_dir is not None else None
     if draft_dir is None:
         raise BadOption("--data needs --draft DIR: the draft to score on the dump")
@@ -73,9 +75,9 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
         draft = load_draft(draft_dir, target=heads, device=device)
     except DraftFormatError as exc:
         if heads is None and "embed_tokens" in str(exc):
-            raise BadOption(f"{draft_dir} ships no embed_tokens and borrows the target's: pass --target DIR with its "
-                            "safetensors (only its config, embed_tokens, final norm and lm_head are read, never the "
-                            "whole model)") from None
+            raise BadOption(f"{draft_dir} ships no embed_tokens and borrows the target's: pass --target DIR "
+                            f"with its safetensors (only its config, embed_tokens, final norm and lm_head "
+                            f"are read, never the whole model)") from None
         raise
     if heads is not None and torch.equal(draft.embed_tokens.weight, heads.embed.weight):
         heads.embed = draft.embed_tokens     # borrowed: one copy of a large vocabulary's embedding, not two
@@ -99,9 +101,9 @@ def run_dump_diagnosis(a) -> int:
             for b in stated:
                 if b is not None and not 0 <= b <= L:
                     raise BadOption(f"--slot-boundaries {a.slot_boundaries}: boundary {b} is outside 0..{L}")
-        d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine, draft_config=dcfg,
-                          arch=arch, num_layers=L, steps=a.steps, max_records=a.max_records,
-                          max_tokens=a.max_tokens, progress=not a.json)
+        d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine,
+                          draft_config=dcfg, arch=arch, num_layers=L, steps=a.steps,
+                          max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json)
         d.notes = notes + d.notes
     except (FileNotFoundError, ValueError) as exc:   # InputError is a ValueError
         return fail(exc)
@@ -120,10 +122,12 @@ def _row_text(r: dict | None) -> str:
 
 def format_dump_diagnosis(d, engine: str | None) -> str:
     L = d.num_layers
-    out = [f"dump: {d.dump.root} ({d.dump.format}, {d.records} records, {d.tokens} scored tokens; labels: {d.labels})"]
+    out = [f"dump: {d.dump.root} ({d.dump.format}, {d.records} records, {d.tokens} scored tokens; labels: "
+           f"{d.labels})"]
     for s in d.slots:
         name = "?" if s.boundary is None else (layout_label((s.boundary,), L)[1:-1] if L else str(s.boundary))
-        out.append(f"   slot {s.slot}: boundary {'?' if s.boundary is None else s.boundary} ({name})   [{s.how}]")
+        out.append(f"   slot {s.slot}: boundary {'?' if s.boundary is None else s.boundary} ({name})   "
+                   f"[{s.how}]")
     best = d.best
     out.append(f"best: slots {tuple(best['slots'])} = {best['label']}   {_row_text(best)}")
     cs = d.confident_set
@@ -138,9 +142,11 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
                    f"{_row_text(d.row(d.trained_slots))}")
     if engine:
         if d.served_errors:
-            out.append(f"served by {engine}: {d.served_layout}   CANNOT FEED THIS DRAFT: {'; '.join(d.served_errors)}")
+            out.append(f"served by {engine}: {d.served_layout}   CANNOT FEED THIS DRAFT: "
+                       f"{'; '.join(d.served_errors)}")
         elif d.served_layout is not None:
-            out.append(f"served by {engine}: {d.served_layout} [{d.served_source}]   {_row_text(d.served_row)}")
+            out.append(f"served by {engine}: {d.served_layout} [{d.served_source}]   "
+                       f"{_row_text(d.served_row)}")
     for n in d.notes:
         out.append(f"   note: {n}")
     out.append(d.verdict)
@@ -157,13 +163,15 @@ def main(argv=None) -> int:
     ap.add_argument("--boundaries", required=True, help="ascending boundaries to save, e.g. 0,3,7,12")
     ap.add_argument("--format", choices=FORMATS, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--text", type=Path, default=None, help="text to dump (default: heldout.txt beside the target)")
+    ap.add_argument("--text", type=Path, default=None,
+                    help="text to dump (default: heldout.txt beside the target)")
     ap.add_argument("--window", type=int, default=256, help="tokens per record")
     ap.add_argument("--records", type=int, default=12, help="records to write at most")
     a = ap.parse_args(argv)
     try:
         if a.window < 8 or a.records < 1:
-            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window} and {a.records}")
+            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window} and "
+                            f"{a.records}")
         bounds = parse_layout(a.boundaries)
         check_new_dir(a.out)                 # before the target loads
         written = write_from_text(a.target, bounds, a.format, a.out, a.text, a.window, a.records, a.device,

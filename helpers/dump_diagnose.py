@@ -76,7 +76,8 @@ def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) 
         _, store = run_and_capture(target, ids[None].to(dev), range(L + 1), use_cache=False)
         for s in range(dump.num_slots):
             x = slots[:, s].float()
-            errs = {b: float((store[b][0].float().cpu() - x).abs().max() / (x.abs().max() + 1e-12)) for b in store}
+            errs = {b: float((store[b][0].float().cpu() - x).abs().max() / (x.abs().max() + 1e-12))
+                    for b in store}
             b = min(errs, key=errs.get)
             out[s]["capture_match"] = b
             out[s]["capture_rel_diff"] = errs[b]
@@ -92,25 +93,28 @@ def identify_slots(dump: Dump, heads=None, target=None, stated=None,
     (boundary L), then the format's promise (speculators >= 0.5 puts boundary L last)."""
     notes: list[str] = []
     k = dump.num_slots
-    meas = measure_slots(dump, heads, target) if (heads is not None or target is not None) else [{} for _ in range(k)]
+    meas = (measure_slots(dump, heads, target) if (heads is not None or target is not None)
+            else [{} for _ in range(k)])
     L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
     ids: list[SlotIdentity] = [SlotIdentity(s, None, "unknown", meas[s]) for s in range(k)]
     if stated is not None:
         if len(stated) != k:
-            raise BadOption(f"--slot-boundaries names {len(stated)} boundaries {tuple(stated)}; the dump's records "
-                            f"hold {k} slots")
+            raise BadOption(f"--slot-boundaries names {len(stated)} boundaries {tuple(stated)}; the dump's "
+                            f"records hold {k} slots")
         for s, b in enumerate(stated):
             ids[s].boundary, ids[s].how = (None if b is None else int(b)), "stated"
     if target is not None:
         for s in range(k):
             if ids[s].boundary is None and meas[s].get("capture_rel_diff", 1.0) < 2e-2:
-                ids[s].boundary, ids[s].how = meas[s]["capture_match"], "measured: matches the target's capture"
+                ids[s].boundary, ids[s].how = (meas[s]["capture_match"],
+                                               "measured: matches the target's capture")
     if dump.recorded_boundaries is not None:
         for s, b in enumerate(dump.recorded_boundaries):
             if ids[s].boundary is None:
                 ids[s].boundary, ids[s].how = b, "record"
             elif ids[s].boundary != b:
-                notes.append(f"slot {s}: the dump's record says boundary {b}, {ids[s].how} says {ids[s].boundary}")
+                notes.append(f"slot {s}: the dump's record says boundary {b}, {ids[s].how} says "
+                             f"{ids[s].boundary}")
     if heads is not None:
         best_final = min(range(k), key=lambda s: meas[s]["next_ce"])
         for s in range(k):
@@ -129,20 +133,22 @@ def identify_slots(dump: Dump, heads=None, target=None, stated=None,
             if ids[s].boundary is None:
                 ids[s].boundary, ids[s].how = found, why
             elif ids[s].boundary != found:
-                notes.append(f"slot {s}: {ids[s].how} says boundary {ids[s].boundary}, but it {why.split(': ')[1]} "
-                             f"(boundary {found})")
+                notes.append(f"slot {s}: {ids[s].how} says boundary {ids[s].boundary}, but it "
+                             f"{why.split(': ')[1]} (boundary {found})")
         zero = [s for s in range(k) if meas[s]["embed_rel_diff"] < 1e-3]
         if not zero and any(i.boundary == 0 for i in ids):
             s0 = next(i.slot for i in ids if i.boundary == 0)
-            notes.append(f"slot {s0} is named boundary 0 ({ids[s0].how}) but does not equal embed_tokens[token_ids] "
-                         f"(relative difference {meas[s0]['embed_rel_diff']:.3g})")
+            notes.append(f"slot {s0} is named boundary 0 ({ids[s0].how}) but does not equal "
+                         f"embed_tokens[token_ids] (relative difference {meas[s0]['embed_rel_diff']:.3g})")
     fs = dump.final_slot_by_format
     if fs is not None and ids[fs].boundary is None and L is not None:
         ids[fs].boundary, ids[fs].how = L, "format: speculators >= 0.5 saves the final boundary last"
     unknown = [i.slot for i in ids if i.boundary is None]
     if unknown:
-        how = ("let the target run (--run-target yes) to match every slot against its capture" if heads is not None
-               else "pass --target DIR to measure boundary 0 and the final boundary from its embedding, norm and head")
+        how = ("let the target run (--run-target yes) to match every slot against its capture"
+               if heads is not None
+               else "pass --target DIR to measure boundary 0 and the final boundary from its embedding, norm "
+                    "and head")
         notes.append(f"slot(s) {unknown} stayed unknown: name them with --slot-boundaries, or {how}")
     return ids, notes
 
@@ -156,7 +162,8 @@ class _Acc:
     ce: list = field(default_factory=list)        # per record: [n] mean-over-steps cross-entropy
     hits: list = field(default_factory=list)      # per record: list over steps of [n] bool
     masks: list = field(default_factory=list)     # per record: [n] bool, columns whose labels exist
-    ce_masks: list = field(default_factory=list)  # per record: [n] bool, columns whose labels the draft vocab holds
+    # per record: [n] bool, columns whose labels the draft vocab holds
+    ce_masks: list = field(default_factory=list)
 
 
 def _labels(rec, draft, heads, final_slot, target=None, chunk: int = 512):
@@ -190,8 +197,9 @@ def _labels(rec, draft, heads, final_slot, target=None, chunk: int = 512):
 
 @torch.no_grad()
 def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int = 3, heads=None,
-                  final_slot: int | None = None, max_records: int | None = None, max_tokens: int | None = None,
-                  progress: bool = True, activation_bytes: int = 512 * 2**20, target=None) -> dict:
+                  final_slot: int | None = None, max_records: int | None = None,
+                  max_tokens: int | None = None, progress: bool = True,
+                  activation_bytes: int = 512 * 2**20, target=None) -> dict:
     """Stream the dump once; for every layout (in slot indices) the per-token cross-entropy
     (mean over ``steps``) and per-step hits, plus what the labels were."""
     ht = draft.cfg.target_hidden_size
@@ -232,7 +240,8 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         lab_d = lab.to(dev)
         probs_d = probs.to(dev) if soft else None
         inv_d = inv.to(dev) if inv is not None else None
-        group = max(1, min(16, activation_bytes // (T * per_token)))   # layouts per forward, within the budget
+        # layouts per forward, within the budget
+        group = max(1, min(16, activation_bytes // (T * per_token)))
         for g in range(0, len(layouts), group):
             chunk = layouts[g:g + group]
             h = torch.stack([sum(proj[(s, b)] for s, b in enumerate(lay)) for lay in chunk])
@@ -275,10 +284,11 @@ def _summary(a: _Acc, steps: int) -> dict:
         run *= c
         total += run
     if not bool(torch.isfinite(ce).all()):
-        raise BadCheckpoint("the draft's scores are not finite (NaN or Inf): its weights or the dump's states "
-                            "cannot be trusted")
+        raise BadCheckpoint("the draft's scores are not finite (NaN or Inf): its weights or the dump's "
+                            "states cannot be trusted")
     return {"ce": float(ce.mean()), "acc0": full[0], "full_acc": [round(x, 4) for x in full],
-            "cond_acc": [round(x, 4) for x in cond], "sim_accept_length": round(total, 3), "acc_se": round(se, 4)}
+            "cond_acc": [round(x, 4) for x in cond], "sim_accept_length": round(total, 3),
+            "acc_se": round(se, 4)}
 
 
 def _block_means(a: _Acc) -> torch.Tensor:
@@ -312,7 +322,8 @@ def rank(scored: dict, slot_boundaries, num_layers: int | None) -> pd.DataFrame:
                      **_summary(a, steps)})
     df = pd.DataFrame(rows).sort_values(["ce", "acc0"], ascending=[True, False]).reset_index(drop=True)
     best = accs[df.loc[0, "slots"]]
-    df["z_vs_best"] = [0.0 if i == 0 else round(paired_z(accs[s], best), 2) for i, s in enumerate(df["slots"])]
+    df["z_vs_best"] = [0.0 if i == 0 else round(paired_z(accs[s], best), 2)
+                       for i, s in enumerate(df["slots"])]
     df["within_noise"] = df["z_vs_best"] < Z_NOISE
     df.insert(0, "rank", range(1, len(df) + 1))
     return df
@@ -392,7 +403,8 @@ class DumpDiagnosis:
             return ("served boundaries not all in the dump and the trained layout is unknown: "
                     "no verdict (dump the served boundaries too, or name the slots)")
         if self.served_slots is None:
-            return (f"MISMATCH: the engine serves {self.served_layout}, the draft was trained on {self.trained_layout}"
+            return (f"MISMATCH: the engine serves {self.served_layout}, the draft was trained on "
+                    f"{self.trained_layout}"
                     if m else "the served layout is the trained one")
         if m:
             return "MISMATCH: the served wiring scores significantly worse than the best layout in the dump"
@@ -414,7 +426,8 @@ class DumpDiagnosis:
             label = (layout_label(layout, self.num_layers) if self.num_layers and None not in layout
                      else "slots " + str(tuple(slots)))
             row = {"wiring": f"{name} {label}", "layout": layout, "label": label, "slots": tuple(slots),
-                   "ce": round(r["ce"], 4), "sim_accept_length": r["sim_accept_length"], "tokens": self.tokens}
+                   "ce": round(r["ce"], 4), "sim_accept_length": r["sim_accept_length"],
+                   "tokens": self.tokens}
             for j in range(self.steps):
                 row[f"full_acc_{j}"] = r["full_acc"][j]
                 row[f"cond_acc_{j}"] = r["cond_acc"][j]
@@ -436,11 +449,13 @@ class DumpDiagnosis:
             "tokens": self.tokens, "steps": self.steps, "labels": self.labels,
             "slot_boundaries": self.slot_boundaries, "slot_sources": [s.how for s in self.slots],
             "slot_evidence": [s.evidence for s in self.slots],
-            "best_slots": list(best["slots"]), "best_layout": list(best["layout"]) if best["layout"] else None,
+            "best_slots": list(best["slots"]),
+            "best_layout": list(best["layout"]) if best["layout"] else None,
             "best_acc": best["acc0"], "best_ce": best["ce"], "best_full_acc": best["full_acc"],
             "trained_slots": list(self.trained_slots) if self.trained_slots is not None else None,
             "trained_layout": list(self.trained_layout) if self.trained_layout else None,
-            "trained_acc": trained["acc0"] if trained else None, "trained_ce": trained["ce"] if trained else None,
+            "trained_acc": trained["acc0"] if trained else None,
+            "trained_ce": trained["ce"] if trained else None,
             "served_layout": list(self.served_layout) if self.served_layout is not None else None,
             "served_slots": list(self.served_slots) if self.served_slots is not None else None,
             "served_source": self.served_source, "served_errors": self.served_errors,
@@ -475,17 +490,18 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
         raise BadText(f"{dump.root}: records hold {dump.num_slots} slot(s); the draft's fc takes {k_fc} "
                       f"({draft.cfg.fc_in} wide), so no choice of slots can feed it")
     if heads is not None and heads.config.hidden_size != dump.hidden:
-        raise BadText(f"{dump.root}: states are {dump.hidden} wide; the target at {heads.path} has hidden_size "
-                      f"{heads.config.hidden_size}")
+        raise BadText(f"{dump.root}: states are {dump.hidden} wide; the target at {heads.path} has "
+                      f"hidden_size {heads.config.hidden_size}")
     L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
     slots, notes = identify_slots(dump, heads, target, stated, L)
     notes = list(dump.notes) + notes
     bounds = [s.boundary for s in slots]
     trained = dump.trained_slots if len(dump.trained_slots) == k_fc else None
     if trained is None and dump.engine_capture is None:
-        notes.append(f"the trainer's choice ({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) "
-                     f"gives {len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it was "
-                     "trained from, or holds extra states")
+        notes.append(f"the trainer's choice "
+                     f"({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) gives "
+                     f"{len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it "
+                     f"was trained from, or holds extra states")
     served_layout, served_slots, served_source, served_errors = None, None, "", []
     if engine and draft_config is not None and arch and L is not None:
         plan = served_plan(draft_config, L, arch, engine)
@@ -493,16 +509,16 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
         served_errors = list(plan.errors)
         notes += [f"served plan: {n}" for n in (*plan.warnings, *plan.notes)]
         if not served_errors and len(served_layout) != k_fc:
-            served_errors.append(f"{plan.source} feeds {len(served_layout)} features {served_layout}; the draft's fc "
-                                 f"takes {k_fc}")
+            served_errors.append(f"{plan.source} feeds {len(served_layout)} features {served_layout}; the "
+                                 f"draft's fc takes {k_fc}")
         if not served_errors:
             where = {b: s for s, b in enumerate(bounds) if b is not None}
             if all(b in where for b in served_layout):
                 served_slots = tuple(where[b] for b in served_layout)
             else:
                 missing = [b for b in served_layout if b not in where]
-                notes.append(f"the served boundaries {missing} are not (known to be) in the dump, whose slots hold "
-                             f"{bounds}: served accuracy cannot be measured from it")
+                notes.append(f"the served boundaries {missing} are not (known to be) in the dump, whose "
+                             f"slots hold {bounds}: served accuracy cannot be measured from it")
     elif engine:
         notes.append("no target config (--target DIR or --layers/--arch): the served layout was not resolved")
     layouts = candidate_slots(dump.num_slots, k_fc, (trained, served_slots))

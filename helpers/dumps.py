@@ -133,20 +133,22 @@ def detect_format(root) -> tuple[str, list[Path]]:
     if not root.exists():
         raise FileNotFoundError(f"no dump at {root}")
     if not root.is_dir():
-        raise DumpError(f"{root} is a file; expected a dump folder (hs_*.safetensors, data_*.pt or rows_*/data_*.ckpt)")
+        raise DumpError(f"{root} is a file; expected a dump folder (hs_*.safetensors, data_*.pt or "
+                        f"rows_*/data_*.ckpt)")
     found = {
         "speculators": sorted(root.glob("hs_*.safetensors"), key=_index),
         "speculators-legacy": sorted(root.glob("data_*.pt"), key=_index),
-        "specforge": sorted([*root.glob("rows_*/data_*.ckpt"), *root.glob("rows_*/data_*.ckpt.gz")], key=_index),
+        "specforge": sorted([*root.glob("rows_*/data_*.ckpt"), *root.glob("rows_*/data_*.ckpt.gz")],
+                            key=_index),
     }
     hits = {k: v for k, v in found.items() if v}
     if len(hits) > 1:
         raise DumpError(f"{root} mixes dump formats ({', '.join(f'{len(v)} {k}' for k, v in hits.items())}); "
                         "point at one trainer's output folder")
     if not hits:
-        raise DumpError(f"{root} is not a hidden-state dump: expected hs_{{i}}.safetensors (speculators >= 0.5), "
-                        f"data_{{i}}.pt + data_config.json (speculators <= 0.4) or rows_*/data_{{i}}.ckpt[.gz] "
-                        f"(SpecForge); {_listing(root)}")
+        raise DumpError(f"{root} is not a hidden-state dump: expected hs_{{i}}.safetensors (speculators >= "
+                        f"0.5), data_{{i}}.pt + data_config.json (speculators <= 0.4) or "
+                        f"rows_*/data_{{i}}.ckpt[.gz] (SpecForge); {_listing(root)}")
     fmt, files = next(iter(hits.items()))
     return fmt, files
 
@@ -202,11 +204,14 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
     if fmt == "speculators-legacy":
         obj = _need(_torch_load(f), f, ("input_ids", "hidden_states"))
         states = obj["hidden_states"]
-        if not isinstance(states, (list, tuple)) or not states or not all(isinstance(s, torch.Tensor) for s in states):
-            raise DumpError(f"{f}: hidden_states is {type(states).__name__}; expected a list of [seq, H] tensors")
+        if (not isinstance(states, (list, tuple)) or not states
+                or not all(isinstance(s, torch.Tensor) for s in states)):
+            raise DumpError(f"{f}: hidden_states is {type(states).__name__}; expected a list of [seq, H] "
+                            f"tensors")
         shapes = {tuple(s.shape) for s in states}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-            raise DumpError(f"{f}: hidden_states shapes {sorted(shapes)}; expected k tensors of one shape [seq, H]")
+            raise DumpError(f"{f}: hidden_states shapes {sorted(shapes)}; expected k tensors of one shape "
+                            f"[seq, H]")
         return DumpRecord(f, _flat_ids(obj["input_ids"], f, "input_ids"), torch.stack(list(states), 1),
                           obj.get("loss_mask"))
     if fmt == "specforge":
@@ -216,8 +221,8 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
         fin = fin[0] if fin.dim() == 3 else fin
         h = fin.shape[-1]
         if aux.dim() != 2 or aux.shape[-1] % h:
-            raise DumpError(f"{f}: aux_hidden_state {tuple(obj['aux_hidden_state'].shape)} is not [1, seq, k x "
-                            f"{h}] (hidden_state is {tuple(obj['hidden_state'].shape)})")
+            raise DumpError(f"{f}: aux_hidden_state {tuple(obj['aux_hidden_state'].shape)} is not [1, seq, k "
+                            f"x {h}] (hidden_state is {tuple(obj['hidden_state'].shape)})")
         slots = aux.reshape(aux.shape[0], aux.shape[-1] // h, h)
         return DumpRecord(f, _flat_ids(obj["input_ids"], f, "input_ids"), slots, obj.get("loss_mask"), fin)
     raise ValueError(f"unknown dump format {fmt!r}; expected one of {FORMATS}")
@@ -228,8 +233,8 @@ def check_record(rec: DumpRecord, num_slots: int, hidden: int) -> None:
     f = rec.path
     t, k, h = rec.slots.shape
     if (k, h) != (num_slots, hidden):
-        raise DumpError(f"{f}: {k} slots of width {h}; the dump's first record has {num_slots} of width {hidden} "
-                        "(records from different runs or models)")
+        raise DumpError(f"{f}: {k} slots of width {h}; the dump's first record has {num_slots} of width "
+                        f"{hidden} (records from different runs or models)")
     if rec.token_ids.numel() != t:
         raise DumpError(f"{f}: {rec.token_ids.numel()} token ids for {t} positions of hidden states")
     if rec.final_normed is not None and tuple(rec.final_normed.shape) != (t, h):
@@ -239,7 +244,8 @@ def check_record(rec: DumpRecord, num_slots: int, hidden: int) -> None:
     for name, x in (("hidden states", rec.slots), ("hidden_state", rec.final_normed)):
         if x is not None and not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).sum())
-            raise DumpError(f"{f}: {bad} non-finite values in its {name}; a record with NaN or Inf cannot be scored")
+            raise DumpError(f"{f}: {bad} non-finite values in its {name}; a record with NaN or Inf cannot be "
+                            f"scored")
     if t < 2:
         raise DumpError(f"{f}: {t} token(s); a record needs at least 2 to score a next-token prediction")
 
@@ -285,9 +291,11 @@ def open_dump(root) -> Dump:
     if fmt == "speculators-legacy":
         ids, src = _legacy_ids(root)
         if ids is None:
-            dump.notes.append(f"{root} has no data_config.json with hidden_states.layer_ids: slot boundaries unknown")
+            dump.notes.append(f"{root} has no data_config.json with hidden_states.layer_ids: slot boundaries "
+                              f"unknown")
         elif len(ids) != k:
-            raise DumpError(f"{src}: hidden_states.layer_ids {ids} names {len(ids)} states; the records hold {k}")
+            raise DumpError(f"{src}: hidden_states.layer_ids {ids} names {len(ids)} states; the records hold "
+                            f"{k}")
         else:
             dump.recorded_boundaries = tuple(i + 1 for i in ids)   # output of layer id = boundary id + 1
             dump.record_source = f"{src} layer_ids {ids} (output of layer id = boundary id + 1)"
@@ -323,8 +331,9 @@ def staged_dir(out: Path):
         raise
 
 
-def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out, loss_mask: torch.Tensor | None = None,
-               dtype: torch.dtype = torch.bfloat16, progress: bool = False) -> Path:
+def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out,
+               loss_mask: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+               progress: bool = False) -> Path:
     """Capture ``boundaries`` on each token window and write one record per window.
 
     For ``specforge`` the last boundary must be the final one: its *normed* state becomes
@@ -370,6 +379,7 @@ def _write_record(stage: Path, fmt: str, i: int, tok, states, mask, final) -> No
         group = (i // 5000) * 5000
         d = stage / f"rows_{group}-{group + 5000}"
         d.mkdir(exist_ok=True)
-        aux = torch.cat(states[:-1], -1)[None].contiguous()      # hidden_state: the final state after the norm
-        torch.save({"input_ids": tok, "loss_mask": mask, "hidden_state": final[None], "aux_hidden_state": aux},
-                   d / f"data_{i}.ckpt")
+        # hidden_state: the final state after the norm
+        aux = torch.cat(states[:-1], -1)[None].contiguous()
+        torch.save({"input_ids": tok, "loss_mask": mask, "hidden_state": final[None],
+                    "aux_hidden_state": aux}, d / f"data_{i}.ckpt")

@@ -127,10 +127,12 @@ class DraftRunner:
         """Columns fed (token t+1, target feature at t): returns proposal 1 and the state to chain from."""
         n = next_tokens.numel()
         pos = torch.arange(self.columns, self.columns + n, device=fused.device)[None]
-        logits, state = self.draft.step(next_tokens[None], fused[None].to(self.cache.k.dtype), pos, self.cache)
+        logits, state = self.draft.step(next_tokens[None], fused[None].to(self.cache.k.dtype), pos,
+                                        self.cache)
         if not bool(torch.isfinite(logits[0, -1]).all()):  # argmax of NaN is token 0: a silent tau of 1.0
-            raise NonFiniteResult(f"the draft's logits are NaN/Inf at position {self.columns + n - 1}: its weights "
-                                  f"or the features fed to it overflow, so no accept length it gives can be trusted")
+            raise NonFiniteResult(f"the draft's logits are NaN/Inf at position {self.columns + n - 1}: its "
+                                  f"weights or the features fed to it overflow, so no accept length it gives "
+                                  f"can be trusted")
         self.columns += n
         return int(self.draft.to_target_ids(logits[0, -1].argmax())), state[:, -1:]
 
@@ -186,7 +188,8 @@ def speculative_round(target: TargetRunner, draft: DraftRunner, pending: int, pr
 def speculative_generate(model, draft: Eagle3Draft, plan: CapturePlan, prompt: torch.Tensor,
                          max_new_tokens: int, k: int = 5) -> GenerationResult:
     if len(plan.layout) != draft.cfg.num_aux:
-        raise ValueError(f"plan {plan.layout} has {len(plan.layout)} slots; the draft's fc takes {draft.cfg.num_aux}")
+        raise ValueError(f"plan {plan.layout} has {len(plan.layout)} slots; the draft's fc takes "
+                         f"{draft.cfg.num_aux}")
     t0 = time.perf_counter()
     target = TargetRunner(model, plan)
     runner = DraftRunner(draft, max_len=prompt.numel() + max_new_tokens + 2 * k + 8)
@@ -197,7 +200,8 @@ def speculative_generate(model, draft: Eagle3Draft, plan: CapturePlan, prompt: t
     accepted = []
     clock = {"draft": 0.0, "verify": 0.0}
     while len(out) < max_new_tokens:
-        new, n, pending, proposal, state = speculative_round(target, runner, pending, proposal, state, k, clock)
+        new, n, pending, proposal, state = speculative_round(target, runner, pending, proposal, state, k,
+                                                             clock)
         out.extend(new)
         accepted.append(n)
     return GenerationResult(out[:max_new_tokens], time.perf_counter() - t0, len(accepted), accepted, k,

@@ -49,7 +49,8 @@ def rows_from_response(body: dict, n_tokens: int, width: int | None = None) -> t
     hs = meta.get("hidden_states")
     if not hs:
         raise CaptureError("the engine returned no meta_info.hidden_states: launch it with "
-                           "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 (SGLang >= 0.5.23)")
+                           "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                           "(SGLang >= 0.5.23)")
     rows: list = []
     for part in hs:
         if part and isinstance(part[0], list):
@@ -78,11 +79,14 @@ def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, m
             rows = rows_from_response(body, ids.numel(), width)
             width = rows.shape[1]
             if width % hidden:
-                raise CaptureError(f"rows are {width} wide, not a multiple of the target's hidden size {hidden}")
+                raise CaptureError(f"rows are {width} wide, not a multiple of the target's hidden size "
+                                   f"{hidden}")
             hs = rows.view(ids.numel(), width // hidden, hidden).to(torch.bfloat16).contiguous()
-            save_file({"hidden_states": hs, "token_ids": ids.contiguous()}, str(stage / f"hs_{i}.safetensors"))
+            save_file({"hidden_states": hs, "token_ids": ids.contiguous()},
+                      str(stage / f"hs_{i}.safetensors"))
         (stage / "capture.json").write_text(json.dumps({"engine_url": url, "records": int(windows.shape[0]),
-                                                        "slots": width // hidden, **(meta or {})}, indent=2) + "\n")
+                                                        "slots": width // hidden, **(meta or {})}, indent=2)
+                                            + "\n")
     return out
 
 
@@ -102,7 +106,8 @@ def match_slots(captured, reference, max_records: int = 4) -> list[dict]:
         x, y = ra.slots[:n].float(), rb.slots[:n].float()
         for s in range(a.num_slots):
             for r in range(b.num_slots):
-                errs[s, r] = max(errs[s, r], float((x[:, s] - y[:, r]).abs().max() / (y[:, r].abs().max() + 1e-12)))
+                errs[s, r] = max(errs[s, r],
+                                 float((x[:, s] - y[:, r]).abs().max() / (y[:, r].abs().max() + 1e-12)))
         pairs += 1
     if not pairs:
         raise BadText(f"{a.root} and {b.root} share no records")
@@ -112,28 +117,34 @@ def match_slots(captured, reference, max_records: int = 4) -> list[dict]:
         r = int(errs[s].argmin())
         ok = float(errs[s, r]) < 2e-2
         out.append({"slot": s, "matches_reference_slot": r if ok else None,
-                    "boundary": (bounds[r] if bounds and ok else None), "rel_diff": round(float(errs[s, r]), 5)})
+                    "boundary": (bounds[r] if bounds and ok else None),
+                    "rel_diff": round(float(errs[s, r]), 5)})
     return out
 
 
 def main(argv=None) -> int:
     ap = cli.parser("capture", __doc__)
-    ap.add_argument("--engine-url", required=True, help="a running SGLang server, e.g. http://127.0.0.1:30000")
-    ap.add_argument("--tokenizer", type=Path, required=True, help="the target's directory (tokenizer and config)")
+    ap.add_argument("--engine-url", required=True,
+                    help="a running SGLang server, e.g. http://127.0.0.1:30000")
+    ap.add_argument("--tokenizer", type=Path, required=True,
+                    help="the target's directory (tokenizer and config)")
     ap.add_argument("--text", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--records", type=int, default=8)
-    ap.add_argument("--layer-ids", default=None, help="the ids the server was launched with (recorded in capture.json)")
+    ap.add_argument("--layer-ids", default=None,
+                    help="the ids the server was launched with (recorded in capture.json)")
     ap.add_argument("--slot-boundaries", default=None, help="the slots' boundaries, when known (recorded)")
     ap.add_argument("--reference", type=Path, default=None,
-                    help="a dump of known boundaries on the same text: measure which boundaries the engine captured")
+                    help="a dump of known boundaries on the same text: measure which boundaries the engine "
+                         "captured")
     a = ap.parse_args(argv)
     try:
         from transformers import AutoTokenizer
 
         if a.window < 8 or a.records < 1:
-            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window}, {a.records}")
+            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window}, "
+                            f"{a.records}")
         if not a.engine_url.startswith(("http://", "https://")):
             raise BadOption(f"--engine-url {a.engine_url!r}: expected http://HOST:PORT")
         cfg = read_target_config(a.tokenizer)

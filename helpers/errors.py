@@ -120,7 +120,8 @@ def read_json_file(path, what: str = "config") -> object:
     except FileNotFoundError:
         raise BadConfig(f"no {what} at {path}") from None
     except UnicodeDecodeError as exc:
-        raise BadConfig(f"{path} is not UTF-8 JSON (byte offset {exc.start}); expected a {what} in JSON") from None
+        raise BadConfig(f"{path} is not UTF-8 JSON (byte offset {exc.start}); expected a {what} in "
+                        f"JSON") from None
     except OSError as exc:
         raise BadConfig(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     try:
@@ -154,8 +155,8 @@ def check_finite_weights(named, source) -> None:
     if bad:
         listed = ", ".join(f"{name} ({n} of {total})" for name, n, total in bad[:5])
         more = f" and {len(bad) - 5} more tensors" if len(bad) > 5 else ""
-        raise BadCheckpoint(f"{source} holds non-finite weights (NaN or Inf): {listed}{more}; expected finite "
-                            f"numbers everywhere (a diverged or corrupted training run?)")
+        raise BadCheckpoint(f"{source} holds non-finite weights (NaN or Inf): {listed}{more}; expected "
+                            f"finite numbers everywhere (a diverged or corrupted training run?)")
 
 
 def check_finite(what: str, *values) -> None:
@@ -167,5 +168,5 @@ def check_finite(what: str, *values) -> None:
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so nothing "
-                             f"it measured can be trusted; check the checkpoints' weights")
+            raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so "
+                                  f"nothing it measured can be trusted; check the checkpoints' weights")

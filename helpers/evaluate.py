@@ -52,7 +52,8 @@ def verifier_logits(target, final_state: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def capture_text(target, windows: torch.Tensor, boundaries=None, batch: int = 8, progress: bool = False) -> TargetCaptures:
+def capture_text(target, windows: torch.Tensor, boundaries=None, batch: int = 8,
+                 progress: bool = False) -> TargetCaptures:
     """Run the target over [N, T] token windows once, keeping the asked boundaries (default: all)."""
     _, layers, _ = decoder_parts(target)
     L = len(layers)
@@ -122,7 +123,8 @@ def step_correct(draft, logits_list, target_argmax: torch.Tensor) -> list[torch.
     return out
 
 
-def accuracy_table(correct: list[torch.Tensor], mask: torch.Tensor | None = None) -> tuple[list[float], list[float], float]:
+def accuracy_table(correct: list[torch.Tensor],
+                   mask: torch.Tensor | None = None) -> tuple[list[float], list[float], float]:
     """(full_acc_k, cond_acc_k, se of acc_0) over columns where every step has a label."""
     steps = len(correct)
     n = correct[-1].shape[1]
@@ -155,7 +157,8 @@ def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: 
                              f"{draft.cfg.num_aux} x {draft.cfg.target_hidden_size} = {draft.cfg.fc_in}")
     n_win = caps.input_ids.shape[0] if max_windows is None else min(max_windows, caps.input_ids.shape[0])
     if caps.input_ids.shape[1] < steps + 2:
-        raise EvalInputError(f"windows of {caps.input_ids.shape[1]} tokens are too short for {steps} draft steps")
+        raise EvalInputError(f"windows of {caps.input_ids.shape[1]} tokens are too short for {steps} draft "
+                             f"steps")
     corr_chunks, ce_sum, ce_n = [[] for _ in range(steps)], 0.0, 0
     for s in range(0, n_win, batch):
         idx = slice(s, min(s + batch, n_win))

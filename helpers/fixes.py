@@ -51,8 +51,8 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", 
         top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
     else:
         if has_top and layout is None:
-            raise ValueError("the draft also carries top-level (vLLM/speculators) ids; pass the layout those ids "
-                             "should mean, so both engines serve the same boundaries")
+            raise ValueError("the draft also carries top-level (vLLM/speculators) ids; pass the layout those "
+                             "ids should mean, so both engines serve the same boundaries")
         top, nested = ([int(b) for b in layout] if has_top else None), ids
     out = _fresh_copy(draft_dir, out_dir)
     cfg = json.loads((out / "config.json").read_text())
@@ -86,9 +86,11 @@ def reorder_fc(draft_dir, out_dir, trained_layout, served_layout) -> Path:
     width = fc.shape[1] // k
     blocks = fc.split(width, dim=1)
     weights[fc_keys[0]] = torch.cat([blocks[trained.index(b)] for b in served], 1).contiguous()
-    for stale in [f for f in out.iterdir() if f.name.startswith(("model.safetensors", "pytorch_model", "model-"))]:
+    for stale in [f for f in out.iterdir()
+                  if f.name.startswith(("model.safetensors", "pytorch_model", "model-"))]:
         stale.unlink()  # one weight file in the copy, so no loader can pick the unreordered one
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     record = out / "training.json"
     if record.is_file():
         rec = json.loads(record.read_text())

@@ -144,7 +144,8 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
     """
     t0 = time.perf_counter()
     leaders = [tuple(l) for l in result.ranking["layout"].head(top)]
-    leaders += [tuple(l) for l in include if l is not None and tuple(l) not in leaders]   # e.g. the served layout
+    # e.g. the served layout
+    leaders += [tuple(l) for l in include if l is not None and tuple(l) not in leaders]
     sp = SlotProjections(draft, caps)
     scored = []
     for lay in leaders:
@@ -189,10 +190,12 @@ def permutation_search(draft, caps: TargetCaptures, boundaries, windows: int | N
     t0 = time.perf_counter()
     sp = SlotProjections(draft, caps, windows)
     layouts = list(itertools.permutations(tuple(boundaries)))
-    return _rank(_score(sp, layouts, False, "permutations"), caps.num_layers, "permutations", t0, sp.labels.numel())
+    return _rank(_score(sp, layouts, False, "permutations"), caps.num_layers, "permutations", t0,
+                 sp.labels.numel())
 
 
-def slot_sweep(draft, caps: TargetCaptures, base, windows: int | None = None, progress: bool = False) -> pd.DataFrame:
+def slot_sweep(draft, caps: TargetCaptures, base, windows: int | None = None,
+               progress: bool = False) -> pd.DataFrame:
     """Each slot of ``base`` swapped for every boundary, the others fixed: the heatmap's data."""
     base = check_layout(base, caps.num_layers, draft.cfg.num_aux)
     sp = SlotProjections(draft, caps, windows)
@@ -243,7 +246,8 @@ def coordinate_search(draft, caps: TargetCaptures, starts=None, windows: int | N
         score(list(itertools.permutations(cur)))
         bar.update(1)
     bar.close()
-    return rerank(draft, caps, _rank(list(cache.values()), L, "coordinate", t0, sp.labels.numel()), include=include)
+    return rerank(draft, caps, _rank(list(cache.values()), L, "coordinate", t0, sp.labels.numel()),
+                  include=include)
 
 
 def search(draft, caps: TargetCaptures, mode: str = "auto", windows: int | None = 4, progress: bool = True,

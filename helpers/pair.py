@@ -52,8 +52,8 @@ class Pair:
     def served(self, engine: str = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
         """The layout ``engine`` will feed this draft, from its own source (``root``: a specific
         tree, e.g. a patched copy; ``config``: a rewritten draft config, e.g. fixed ids)."""
-        return served_plan(self.draft_config if config is None else config, self.num_layers, self.arch, engine,
-                           root=root)
+        return served_plan(self.draft_config if config is None else config, self.num_layers, self.arch,
+                           engine, root=root)
 
     @property
     def recorded_layout(self) -> tuple[int, ...] | None:
@@ -75,7 +75,8 @@ def check_device(device: str) -> str:
     try:
         torch.device(str(device))
     except (RuntimeError, ValueError, TypeError):
-        raise BadOption(f"device {device!r} is not a torch device; expected cpu, cuda, cuda:N or mps") from None
+        raise BadOption(f"device {device!r} is not a torch device; expected cpu, cuda, cuda:N or "
+                        f"mps") from None
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise BadOption(f"device {device!r} requested but this torch build sees no CUDA device "
                          f"(torch {torch.__version__}); use --device cpu")
@@ -121,8 +122,8 @@ def fit_prompts(pair: Pair, prompt_ids: list[torch.Tensor], max_new_tokens: int,
         return prompt_ids, []
     room = limit - max_new_tokens - steps
     if room < 1:
-        raise BadOption(f"--max-new-tokens {max_new_tokens} + --steps {steps} leaves no room for a prompt in the "
-                        f"target's {limit} positions (max_position_embeddings); expected at most "
+        raise BadOption(f"--max-new-tokens {max_new_tokens} + --steps {steps} leaves no room for a prompt in "
+                        f"the target's {limit} positions (max_position_embeddings); expected at most "
                         f"{limit - steps - 1} new tokens")
     too_long = [(i, int(t.numel())) for i, t in enumerate(prompt_ids) if t.numel() > room]
     if not too_long:
@@ -131,9 +132,9 @@ def fit_prompts(pair: Pair, prompt_ids: list[torch.Tensor], max_new_tokens: int,
         i, n = max(too_long, key=lambda x: x[1])
         raise BadOption(f"{where}: prompt {i + 1} is {n} tokens; with --max-new-tokens {max_new_tokens} and "
                         f"--steps {steps} it needs {n + max_new_tokens + steps} positions, the target has "
-                        f"{limit} (max_position_embeddings); {len(too_long)} prompt(s) too long. Shorten them, "
-                        f"lower --max-new-tokens, or pass --truncate-prompts to keep each prompt's last {room} "
-                        f"tokens")
+                        f"{limit} (max_position_embeddings); {len(too_long)} prompt(s) too long. Shorten "
+                        f"them, lower --max-new-tokens, or pass --truncate-prompts to keep each prompt's "
+                        f"last {room} tokens")
     note = (f"{len(too_long)} prompt(s) truncated to their last {room} tokens to fit {limit} positions "
             f"(--truncate-prompts)")
     return [t[-room:] if t.numel() > room else t for t in prompt_ids], [note]
@@ -153,7 +154,8 @@ def default_text(pair: Pair) -> Path:
     raise FileNotFoundError("no heldout.txt beside the target; pass a text file")
 
 
-def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12, min_windows: int = 2) -> torch.Tensor:
+def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12,
+                 min_windows: int = 2) -> torch.Tensor:
     ids = tokenizer(text, verbose=False)["input_ids"]
     n = min(len(ids) // window, max_windows)
     if n < min_windows:
@@ -179,8 +181,8 @@ def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:
     badly, it fails, so the notebooks report it instead of benchmarking it."""
     problems = list(plan.errors)
     if not problems and len(plan.layout) != pair.draft.cfg.num_aux:
-        problems.append(f"{plan.source} feeds {len(plan.layout)} features {plan.layout}; the draft's fc takes "
-                        f"{pair.draft.cfg.num_aux} ({pair.draft.cfg.fc_in} wide)")
+        problems.append(f"{plan.source} feeds {len(plan.layout)} features {plan.layout}; the draft's fc "
+                        f"takes {pair.draft.cfg.num_aux} ({pair.draft.cfg.fc_in} wide)")
     return problems
 
 
@@ -191,13 +193,13 @@ def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
         try:
             layout = check_layout(pair.recorded_layout, pair.num_layers, pair.draft.cfg.num_aux)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"{where}: training_boundaries {list(pair.recorded_layout)} do not fit this pair: "
-                             f"{exc}") from None
+            raise ValueError(f"{where}: training_boundaries {list(pair.recorded_layout)} do not fit this "
+                             f"pair: {exc}") from None
         return CapturePlan(layout, pair.num_layers, "training record")
     if caps is None:
-        raise EvalInputError("the draft has no training record (training.json with training_boundaries), so the "
-                             "training layout must be inferred from captures; or state it (--layout a,b,c / "
-                             "TRAINING_LAYOUT)")
+        raise EvalInputError("the draft has no training record (training.json with training_boundaries), so "
+                             "the training layout must be inferred from captures; or state it (--layout "
+                             "a,b,c / TRAINING_LAYOUT)")
     res = search(pair.draft, caps, progress=False)
     return CapturePlan(res.best, pair.num_layers, "inferred by layout search",
                        (f"margin {res.margin_ce} nats, z={res.z}",))

@@ -49,7 +49,8 @@ def slot_heatmap(sweep: pd.DataFrame, num_layers: int, value: str = "acc0", base
     fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * table.shape[1], 14), 0.7 + 0.6 * table.shape[0]))
     im = ax.imshow(table.values, aspect="auto", cmap="viridis" if value == "acc0" else "viridis_r")
     ax.set_xticks(range(table.shape[1]), [boundary_label(b, num_layers) for b in table.columns], rotation=45)
-    ax.set_yticks(range(table.shape[0]), [f"slot {s}" + (f" (base {boundary_label(base[s], num_layers)})" if base else "")
+    ax.set_yticks(range(table.shape[0]),
+                  [f"slot {s}" + (f" (base {boundary_label(base[s], num_layers)})" if base else "")
                                           for s in table.index])
     for i in range(table.shape[0]):
         for j in range(table.shape[1]):

@@ -31,7 +31,7 @@ def read_prompts(path) -> list[str]:
                                  "per line, or use a .txt file with one prompt per line") from None
             if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
                 raise BadText(f"{path}:{n}: expected an object with a string 'prompt' field, got "
-                                 f"{type(obj).__name__} {sorted(obj) if isinstance(obj, dict) else ''}".rstrip())
+                              f"{type(obj).__name__} {sorted(obj) if isinstance(obj, dict) else ''}".rstrip())
             prompts.append(obj["prompt"])
     if not prompts:
         raise BadText(f"{path} holds no prompts")

@@ -41,7 +41,8 @@ if device.startswith("cuda"):
 t2 = time.perf_counter()
 out = {"load_s": t1 - t0, "score_s": t2 - t1, "layouts": len(layouts),
        "tokens_streamed": sum(r.tokens for r in dump.records()),
-       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "baseline_rss_bytes": base}
+       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+       "baseline_rss_bytes": base}
 if device.startswith("cuda"):
     out["peak_cuda_bytes"] = torch.cuda.max_memory_allocated()
 print("SCALE" + json.dumps(out))
@@ -50,7 +51,8 @@ print("SCALE" + json.dumps(out))
 
 def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, head_dim: int = 128,
                        kv_heads: int = 8, num_aux: int = 3, seed: int = 0) -> int:
-    """An SGLang-format draft with its own embedding and a full draft vocabulary; returns its parameter count."""
+    """An SGLang-format draft with its own embedding and a full draft vocabulary; returns its
+    parameter count."""
     g = torch.Generator().manual_seed(seed)
     heads = hidden // head_dim
     kv_heads = min(kv_heads, heads)
@@ -62,7 +64,8 @@ def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, he
         "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
         "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
         "midlayer.post_attention_layernorm.weight": (hidden,),
-        "midlayer.mlp.gate_proj.weight": (intermediate, hidden), "midlayer.mlp.up_proj.weight": (intermediate, hidden),
+        "midlayer.mlp.gate_proj.weight": (intermediate, hidden),
+        "midlayer.mlp.up_proj.weight": (intermediate, hidden),
         "midlayer.mlp.down_proj.weight": (hidden, intermediate), "norm.weight": (hidden,),
         "lm_head.weight": (vocab, hidden),
     }
@@ -73,7 +76,8 @@ def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, he
         else:
             t = torch.empty(shape, dtype=torch.bfloat16)
             for i in range(0, shape[0], 2048):          # fill in slices: no fp32 copy of a whole matrix
-                t[i:i + 2048] = (torch.randn((min(2048, shape[0] - i), shape[1]), generator=g) * 0.02).to(t.dtype)
+                t[i:i + 2048] = (torch.randn((min(2048, shape[0] - i), shape[1]), generator=g)
+                                 * 0.02).to(t.dtype)
             tensors[name] = t
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
@@ -108,21 +112,24 @@ def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 1843
         params = write_random_draft(tmp / "draft", hidden, vocab, intermediate)
         record_bytes = write_random_dump(tmp / "dump", hidden, vocab, slots, records, tokens)
         written_s = time.perf_counter() - t0
-        r = subprocess.run([sys.executable, "-c", SCORER, str(tmp / "draft"), str(tmp / "dump"), str(steps), device],
-                           capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-c", SCORER, str(tmp / "draft"), str(tmp / "dump"), str(steps),
+                            device], capture_output=True, text=True)
         line = next((l for l in r.stdout.splitlines() if l.startswith("SCALE")), None)
         if r.returncode or line is None:
-            raise RuntimeError(f"scoring process failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+            raise RuntimeError(f"scoring process failed ({r.returncode}): "
+                               f"{r.stderr.strip().splitlines()[-1:]}")
         m = json.loads(line[5:])
     weights_fp32 = params * 4
     total_tokens = m["tokens_streamed"]
     return {
         "device": device, "hidden": hidden, "fc": f"{3 * hidden} -> {hidden}", "draft_vocab": vocab,
         "intermediate": intermediate, "draft_params": params, "draft_bytes_bf16": params * 2,
-        "draft_bytes_fp32": weights_fp32, "record_bytes": record_bytes, "records": records, "tokens": total_tokens,
-        "slots": slots, "steps": steps, "layouts": m["layouts"], "load_s": round(m["load_s"], 2),
-        "score_s": round(m["score_s"], 2), "peak_rss_bytes": m["peak_rss_bytes"],
-        "baseline_rss_bytes": m["baseline_rss_bytes"],   # the interpreter with torch imported, before the draft
+        "draft_bytes_fp32": weights_fp32, "record_bytes": record_bytes, "records": records,
+        "tokens": total_tokens, "slots": slots, "steps": steps, "layouts": m["layouts"],
+        "load_s": round(m["load_s"], 2), "score_s": round(m["score_s"], 2),
+        "peak_rss_bytes": m["peak_rss_bytes"],
+        # the interpreter with torch imported, before the draft
+        "baseline_rss_bytes": m["baseline_rss_bytes"],
         "peak_over_weights_plus_record": round((m["peak_rss_bytes"] - m["baseline_rss_bytes"])
                                                / (weights_fp32 + record_bytes), 3),
         "s_per_1000_tokens_per_layout": round(m["score_s"] / (total_tokens / 1000) / m["layouts"], 3),
@@ -139,12 +146,14 @@ def main(argv=None) -> int:
     ap.add_argument("--records", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1)
     cli.add_pair_args(ap, target=None, draft=None, engine=None, json=False)
-    ap.add_argument("--workdir", default=None, help="where the temporary draft and dump go (needs ~3 GB at 7168)")
+    ap.add_argument("--workdir", default=None,
+                    help="where the temporary draft and dump go (needs ~3 GB at 7168)")
     a = ap.parse_args(argv)
     try:
         if min(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps) < 1 or a.hidden % 128:
             raise BadOption("sizes must be positive and --hidden a multiple of the 128-wide heads")
-        out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device, a.workdir)
+        out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device,
+                          a.workdir)
     except (ValueError, RuntimeError) as exc:
         return fail(exc)
     print_json(out, indent=2)

@@ -50,14 +50,18 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     hf_logging.disable_progress_bar()
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with config.json")
+        raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with "
+                                f"config.json")
     cfg = read_json_file(path / "config.json", "target config")
     if not isinstance(cfg, dict):
-        raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a model config)")
+        raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a "
+                        f"model config)")
     archs = cfg.get("architectures") or []
-    if cfg.get("speculators_model_type") or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs):
-        raise BadCheckpoint(f"{path} holds an EAGLE-3 draft ({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
-                         "not a target: pass the target model as the target and the draft as the draft")
+    if (cfg.get("speculators_model_type")
+            or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs)):
+        raise BadCheckpoint(f"{path} holds an EAGLE-3 draft "
+                            f"({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
+                            "not a target: pass the target model as the target and the draft as the draft")
     weights = [f.name for f in sorted(path.iterdir()) if f.suffix in (".safetensors", ".bin")]
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
@@ -124,7 +128,8 @@ def train_target(model, train_ids: torch.Tensor, val_ids: torch.Tensor, steps: i
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     warm = max(steps // 20, 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        opt, lambda s: (min(1.0, (s + 1) / warm)
+                        * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))))
     model.train()
     it = batches(train_ids, batch, seq, gen)
     curve, ema = [], None

@@ -37,8 +37,9 @@ def _weight_map(path: Path) -> dict[str, Path]:
                 return {k: single for k in st.keys()}
         except SafetensorError as exc:
             raise BadCheckpoint(f"{single}: not a readable safetensors file: {exc}") from None
-    raise FileNotFoundError(f"no safetensors weights at {path} (model.safetensors or model.safetensors.index.json); "
-                            "the target's embed_tokens, final norm and lm_head are read from them")
+    raise FileNotFoundError(f"no safetensors weights at {path} (model.safetensors or "
+                            f"model.safetensors.index.json); the target's embed_tokens, final norm and "
+                            f"lm_head are read from them")
 
 
 def _pick(keys, suffix: str, exclude=(".layers.", "mtp", "vision", "visual", "audio")) -> str | None:
@@ -98,7 +99,8 @@ class TargetHeads:
         return x * (1.0 + w) if self.gemma_style else x * w
 
     @torch.no_grad()
-    def logits(self, normed: torch.Tensor, rows: torch.Tensor | None = None, chunk: int = 16384) -> torch.Tensor:
+    def logits(self, normed: torch.Tensor, rows: torch.Tensor | None = None,
+               chunk: int = 16384) -> torch.Tensor:
         """``lm_head`` on already-normed states, in fp32, over all rows or only ``rows`` (a draft
         vocabulary); the head is converted a chunk at a time so a large vocabulary never doubles."""
         head = self.lm_head if rows is None else self.lm_head[rows]
@@ -112,22 +114,25 @@ def load_target_heads(path) -> TargetHeads:
     wm = _weight_map(path)
     keys = list(wm)
     emb_key = _pick(keys, "embed_tokens.weight") or _pick(keys, "wte.weight")
-    norm_key = _pick(keys, "norm.weight", exclude=(".layers.", "mtp", "vision", "visual", "audio", "layernorm",
-                                                   "q_norm", "k_norm", "kv_a", "q_a"))
+    norm_key = _pick(keys, "norm.weight", exclude=(".layers.", "mtp", "vision", "visual", "audio",
+                                                   "layernorm", "q_norm", "k_norm", "kv_a", "q_a"))
     head_key = _pick(keys, "lm_head.weight")
     if emb_key is None or norm_key is None:
         raise BadCheckpoint(f"{path}: cannot find the embedding and final norm among {len(keys)} tensors "
                             f"(looked for *embed_tokens.weight and *norm.weight outside the layers)")
     emb = _read(wm, emb_key)
     head = _read(wm, head_key) if head_key else emb
-    notes = [f"read {emb_key}, {norm_key}, {head_key or emb_key + ' (tied head)'} from {path}; nothing else loaded"]
+    notes = [f"read {emb_key}, {norm_key}, {head_key or emb_key + ' (tied head)'} from {path}; nothing else "
+             f"loaded"]
     if tuple(emb.shape) != (cfg["vocab_size"], cfg["hidden_size"]):
-        raise BadCheckpoint(f"{path}: {emb_key} is {tuple(emb.shape)}; config.json says vocab_size {cfg['vocab_size']} "
-                            f"x hidden_size {cfg['hidden_size']}")
+        raise BadCheckpoint(f"{path}: {emb_key} is {tuple(emb.shape)}; config.json says vocab_size "
+                            f"{cfg['vocab_size']} x hidden_size {cfg['hidden_size']}")
     ns = SimpleNamespace(**{k: cfg.get(k) for k in TEXT_KEYS})
     embed = nn.Embedding(emb.shape[0], emb.shape[1])
     embed.weight = nn.Parameter(emb.float(), requires_grad=False)
     gemma = str(cfg.get("model_type", "")).startswith("gemma")
     if gemma:
-        notes.append("Gemma family: boundary 0 is the embedding scaled by sqrt(hidden_size), the norm is (1 + w)")
-    return TargetHeads(path, ns, embed, _read(wm, norm_key), head, float(cfg.get("rms_norm_eps") or 1e-6), gemma, notes)
+        notes.append("Gemma family: boundary 0 is the embedding scaled by sqrt(hidden_size), the norm is "
+                     "(1 + w)")
+    return TargetHeads(path, ns, embed, _read(wm, norm_key), head, float(cfg.get("rms_norm_eps") or 1e-6),
+                       gemma, notes)

@@ -123,6 +123,7 @@ class TrainerResult:
     training_layout: Layout | None      # what the fc slots saw, in order; None when no boundary fits
     writes_ids: IdsAt
     read_from: str
+    written_ids: list[int] | None = None   # what it writes into the draft config (at writes_ids), if anything
     source_lines: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -179,6 +180,8 @@ def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None =
         own = SPECFORGE_READ if name == "specforge-sglang" or version is None else version
         default = _confirm_from_source(rule, own, n, default, out)
     ids = list(train_ids) if train_ids is not None else default
+    if rule.writes_ids != IdsAt.NONE:
+        out.written_ids = list(ids)
     if rule.appends_final and (not ids or ids[-1] != n):
         ids = ids + [n]
     out.ids, out.ids_source = ids, (IdsAt.EXPLICIT if train_ids is not None else IdsAt.NONE)

@@ -18,9 +18,11 @@ import html
 import io
 
 import ipywidgets as W
+from IPython.display import HTML, display
 
 from .boundaries import boundary_label, layout_label
 from .evaluate import EvalInputError, LayoutScore, TargetCaptures, evaluate_layout
+from .progress import interactive_frontend
 
 # one colour per comparison column, in column order (matplotlib's default cycle, written out so the
 # table's swatches and the plot's lines agree)
@@ -78,8 +80,9 @@ class LayoutExplorer:
 
     def add_current(self) -> None:
         """Pin the layout in the dropdowns as a column (the "add to comparison" button)."""
-        if self.last is not None and self.layout not in self.added and self.layout not in self.presets.values():
-            self.added.append(self.layout)
+        lay = self.layout
+        if self.last is not None and lay not in self.added and lay not in self.presets.values():
+            self.added.append(lay)
         self._redraw()
 
     def clear_added(self) -> None:
@@ -132,7 +135,8 @@ class LayoutExplorer:
                 score, err = self._score(lay), None
             except (EvalInputError, ValueError) as exc:
                 score, err = None, str(exc)
-            out.append({"layout": lay, "names": ns, "score": score, "error": err, "current": lay == self.layout})
+            out.append({"layout": lay, "names": ns, "score": score, "error": err,
+                        "current": lay == self.layout})
         return out
 
     def render(self) -> str:
@@ -159,12 +163,15 @@ class LayoutExplorer:
         for i, r in enumerate(rows):
             tag = ", ".join(r["names"]) + (" (in the dropdowns)" if r["current"] else "")
             bold = "font-weight:bold;" if r["current"] else ""
-            head += (f"<th style='{cell}background:#f3f5f8;text-align:left;{bold}' data-layout='{','.join(map(str, r['layout']))}' "
+            lay = ",".join(map(str, r["layout"]))
+            head += (f"<th style='{cell}background:#f3f5f8;text-align:left;{bold}' data-layout='{lay}' "
                      f"data-names='{html.escape(','.join(r['names']))}'>"
                      f"<span style='color:{COLOURS[i % len(COLOURS)]}'>&#9632;</span> "
                      f"{layout_label(r['layout'], L)}<br><small>{html.escape(tag) or '&nbsp;'}</small></th>")
-        metrics = ([(f"full_acc_{j}", f"full_acc_{j}", lambda s, j=j: f"{s.full_acc[j]:.3f}") for j in range(steps)]
-                   + [(f"cond_acc_{j}", f"cond_acc_{j}", lambda s, j=j: f"{s.cond_acc[j]:.3f}") for j in range(steps)]
+        metrics = ([(f"full_acc_{j}", f"full_acc_{j}", lambda s, j=j: f"{s.full_acc[j]:.3f}")
+                    for j in range(steps)]
+                   + [(f"cond_acc_{j}", f"cond_acc_{j}", lambda s, j=j: f"{s.cond_acc[j]:.3f}")
+                      for j in range(steps)]
                    + [("sim_accept_length", "sim. accept length", lambda s: f"{s.sim_accept_length:.2f}"),
                       ("ce", "cross-entropy (nats)", lambda s: f"{s.ce:.3f}"),
                       ("tokens", "positions", lambda s: str(s.tokens))])
@@ -176,12 +183,12 @@ class LayoutExplorer:
                 val = fmt(r["score"]) if r["score"] is not None else "&ndash;"
                 body += f"<td {td} data-layout='{lay}' data-metric='{key}'>{val}</td>"
             body += "</tr>"
-        errors = "".join(f"<p style='color:#b00'>{layout_label(r['layout'], L)}: {html.escape(r['error'])}</p>"
-                         for r in rows if r["error"])
-        return (f"<table class='layout-comparison' style='border-collapse:collapse'><tr>{head}</tr>{body}</table>"
-                f"{errors}<small>full_acc_k: steps 0..k all right; cond_acc_k: step k right given 0..k-1 were; "
-                f"simulated accept length 1 + a0 + a0*a1 + ... from cond_acc; cross-entropy of step 0 against "
-                f"the target's distribution.</small>")
+        errors = "".join(f"<p style='color:#b00'>{layout_label(r['layout'], L)}: "
+                         f"{html.escape(r['error'])}</p>" for r in rows if r["error"])
+        return (f"<table class='layout-comparison' style='border-collapse:collapse'><tr>{head}</tr>{body}"
+                f"</table>{errors}<small>full_acc_k: steps 0..k all right; cond_acc_k: step k right given "
+                f"0..k-1 were; simulated accept length 1 + a0 + a0*a1 + ... from cond_acc; cross-entropy of "
+                f"step 0 against the target's distribution.</small>")
 
     def plot_png(self, rows: list[dict] | None = None) -> bytes:
         """Per-step acceptance (cond_acc_k) of every compared layout, as PNG bytes. Drawn on a
@@ -215,7 +222,8 @@ class LayoutExplorer:
 
     def plot_html(self, rows: list[dict] | None = None) -> str:
         data = base64.b64encode(self.plot_png(rows)).decode()
-        return f"<img class='layout-acceptance' alt='per-step acceptance of the compared layouts' src='data:image/png;base64,{data}'>"
+        return (f"<img class='layout-acceptance' alt='per-step acceptance of the compared layouts' "
+                f"src='data:image/png;base64,{data}'>")
 
     def snapshot_html(self) -> str:
         """The comparison and its plot as static HTML, for a page with no widget manager."""
@@ -225,16 +233,12 @@ class LayoutExplorer:
                 f"{self.comparison_html(rows)}<br>{self.plot_html(rows)}</div>")
 
     def widget(self):
-        return W.VBox([W.HBox(self.slots), self.steps_slider, W.HBox(self.buttons + [self.add_button, self.clear_button]),
-                       self.out, self.table, self.plot])
+        buttons = W.HBox(self.buttons + [self.add_button, self.clear_button])
+        return W.VBox([W.HBox(self.slots), self.steps_slider, buttons, self.out, self.table, self.plot])
 
     def _ipython_display_(self):
         """The live panel; where nothing can run widgets (papermill, nbconvert --execute) also the
         static snapshot, so the executed notebook and its HTML report show the comparison offline."""
-        from IPython.display import HTML, display
-
-        from .progress import interactive_frontend
-
         display(self.widget())
         if not interactive_frontend():
             display(HTML(self.snapshot_html()))

@@ -9,18 +9,30 @@ from __future__ import annotations
 
 import html
 import json
+import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from . import cli
+from .boundaries import parse_layout
+from .conventions import DEFAULT_ENGINE, parse_engine, read_draft_config
+from .draft import config_from_json
+from .errors import BadOption, InputError
+from .lab import SMALL
+from .pair import DEFAULT_DIR, MAX_STEPS, check_device
+from .reports import ORDER, Summary, read_summary
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-ORDER = ["01_baseline_throughput", "02_isolate_draft", "03_compare_concat_orders",
-         "04_layer_boundary_forward", "05_apply_patch", "06_rebenchmark"]
-
-SMALL = {"NUM_PROMPTS": 2, "MAX_NEW_TOKENS": 24, "REPEATS": 1, "EVAL_WINDOWS": 3, "DRAFT_STEPS": 3,
-         "SEARCH_WINDOWS": 2}
+_OUT_IS_A_FILE = "--out {out} is a file; expected a folder for the reports (it is created if missing)"
 
 
 @dataclass
@@ -71,17 +83,12 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
 
 
 def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
-    summary = out_dir / "summary.json"
     table = ""
-    if summary.is_file():
-        s = json.loads(summary.read_text())
-        rows = "".join(
-            f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r['layout']))}</td>"
-            f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td><td>{r['speedup']:.2f}x</td>"
-            f"<td>{r['tau']:.2f}</td><td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.get("rows", []))
-        table = ("<h2>Before and after</h2><table><tr><th>wiring</th><th>layout</th><th>baseline tok/s</th>"
-                 "<th>EAGLE-3 tok/s</th><th>speedup</th><th>accept length</th><th>lossless</th></tr>"
-                 f"{rows}</table><p>{html.escape(s.get('headline', ''))}</p>")
+    if (out_dir / "summary.json").is_file():
+        try:
+            table = _before_after(read_summary(out_dir))
+        except (InputError, KeyError, TypeError, ValueError) as exc:  # the page still links every notebook
+            table = f"<h2>Before and after</h2><p style='color:#b00'>{html.escape(str(exc))}</p>"
     items = "".join(
         f"<li><b>{html.escape(r.name)}</b> &mdash; "
         + (" ".join(f"<a href='{o}'>{'report' if not o.endswith('_code.html') else 'with code'}</a>"
@@ -89,10 +96,11 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
            if r.ok else f"<span style='color:#b00'>failed: {html.escape(r.error)}</span>")
         + f" <small>({r.seconds:.0f}s)</small></li>" for r in runs)
     # only what this run wrote: a run of some notebooks has no summary (notebook 06 writes it)
-    links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json") if (out_dir / n).is_file())
+    links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json")
+                              if (out_dir / n).is_file())
     links = f"<p>{links}</p>" if links else ""
-    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> (no target forward)"
-                 if params.get("DATA") else "")
+    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
+                 "(no target forward)" if params.get("DATA") else "")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
@@ -100,12 +108,22 @@ th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
-engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', 'sglang==0.5.9')))}</code>{data_note}.</p>
+engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', DEFAULT_ENGINE)))}</code>{data_note}.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
     path.write_text(page)
     return path
+
+
+def _before_after(s: Summary) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r['layout']))}</td>"
+        f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td><td>{r['speedup']:.2f}x</td>"
+        f"<td>{r['tau']:.2f}</td><td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.rows)
+    return ("<h2>Before and after</h2><table><tr><th>wiring</th><th>layout</th><th>baseline tok/s</th>"
+            "<th>EAGLE-3 tok/s</th><th>speedup</th><th>accept length</th><th>lossless</th></tr>"
+            f"{rows}</table><p>{html.escape(s.headline)}</p>")
 
 
 class Runs(list):
@@ -127,17 +145,12 @@ class _Stop:
         self._saved = {}
 
     def __enter__(self):
-        import signal
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._saved[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc):
-        import signal
-
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         return False
@@ -151,18 +164,12 @@ class _Stop:
             raise KeyboardInterrupt
 
     def interrupt_kernel(self):
-        import os
-        import signal
-
         try:
             os.kill(self.kernel_pid, signal.SIGINT)
         except (OSError, TypeError):
             pass
 
     def kill_kernel(self):
-        import os
-        import signal
-
         if self.kernel_pid:
             try:
                 os.killpg(os.getpgid(self.kernel_pid), signal.SIGKILL)  # the kernel runs in its own session
@@ -182,7 +189,8 @@ def _kernel_manager_class():
     class WorkbookKernelManager(AsyncKernelManager):
         async def _async_start_kernel(self, **kw):
             await AsyncKernelManager._async_start_kernel(self, **kw)
-            pid = getattr(self.provisioner, "pid", None) or getattr(getattr(self.provisioner, "process", None), "pid", None)
+            prov = self.provisioner
+            pid = getattr(prov, "pid", None) or getattr(getattr(prov, "process", None), "pid", None)
             if _STOP is not None:
                 _STOP.kernel_pid = pid
                 if _STOP.requested:  # Ctrl-C came while the kernel was starting
@@ -238,7 +246,8 @@ def _rewrite_paths(staging: Path, out_dir: Path, since: float) -> None:
     that no longer exists."""
     old, new = str(staging), str(out_dir)
     for f in staging.rglob("*"):
-        if f.suffix in (".json", ".md", ".html", ".ipynb", ".txt") and f.is_file() and f.stat().st_mtime >= since:
+        if (f.suffix in (".json", ".md", ".html", ".ipynb", ".txt") and f.is_file()
+                and f.stat().st_mtime >= since):
             try:
                 text = f.read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
@@ -251,9 +260,6 @@ def _swap_in(staging: Path, out_dir: Path) -> None:
     """Replace --out by the finished staging folder. Entries that appeared in --out during the
     run (nothing of ours) are carried over first; the old folder is renamed aside, the new one
     renamed in, and only then is the old one deleted."""
-    import os
-    import shutil
-
     if out_dir.exists():
         for entry in out_dir.iterdir():
             if not (staging / entry.name).exists() and not (staging / entry.name).is_symlink():
@@ -272,19 +278,12 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
     every one finished without an error. A failure or Ctrl-C leaves ``out_dir`` as it was and
     keeps the staging folder, marked INCOMPLETE with the notebook and cell that stopped it, so
     a report never mixes two runs or calls an interrupted notebook ok."""
-    import os
-    import shutil
-    import tempfile
-
     import papermill as pm
-    from tqdm.auto import tqdm
-
-    from .errors import BadOption
 
     global _STOP
     out_dir = Path(out_dir).resolve()
     if out_dir.exists() and not out_dir.is_dir():
-        raise BadOption(f"--out {out_dir} is a file; expected a folder for the reports (it is created if missing)")
+        raise BadOption(_OUT_IS_A_FILE.format(out=out_dir))
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.staging-", dir=out_dir.parent))
@@ -292,10 +291,11 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become --out's mode after the swap
     except OSError as exc:
-        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it ({exc.strerror or exc})") from None
+        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it "
+                        f"({exc.strerror or exc})") from None
     started = time.time()
-    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still running "
-                           f"or killed before it finished. --out {out_dir} was not changed by it.")
+    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still "
+                           f"running or killed before it finished. --out {out_dir} was not changed by it.")
     if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
         shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
         _write_marker(staging, (staging / "INCOMPLETE").read_text())
@@ -316,18 +316,21 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
                 accepted = notebook_parameters(src)
                 t0 = time.perf_counter()
                 error, cell = "", None
+                given = {k: v for k, v in params.items() if k in accepted}
                 try:
-                    pm.execute_notebook(_parameterised(src, {k: v for k, v in params.items() if k in accepted}),
-                                        str(dst), cwd=str(NOTEBOOKS), progress_bar=False, kernel_name="python3",
+                    pm.execute_notebook(_parameterised(src, given), str(dst), cwd=str(NOTEBOOKS),
+                                        progress_bar=False, kernel_name="python3",
                                         kernel_manager_class=km_class,
                                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
                 except Exception as exc:
                     cell = getattr(exc, "cell_index", None)
-                    error = f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', str(exc))}".strip()
+                    ename = getattr(exc, "ename", type(exc).__name__)
+                    error = f"{ename}: {getattr(exc, 'evalue', str(exc))}".strip()
                 finally:
                     stop.kernel_pid = None
                 if not error:
-                    cell, error = _first_error(dst) if dst.is_file() else (None, "no executed notebook was written")
+                    cell, error = (_first_error(dst) if dst.is_file()
+                                   else (None, "no executed notebook was written"))
                 if stop.requested and (not error or error.startswith("KeyboardInterrupt")):
                     error = "KeyboardInterrupt: stopped by Ctrl-C"
                 seconds = round(time.perf_counter() - t0, 1)
@@ -337,7 +340,8 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
                             render_html(dst, staging)
                         except Exception:
                             pass
-                    runs.append(RunRecord(name, seconds, False, (error.splitlines() or [""])[0][:300], cell=cell))
+                    first_line = (error.splitlines() or [""])[0][:300]
+                    runs.append(RunRecord(name, seconds, False, first_line, cell=cell))
                     break
                 outputs = [dst.name] + (render_html(dst, staging) if render else [])
                 runs.append(RunRecord(name, seconds, True, outputs=outputs))
@@ -358,8 +362,8 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
             _swap_in(staging, out_dir)
             return runs
         bad = next((r for r in runs if not r.ok), None)
-        where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "") + f": {bad.error}"
-                 if bad else "stopped before the first notebook")
+        where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "")
+                 + f": {bad.error}" if bad else "stopped before the first notebook")
         _write_marker(staging, f"INCOMPLETE: {'interrupted' if stop.requested else 'failed'} at {where}\n"
                                f"--out {out_dir} was left as it was; this folder holds the partial run.")
         runs.incomplete = staging
@@ -375,10 +379,8 @@ def normalise_notebook_name(name: str) -> str:
 
 def _draft_width(draft) -> int | None:
     """The draft's fc slot count from its config alone (no weights loaded), None if unreadable."""
-    from .draft import config_from_json, read_draft_config
-
     try:
-        return config_from_json(read_draft_config(Path(draft) if draft else REPO / "data" / "tiny-kimi" / "draft")).num_aux
+        return config_from_json(read_draft_config(Path(draft) if draft else DEFAULT_DIR / "draft")).num_aux
     except Exception:  # the notebooks will report a bad draft in full
         return None
 
@@ -386,18 +388,18 @@ def _draft_width(draft) -> int | None:
 def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     """Everything that can be checked before a kernel starts, so a typo fails in a second
     instead of inside notebook 02 after the old reports were overwritten."""
-    from .boundaries import parse_layout
-    from .sglang_source import parse_engine
-
     problems = []
     for name in only or []:
         if normalise_notebook_name(name) not in ORDER:
-            problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} (or 01..06)")
+            problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} "
+                            "(or 01..06)")
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key) and not Path(params[key]).exists():
             problems.append(f"{key.lower()} {params[key]} does not exist")
-    if params.get("TARGET") and not params.get("DRAFT") and not (Path(params["TARGET"]).parent / "draft").is_dir():
-        problems.append(f"a target was given ({params['TARGET']}) without a draft, and no draft/ beside it: pass --draft")
+    target = params.get("TARGET")
+    if target and not params.get("DRAFT") and not (Path(target).parent / "draft").is_dir():
+        problems.append(f"a target was given ({target}) without a draft, and no draft/ beside it: "
+                        "pass --draft")
     known = {}
     for nb in ORDER:
         known.update(notebook_parameters(NOTEBOOKS / f"{nb}.ipynb"))
@@ -405,16 +407,18 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         if key not in known:
             problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
     try:
-        name, version = parse_engine(params.get("ENGINE_VERSION", "sglang==0.5.9"))
+        name, version = parse_engine(params.get("ENGINE_VERSION", DEFAULT_ENGINE))
         if name == "sglang" and not version:
-            problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; expected e.g. sglang==0.5.9")
+            problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; "
+                            f"expected e.g. {DEFAULT_ENGINE}")
     except ValueError as exc:
         problems.append(str(exc))
     if params.get("TRAINING_LAYOUT") not in (None, ""):
         try:
             layout = parse_layout(str(params["TRAINING_LAYOUT"]))
             if not layout or len(set(layout)) != len(layout) or min(layout) < 0:
-                raise ValueError(f"expected distinct boundaries >= 0 like '0,3,7', got {params['TRAINING_LAYOUT']!r}")
+                raise ValueError(f"expected distinct boundaries >= 0 like '0,3,7', "
+                                 f"got {params['TRAINING_LAYOUT']!r}")
             width = _draft_width(params.get("DRAFT"))
             if width is not None and len(layout) != width:
                 raise ValueError(f"layout {layout} has {len(layout)} slots; the draft's fc takes {width}")
@@ -424,42 +428,43 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         v = params.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             problems.append(f"{key} must be a positive integer, got {v!r}")
-    from .pair import MAX_STEPS, check_device
-
     if isinstance(params.get("DRAFT_STEPS"), int) and params["DRAFT_STEPS"] > MAX_STEPS:
-        problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), got {params['DRAFT_STEPS']}")
+        problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), "
+                        f"got {params['DRAFT_STEPS']}")
     try:
         check_device(params.get("DEVICE", "cpu"))
     except ValueError as exc:
         problems.append(str(exc))
     for key in ("EVAL_WINDOWS", "SEARCH_WINDOWS"):
         if isinstance(params.get(key), int) and params[key] < 2:
-            problems.append(f"{key} must be at least 2 (confidence needs more than one window), got {params[key]}")
+            problems.append(f"{key} must be at least 2 (confidence needs more than one window), "
+                            f"got {params[key]}")
     return problems
 
 
 def main(argv=None) -> int:
-    from .errors import one_line_parser
-
-    ap = one_line_parser(prog="python -m helpers run-workbook", description=__doc__.splitlines()[0])
+    ap = cli.parser("run-workbook", __doc__)
     ap.add_argument("--out", type=Path, default=REPO / "reports")
-    ap.add_argument("--target", default=None)
-    ap.add_argument("--draft", default=None)
+    cli.add_pair_args(ap, engine=None, json=False, paths=False)
     ap.add_argument("--retrained-draft", default=None)
-    ap.add_argument("--training-layout", default=None, help="a,b,c; default: the draft's record, else inferred")
-    ap.add_argument("--engine", default="reference", choices=["reference", "sglang"])
-    ap.add_argument("--engine-version", default="sglang==0.5.9")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--training-layout", default=None,
+                    help="a,b,c; default: the draft's record, else inferred")
+    ap.add_argument("--engine", default="reference", choices=["reference", "sglang"],
+                    help="reference: this workbook's engine; sglang: a live server (GPU host)")
+    ap.add_argument("--engine-version", default=DEFAULT_ENGINE,
+                    help="whose wiring rules decide the served layout: sglang==VERSION or vllm")
     ap.add_argument("--prompts", default=None)
     ap.add_argument("--data", default=None,
                     help="a trainer's hidden-state dump: notebook 02's isolated test and ranking run from it")
     ap.add_argument("--steps", type=int, default=None)
-    ap.add_argument("--small", action="store_true", help="tiny parameters: a smoke run in a couple of minutes")
+    ap.add_argument("--small", action="store_true",
+                    help="tiny parameters: a smoke run in a couple of minutes")
     ap.add_argument("--only", nargs="*", default=None, help="run only these notebooks (names without .ipynb)")
     ap.add_argument("--no-render", action="store_true")
     ap.add_argument("-p", "--param", action="append", default=[], metavar="NAME=JSON",
                     help="any notebook parameter, e.g. -p NUM_PROMPTS=4")
-    a = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(cli.glue_option_values(argv, "--training-layout"))
     params: dict = dict(SMALL) if a.small else {}
     for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
                      ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
@@ -477,7 +482,7 @@ def main(argv=None) -> int:
             params[k] = v
     problems = check_run_inputs(params, a.only)
     if a.out.exists() and not a.out.is_dir():
-        problems.insert(0, f"--out {a.out} is a file; expected a folder for the reports (it is created if missing)")
+        problems.insert(0, _OUT_IS_A_FILE.format(out=a.out))
     if problems:
         for msg in problems:
             print(f"error: {msg}", file=sys.stderr)
@@ -495,8 +500,9 @@ def main(argv=None) -> int:
         print(f"reports in {a.out} ({time.perf_counter() - t0:.0f}s); open {a.out / 'index.html'}")
         return 0
     bad = next((r for r in runs if not r.ok), None)
-    where = f"{bad.name}" + (f" cell {bad.cell}" if bad and bad.cell is not None else "") if bad else "before any notebook"
+    where = ((bad.name + (f" cell {bad.cell}" if bad.cell is not None else "")) if bad
+             else "before any notebook")
     what = "interrupted" if runs.interrupted else "failed"
-    print(f"error: {what} at {where} ({bad.error if bad else 'no notebook ran'}); --out {a.out} left as it was; "
-          f"partial run in {runs.incomplete} (marked INCOMPLETE)", file=sys.stderr)
+    print(f"error: {what} at {where} ({bad.error if bad else 'no notebook ran'}); --out {a.out} left as it "
+          f"was; partial run in {runs.incomplete} (marked INCOMPLETE)", file=sys.stderr)
     return 130 if runs.interrupted else 1

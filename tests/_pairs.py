@@ -53,7 +53,8 @@ def tiny_llama() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def tiny_dump(fmt: str, bounds: tuple = (0, 3, 7, 10, 12), records: int = 6) -> Path:
-    """``dump`` of the tiny target in a trainer's layout: the trained (0, 3, 7) and served (3, 7, 10) inside."""
+    """``dump`` of the tiny target in a trainer's layout: the trained (0, 3, 7) and served (3, 7, 10)
+    inside."""
     from helpers.dump_cli import write_from_text
 
     out = ROOT / f"dump-{fmt}-{'-'.join(map(str, bounds))}-{records}"

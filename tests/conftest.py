@@ -17,7 +17,8 @@ def tiny_lm_config(arch: str, hidden: int = 32, layers: int = 3, vocab: int = 12
         return LlamaConfig(**common, intermediate_size=2 * hidden, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=hidden // 4)
     if arch == "qwen2":
-        return Qwen2Config(**common, intermediate_size=2 * hidden, num_attention_heads=4, num_key_value_heads=2)
+        return Qwen2Config(**common, intermediate_size=2 * hidden, num_attention_heads=4,
+                           num_key_value_heads=2)
     if arch == "qwen3":
         return Qwen3Config(**common, intermediate_size=2 * hidden, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=hidden // 4)

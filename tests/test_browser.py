@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from _pairs import tiny_default
+
 from helpers.workbook import REPO, SMALL, run_workbook
 
 NB = "03_compare_concat_orders"
@@ -54,13 +54,16 @@ def lab(tmp_path):
     through its own API (kernels first), then by signal if it lingers."""
     port = _free_port()
     env = {**os.environ, "WORKBOOK_SMALL": "1",
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+           "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"), "IPYTHONDIR": str(tmp_path / "ipython"),
-           "WORKBOOK_PARAMS": json.dumps({"TARGET": str(tiny_default() / "target"), "DRAFT": str(tiny_default() / "draft"),
+           "WORKBOOK_PARAMS": json.dumps({"TARGET": str(tiny_default() / "target"),
+                                          "DRAFT": str(tiny_default() / "draft"),
                                           "REPORTS_DIR": str(tmp_path / "lab-reports")})}
     args = ["bash", str(REPO / "workbook.sh"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
             "--IdentityProvider.token=", "--LabApp.expose_app_in_browser=True",
-            f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}", f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}"]
+            f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+            f"--LabApp.user_settings_dir={tmp_path / 'lab-settings'}"]
     if os.geteuid() == 0:   # containers and CI run as root; jupyter refuses that unless told
         args.append("--allow-root")
     # no "get Jupyter news?" toast over the screenshots (page config in this run's own config dir), and no
@@ -78,13 +81,15 @@ def lab(tmp_path):
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"workbook.sh lab exited with {proc.returncode}:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+                pytest.fail(f"workbook.sh lab exited with {proc.returncode}:\n"
+                            f"{(tmp_path / 'lab.log').read_text()[-3000:]}")
             try:
                 _get(f"{base}/api/status", 2)
                 break
             except OSError:
                 if time.monotonic() - t0 > 180:
-                    pytest.fail(f"JupyterLab did not answer in 180 s:\n{(tmp_path / 'lab.log').read_text()[-3000:]}")
+                    pytest.fail(f"JupyterLab did not answer in 180 s:\n"
+                                f"{(tmp_path / 'lab.log').read_text()[-3000:]}")
                 time.sleep(0.5)
         yield base
     finally:
@@ -128,7 +133,8 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     page.goto(f"{lab}/lab/tree/notebooks/{NB}.ipynb")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
     # the notebook's kernelspec must be the one setup registered in .venv: no kernel picker appears
-    page.wait_for_function("""() => { const k = window.jupyterapp && window.jupyterapp.serviceManager.sessions;
+    page.wait_for_function("""() => {
+        const k = window.jupyterapp && window.jupyterapp.serviceManager.sessions;
         return k && [...k.running()].some(s => s.kernel && s.kernel.name === 'eagle3-workbook'); }""")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     t0 = time.monotonic()
@@ -137,27 +143,34 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     page.wait_for_selector("table.layout-comparison", timeout=60_000)
     timings["run_all_to_widget_s"] = round(time.monotonic() - t0, 1)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-    errors = page.eval_on_selector_all(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                                       "els => els.map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))")
+    errors = page.eval_on_selector_all(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+        "els => els.map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))")
     assert not errors, errors
-    assert page.locator(".jp-OutputArea-output", has_text="The draft was most likely trained on").count() == 1  # the last cell ran
+    # the last cell ran
+    assert page.locator(".jp-OutputArea-output", has_text="The draft was most likely trained on").count() == 1
     # text progress bars are for papermill; here tqdm draws widgets
-    assert page.locator(".jupyter-widgets .widget-progress, .jupyter-widgets progress, .jupyter-widgets .progress").count() >= 1
+    assert page.locator(".jupyter-widgets .widget-progress, .jupyter-widgets progress, "
+                        ".jupyter-widgets .progress").count() >= 1
 
     widget = page.locator(".jupyter-widgets.widget-vbox", has=page.locator("table.layout-comparison")).last
     buttons = widget.locator("button")
     served_btn = buttons.filter(has_text="served").first
     best_btn = buttons.filter(has_text="best").first
-    served_layout = tuple(int(b) for b in page.get_attribute("table.layout-comparison th[data-names*='served']", "data-layout").split(","))
-    best_layout = tuple(int(b) for b in page.get_attribute("table.layout-comparison th[data-names*='best']", "data-layout").split(","))
+    served_layout = tuple(int(b) for b in page.get_attribute(
+        "table.layout-comparison th[data-names*='served']", "data-layout").split(","))
+    best_layout = tuple(int(b) for b in page.get_attribute(
+        "table.layout-comparison th[data-names*='best']", "data-layout").split(","))
     assert served_layout != best_layout
     for btn, lay in ((served_btn, served_layout), (best_btn, best_layout)):
         btn.click()
         key = ",".join(map(str, lay))
-        page.wait_for_function(f"""() => {{ const th = document.querySelector("table.layout-comparison th[data-layout='{key}']");
+        page.wait_for_function(f"""() => {{
+            const th = document.querySelector("table.layout-comparison th[data-layout='{key}']");
             return th && th.textContent.includes('in the dropdowns'); }}""")
     served, best = _column(page, served_layout), _column(page, best_layout)
-    assert served.keys() == best.keys() and {"full_acc_0", "cond_acc_0", "sim_accept_length", "ce"} <= served.keys()
+    assert (served.keys() == best.keys()
+            and {"full_acc_0", "cond_acc_0", "sim_accept_length", "ce"} <= served.keys())
     assert all(v not in ("", "–") for v in list(served.values()) + list(best.values()))
     assert served != best
     assert float(best["ce"]) < float(served["ce"])             # best is ranked by cross-entropy
@@ -166,12 +179,14 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     widget.screenshot(path=str(shots / "lab-comparison-after-presets.png"))
     page.screenshot(path=str(shots / "lab-page.png"))
     page.close()
-    assert (REPO / "notebooks" / f"{NB}.ipynb").read_bytes() == notebook_before, "JupyterLab wrote to the notebook"
+    assert (REPO / "notebooks" / f"{NB}.ipynb").read_bytes() == notebook_before, (
+        "JupyterLab wrote to the notebook")
 
     # 2. the shared report, offline
     d = tiny_default()
     out = tmp_path / "reports"
-    runs = run_workbook(out, {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(d / "draft")}, only=[NB], progress=False)
+    runs = run_workbook(out, {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(d / "draft")}, only=[NB],
+                        progress=False)
     assert all(r.ok for r in runs), [(r.name, r.error) for r in runs]
     ctx = browser.new_context(viewport={"width": 1200, "height": 900})
     refused = []
@@ -192,7 +207,8 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     page.click(f"a[href='{NB}.html']")
     page.wait_for_load_state("load")
     assert page.url.endswith(f"{NB}.html")
-    broken = page.eval_on_selector_all("img", "is => is.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt || i.src.slice(0, 60))")
+    broken = page.eval_on_selector_all("img", "is => is.filter(i => !(i.complete && i.naturalWidth > 0))"
+                                              ".map(i => i.alt || i.src.slice(0, 60))")
     assert not broken, broken
     # every markdown heading is followed by something visible before the next one
     empty = page.evaluate("""() => {
@@ -200,7 +216,8 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
         const all = [...document.querySelectorAll('.jp-Cell')];
         return hs.filter(h => {
             const cell = h.closest('.jp-Cell'); let i = all.indexOf(cell), seen = false;
-            const own = [...cell.querySelectorAll('.jp-MarkdownOutput > *')].some(e => e !== h && e.innerText.trim() && h.compareDocumentPosition(e) & 4);
+            const own = [...cell.querySelectorAll('.jp-MarkdownOutput > *')]
+                .some(e => e !== h && e.innerText.trim() && h.compareDocumentPosition(e) & 4);
             if (own) return false;
             for (i = i + 1; i < all.length; i++) {
                 const c = all[i];
@@ -215,7 +232,8 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     assert heading.count() == 1
     snap = page.locator(".layout-comparison-snapshot")
     assert snap.count() == 1 and snap.is_visible()
-    assert heading.evaluate("(h, s) => !!(h.compareDocumentPosition(s) & 4)", snap.element_handle())   # under the heading
+    # under the heading
+    assert heading.evaluate("(h, s) => !!(h.compareDocumentPosition(s) & 4)", snap.element_handle())
     served_r, best_r = _column(page, served_layout), _column(page, best_layout)
     assert served_r and best_r and served_r != best_r
     assert snap.locator("img.layout-acceptance").evaluate("i => i.complete && i.naturalWidth > 0")

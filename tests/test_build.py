@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _pairs import tiny_default, tiny_llama
 
 
 def test_tiny_default_artifacts():
     d = tiny_default()
-    for rel in ["target/config.json", "target/model.safetensors", "target/tokenizer.json", "draft/config.json",
-                "draft/model.safetensors", "draft/training.json", "prompts.jsonl", "heldout.txt", "corpus.json",
-                "build.json"]:
+    for rel in ["target/config.json", "target/model.safetensors", "target/tokenizer.json",
+                "draft/config.json", "draft/model.safetensors", "draft/training.json", "prompts.jsonl",
+                "heldout.txt", "corpus.json", "build.json"]:
         assert (d / rel).is_file(), rel
     cfg = json.loads((d / "draft/config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -80,8 +79,9 @@ def test_second_family_speculators_format():
 
 
 def test_target_training_is_deterministic():
-    from helpers.target import target_config, train_target
     from transformers import AutoModelForCausalLM
+
+    from helpers.target import target_config, train_target
 
     ids = torch.arange(4000) % 97
     losses = []

@@ -117,8 +117,11 @@ def test_sglang_reads_only_the_nested_key():
 
 
 def test_vllm_reads_the_top_level_key_first():
-    assert engine_ids(BOTH, "vllm").ids == [0, 3, 7]
-    assert engine_ids(NESTED, "vllm").source == IdsAt.EAGLE_CONFIG
+    assert engine_ids(BOTH, "vllm", arch="LlamaForCausalLM").ids == [0, 3, 7]
+    assert engine_ids(NESTED, "vllm==0.22.0", arch="LlamaForCausalLM").source == IdsAt.EAGLE_CONFIG
+    assert engine_ids(NESTED, "vllm==0.22.0", arch="Qwen3ForCausalLM").source == IdsAt.NONE   # the V2 runner
+    assert engine_ids(NESTED, "vllm==0.29.0", arch="GptOssForCausalLM").source == IdsAt.NONE  # V2 for all
+    assert engine_ids(BOTH, "vllm==0.11.0", arch="LlamaForCausalLM").source == IdsAt.NONE     # reads none yet
     assert engine_ids({"architectures": ["LlamaForCausalLMEagle3"]}, "vllm").source == IdsAt.NONE
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers.conventions import DraftConfigError, ids_in_config
 from helpers.draft import (
     SGLANG_ARCH,
     SPECULATORS_ARCH,
@@ -32,7 +33,6 @@ from helpers.draft import (
     config_from_json,
     config_to_json,
     draft_format,
-    eagle_ids_of,
     load_draft,
     new_draft_config,
     save_draft,
@@ -46,8 +46,8 @@ IDS = [2, 6, 9]
 FORMATS = ("sglang", "speculators")
 LAYER_KEYS = {
     "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 }
 TOP_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"}
 
@@ -120,7 +120,7 @@ def test_sglang_config_json(saved):
     assert cfg["target_hidden_size"] == H
     assert cfg["hidden_size"] == H and cfg["vocab_size"] == VOCAB
     assert cfg["num_hidden_layers"] == 1
-    assert eagle_ids_of(cfg) == (IDS, "eagle_config")
+    assert ids_in_config(cfg) == (IDS, "eagle_config")
 
 
 def test_speculators_config_json(saved):
@@ -134,7 +134,7 @@ def test_speculators_config_json(saved):
     assert layer["hidden_size"] == H and layer["vocab_size"] == VOCAB
     assert layer["num_attention_heads"] == 4 and layer["head_dim"] == H // 4
     assert cfg["draft_vocab_size"] == DRAFT_VOCAB and cfg["target_hidden_size"] == H
-    assert eagle_ids_of(cfg) == (IDS, "top_level")
+    assert ids_in_config(cfg) == (IDS, "top-level")
 
 
 @pytest.mark.parametrize("fmt, prefix, other", [("sglang", "midlayer.", "layers.0."),
@@ -153,7 +153,8 @@ def test_weights_on_disk(saved, fmt, prefix, other):
     assert w["t2d"].dtype == torch.bool and w["t2d"].shape == (VOCAB,)
     assert torch.equal(w["d2t"], draft.d2t) and torch.equal(w["t2d"], draft.t2d)
     # The layer weights are the draft's own, under the format's prefix.
-    torch.testing.assert_close(w[prefix + "hidden_norm.weight"].float(), draft.midlayer.hidden_norm.weight.data)
+    torch.testing.assert_close(w[prefix + "hidden_norm.weight"].float(),
+                               draft.midlayer.hidden_norm.weight.data)
     torch.testing.assert_close(w[prefix + "input_layernorm.weight"].float(),
                                draft.midlayer.input_layernorm.weight.data)
 
@@ -173,7 +174,7 @@ def test_save_without_ids(target, tmp_path):
     draft.cfg.eagle_ids = None
     for fmt in FORMATS:
         cfg = json.loads((save_draft(draft, tmp_path / fmt, fmt=fmt) / "config.json").read_text())
-        assert eagle_ids_of(cfg) == (None, "none")
+        assert ids_in_config(cfg) == (None, "none")
         assert "eagle_config" not in cfg and "eagle_aux_hidden_state_layer_ids" not in cfg
         assert load_draft(tmp_path / fmt, target=target).cfg.ids_location == "none"
 
@@ -192,9 +193,10 @@ def test_round_trip(saved, target, fmt):
     loaded = load_draft(path, target=target)
     assert loaded.cfg.format == fmt
     assert loaded.cfg.eagle_ids == IDS
-    assert loaded.cfg.ids_location == ("eagle_config" if fmt == "sglang" else "top_level")
-    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                  "vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux", "rms_norm_eps", "rope_theta"):
+    assert loaded.cfg.ids_location == ("eagle_config" if fmt == "sglang" else "top-level")
+    for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                  "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size", "num_aux",
+                  "rms_norm_eps", "rope_theta"):
         assert getattr(loaded.cfg, field) == getattr(draft.cfg, field), field
     assert not loaded.training
     a, b = draft.state_dict(), loaded.state_dict()
@@ -234,12 +236,13 @@ def test_convert_between_formats(saved, target, tmp_path):
     out = save_draft(loaded, tmp_path / "as_sglang", fmt="sglang")
     a = load_file(str(path / "model.safetensors"))
     b = load_file(str(out / "model.safetensors"))
-    renamed = {("midlayer." + k[len("layers.0."):]) if k.startswith("layers.0.") else k: v for k, v in a.items()}
+    renamed = {("midlayer." + k[len("layers.0."):]) if k.startswith("layers.0.") else k: v
+               for k, v in a.items()}
     assert set(renamed) == set(b)
     for k in b:
         assert torch.equal(renamed[k], b[k]), k
     cfg = json.loads((out / "config.json").read_text())
-    assert eagle_ids_of(cfg) == (IDS, "eagle_config")
+    assert ids_in_config(cfg) == (IDS, "eagle_config")
 
 
 def test_load_without_target_needs_an_embedding(saved):
@@ -357,7 +360,8 @@ def _edit_config(path: Path, edit):
 
 def test_missing_dir(target, tmp_path):
     missing = tmp_path / "nowhere"
-    _expect_untouched(missing, target, lambda: load_draft(missing, target=target), FileNotFoundError, "no draft at")
+    _expect_untouched(missing, target, lambda: load_draft(missing, target=target), DraftConfigError,
+                      "not found")
     assert not missing.exists()
 
 
@@ -365,7 +369,7 @@ def test_missing_dir(target, tmp_path):
 def test_missing_config(saved, target, fmt):
     _, path = saved(fmt)
     (path / "config.json").unlink()
-    _expect_untouched(path, target, lambda: load_draft(path, target=target), FileNotFoundError, "config.json")
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftConfigError, "config.json")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -437,7 +441,7 @@ def test_target_vocab_mismatch(saved, make_tiny_lm, fmt):
 def test_non_eagle_architecture(saved, target):
     _, path = saved("sglang")
     _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"]}), c.pop("eagle_config")))
-    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftConfigError,
                       "not an EAGLE-3 draft")
 
 
@@ -464,18 +468,23 @@ def test_check_fits_target_embedding_width(target):
 
 @pytest.mark.parametrize("cfg, expected", [
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}}, ([1, 5, 8], "eagle_config")),
-    ({"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}, ([2, 6, 9], "top_level")),
+    ({"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}, ([2, 6, 9], "top-level")),
     ({}, (None, "none")),
     ({"eagle_config": None}, (None, "none")),
     ({"eagle_config": {"use_aux_hidden_state": True}, "eagle_aux_hidden_state_layer_ids": [0, 3]},
-     ([0, 3], "top_level")),
+     ([0, 3], "top-level")),
     # Both present: the nested key wins (it is what SGLang reads).
-    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}, "eagle_aux_hidden_state_layer_ids": [0, 3, 7]},
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]},
+      "eagle_aux_hidden_state_layer_ids": [0, 3, 7]},
      ([-1, 2, 6], "eagle_config")),
-    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": ["2", 6.0]}}, ([2, 6], "eagle_config")),
 ])
-def test_eagle_ids_of(cfg, expected):
-    assert eagle_ids_of(cfg) == expected
+def test_ids_in_config(cfg, expected):
+    assert ids_in_config(cfg) == expected
+
+
+def test_ids_that_are_not_integers_are_refused():
+    with pytest.raises(DraftConfigError, match="expected a list of integer layer ids"):
+        ids_in_config({"eagle_config": {"eagle_aux_hidden_state_layer_ids": ["2", 6.0]}})
 
 
 def test_config_from_json_speculators_reads_layer_config():
@@ -489,7 +498,7 @@ def test_config_from_json_speculators_reads_layer_config():
     assert (cfg.format, cfg.hidden_size, cfg.head_dim, cfg.num_key_value_heads) == ("speculators", 48, 8, 2)
     assert (cfg.vocab_size, cfg.draft_vocab_size, cfg.target_hidden_size) == (300, 50, 24)
     assert (cfg.rms_norm_eps, cfg.rope_theta) == (1e-5, 5e5)
-    assert (cfg.eagle_ids, cfg.ids_location) == ([0, 3, 7], "top_level")
+    assert (cfg.eagle_ids, cfg.ids_location) == ([0, 3, 7], "top-level")
 
 
 # -- defects found and fixed in the helpers (kept as regressions) -------------------------------
@@ -568,7 +577,8 @@ def _reference_logits(draft, rows, norm_before_residual: bool) -> torch.Tensor:
         resid = (hn if norm_before_residual else h) + attn
         u = _rms(resid, w[m + "post_attention_layernorm.weight"], eps)
         gate = w[m + "mlp.gate_proj.weight"] @ u
-        out = resid + w[m + "mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate) * (w[m + "mlp.up_proj.weight"] @ u))
+        out = resid + w[m + "mlp.down_proj.weight"] @ (gate * torch.sigmoid(gate)
+                                                       * (w[m + "mlp.up_proj.weight"] @ u))
         outs.append(out)
         logits.append(w["lm_head.weight"] @ _rms(out, w["norm.weight"], eps))
     return torch.stack(logits)
@@ -696,7 +706,8 @@ def test_no_d2t_with_reduced_vocab_is_refused(saved, target, drop):
     _edit_weights(path, lambda w: [w.pop(k) for k in drop])
     has = "t2d but no d2t" if drop == ("d2t",) else "no d2t"
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
-                      f"has {has}, but draft_vocab_size {DRAFT_VOCAB} differs from the target vocab_size {VOCAB}")
+                      f"has {has}, but draft_vocab_size {DRAFT_VOCAB} differs from the target vocab_size "
+                      f"{VOCAB}")
 
 
 def test_no_d2t_with_full_vocab_is_identity(target, tmp_path):
@@ -718,8 +729,8 @@ def test_t2d_disagreeing_with_d2t_is_refused(saved, target):
         w["t2d"] = t2d
     _edit_weights(path, edit)
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
-                      rf"t2d and d2t disagree: t2d marks {DRAFT_VOCAB + 1} target ids, d2t maps to {DRAFT_VOCAB}; "
-                      rf"first difference at target id {i}")
+                      rf"t2d and d2t disagree: t2d marks {DRAFT_VOCAB + 1} target ids, d2t maps to "
+                      rf"{DRAFT_VOCAB}; first difference at target id {i}")
 
 
 def test_t2d_wrong_length_is_refused(saved, target):
@@ -785,7 +796,8 @@ def test_pytorch_model_bin_own_embedding_wins(target, tmp_path):
 ])
 def test_pytorch_model_bin_other_key_names(target, tmp_path, rename):
     draft = make_draft(target, seed=6, bf16=False)
-    _same_draft(draft, load_draft(_eagle_reference_dir(draft, tmp_path / "eagle", rename=rename), target=target))
+    _same_draft(draft,
+                load_draft(_eagle_reference_dir(draft, tmp_path / "eagle", rename=rename), target=target))
 
 
 def test_pytorch_model_bin_missing_keys_are_listed(target, tmp_path):
@@ -877,7 +889,8 @@ def test_second_decoder_layer_is_refused(saved, target):
 
 def test_both_layer_prefixes_is_refused(saved, target):
     _, path = saved("sglang")
-    _edit_weights(path, lambda w: w.update({"layers.0.hidden_norm.weight": w["midlayer.hidden_norm.weight"].clone()}))
+    _edit_weights(path, lambda w: w.update(
+        {"layers.0.hidden_norm.weight": w["midlayer.hidden_norm.weight"].clone()}))
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
                       "two names for the draft's midlayer.hidden_norm.weight")
 
@@ -897,9 +910,9 @@ WIDE = 48
 
 def _wide_draft(seed: int = 7) -> Eagle3Draft:
     """Draft hidden 48 on a 32-wide target: fc [48, 3 x 32], its own embedding [VOCAB, 48]."""
-    cfg = DraftConfig(hidden_size=WIDE, intermediate_size=2 * WIDE, num_attention_heads=4, num_key_value_heads=4,
-                      head_dim=WIDE // 4, vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, target_hidden_size=H,
-                      eagle_ids=IDS)
+    cfg = DraftConfig(hidden_size=WIDE, intermediate_size=2 * WIDE, num_attention_heads=4,
+                      num_key_value_heads=4, head_dim=WIDE // 4, vocab_size=VOCAB,
+                      draft_vocab_size=DRAFT_VOCAB, target_hidden_size=H, eagle_ids=IDS)
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
     with torch.no_grad():
@@ -929,13 +942,15 @@ def test_wide_draft_with_its_own_embedding(target, tmp_path, fmt):
 def test_wide_draft_without_embedding_is_refused(target, tmp_path):
     path = save_draft(_wide_draft(), tmp_path / "wide", with_embedding=False)
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
-                      rf"draft hidden size {WIDE} differs from the target's embedding width {H}, so it cannot share "
-                      rf"it: expected the checkpoint to ship its own embed_tokens.weight \[{VOCAB}, {WIDE}\]; it has none")
+                      rf"draft hidden size {WIDE} differs from the target's embedding width {H}, so it "
+                      rf"cannot share it: expected the checkpoint to ship its own embed_tokens.weight "
+                      rf"\[{VOCAB}, {WIDE}\]; it has none")
 
 
 def test_wide_draft_embedding_of_the_wrong_width(target, tmp_path):
     path = save_draft(_wide_draft(), tmp_path / "wide")
-    _edit_weights(path, lambda w: w.update({"embed_tokens.weight": torch.zeros(VOCAB, H, dtype=torch.bfloat16)}))
+    _edit_weights(path,
+                  lambda w: w.update({"embed_tokens.weight": torch.zeros(VOCAB, H, dtype=torch.bfloat16)}))
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
                       rf"embed_tokens.weight \({VOCAB}, {H}\) \(config implies \({VOCAB}, {WIDE}\)\)")
 
@@ -948,8 +963,10 @@ def test_check_fits_target_accepts_own_embedding(target):
 
 
 @pytest.mark.parametrize("fc_in, match", [
-    (3 * H, rf"draft expects target hidden size {WIDE}; the target has {H} \(the config has no target_hidden_size"),
-    (3 * H + 8, rf"input width {3 * H + 8} is not a multiple of the target hidden size {WIDE} \(the config has no "
+    (3 * H,
+     rf"draft expects target hidden size {WIDE}; the target has {H} \(the config has no target_hidden_size"),
+    (3 * H + 8,
+     rf"input width {3 * H + 8} is not a multiple of the target hidden size {WIDE} \(the config has no "
                 rf"target_hidden_size"),
 ])
 def test_wide_draft_config_without_target_hidden_size(target, tmp_path, fc_in, match):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-
 from _pairs import tiny_default, tiny_dump
+from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parent.parent
 BOUNDS = (0, 3, 7, 10, 12)          # the trained (0, 3, 7) and the served (3, 7, 10) are both inside
@@ -58,7 +57,8 @@ def test_write_then_read_each_format(fmt):
     target, _ = load_target(tiny_default() / "target")
     ids = recs[0].token_ids[None]
     emb = target.get_input_embeddings()(ids)[0]
-    assert torch.equal(recs[0].slots[:, 0], emb.to(recs[0].slots.dtype))   # boundary 0 is the embedding, exactly
+    # boundary 0 is the embedding, exactly
+    assert torch.equal(recs[0].slots[:, 0], emb.to(recs[0].slots.dtype))
     if fmt == "speculators-legacy":
         cfg = json.loads((dump.root / "data_config.json").read_text())
         assert cfg["hidden_states"]["layer_ids"] == [b - 1 for b in BOUNDS]   # output-of-layer ids
@@ -94,14 +94,14 @@ def test_diagnose_names_training_layout_and_served_far_below(fmt):
     assert out["served_acc"] < out["best_acc"] - 0.1
     assert out["mismatch"] is True and out["verdict"].startswith("MISMATCH")
     assert out["labels"].startswith("target distribution")
-    for key in ("data_format", "records", "tokens", "slot_boundaries", "best_slots", "best_layout", "best_acc",
-                "trained_acc", "served_layout", "served_acc", "ranking", "confident_set"):
+    for key in ("data_format", "records", "tokens", "slot_boundaries", "best_slots", "best_layout",
+                "best_acc", "trained_acc", "served_layout", "served_acc", "ranking", "confident_set"):
         assert key in out
 
 
 def test_formats_agree_with_each_other_and_the_capture_path():
-    from helpers.evaluate import attach_draft_probs, capture_text
     from helpers.dumps import open_dump
+    from helpers.evaluate import attach_draft_probs, capture_text
     from helpers.pair import load_pair
 
     outs = {f: diagnosis(f) for f in ("speculators", "speculators-legacy", "specforge")}
@@ -165,12 +165,13 @@ def test_served_within_noise_is_not_a_mismatch(tmp_path):
         s = rec.slots.float()
         twin = s[:, 2] * (1 + 1e-4 * torch.randn(s[:, 2].shape, generator=g))     # a near-copy of boundary 7
         hs = torch.cat([s[:, :3], twin[:, None], s[:, 3:]], 1).to(torch.bfloat16)
-        save_file({"hidden_states": hs.contiguous(), "token_ids": rec.token_ids}, str(out / f"hs_{i}.safetensors"))
+        save_file({"hidden_states": hs.contiguous(), "token_ids": rec.token_ids},
+                  str(out / f"hs_{i}.safetensors"))
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     cfg = {**pair.draft_config, "eagle_aux_hidden_state_layer_ids": [0, 3, 8]}
     cfg.pop("eagle_config", None)
-    d = diagnose_dump(pair.draft, open_dump(out), stated=[0, 3, 7, 8, 10, 12], engine="vllm", draft_config=cfg,
-                      arch=pair.arch, num_layers=12, progress=False)
+    d = diagnose_dump(pair.draft, open_dump(out), stated=[0, 3, 7, 8, 10, 12], engine="vllm",
+                      draft_config=cfg, arch=pair.arch, num_layers=12, progress=False)
     assert d.served_layout == (0, 3, 8) and d.served_slots == (0, 1, 3)
     assert len(d.confident_set) >= 2 and d.served_slots in d.confident_set
     assert d.mismatch is False and "consistent" in d.verdict
@@ -238,15 +239,15 @@ def _bad_legacy_truncated(d: Path) -> str:
     return "data_0.pt"
 
 
-@pytest.mark.parametrize("breaker", [_bad_mixed_width, _bad_nan, _bad_truncated, _bad_unknown, _bad_too_few_slots,
-                                     _bad_legacy_truncated])
+@pytest.mark.parametrize("breaker", [_bad_mixed_width, _bad_nan, _bad_truncated, _bad_unknown,
+                                     _bad_too_few_slots, _bad_legacy_truncated])
 def test_bad_dumps_fail_in_one_line_and_write_nothing(tmp_path, breaker):
     d = _copy_speculators(tmp_path)
     expect = breaker(d)
     before = tree_hash(tmp_path)
     base = tiny_default()
-    r = cli("diagnose", "--draft", base / "draft", "--data", d, "--target", base / "target", "--run-target", "no",
-            "--json")
+    r = cli("diagnose", "--draft", base / "draft", "--data", d, "--target", base / "target", "--run-target",
+            "no", "--json")
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip() and "it/s" not in l and "record/s" not in l]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], r.stderr

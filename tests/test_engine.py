@@ -5,12 +5,18 @@ import json
 
 import pytest
 import torch
-
 from _pairs import tiny_default
+
 from helpers.bench import encode_prompts, run_bench
 from helpers.boundaries import CapturePlan
-from helpers.engine import (TargetRunner, accept, acceptance_histogram, baseline_generate, position_acceptance,
-                            speculative_generate)
+from helpers.engine import (
+    TargetRunner,
+    accept,
+    acceptance_histogram,
+    baseline_generate,
+    position_acceptance,
+    speculative_generate,
+)
 from helpers.pair import load_pair, read_prompts
 
 
@@ -29,7 +35,8 @@ def test_baseline_equals_hf_generate(pair, prompts):
     for ids in prompts:
         ours = baseline_generate(pair.target, ids, 20).tokens
         ref = pair.target.generate(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]),
-                                   max_new_tokens=20, do_sample=False, pad_token_id=2)[0, ids.numel():].tolist()
+                                   max_new_tokens=20, do_sample=False,
+                                   pad_token_id=2)[0, ids.numel():].tolist()
         assert ours == ref
 
 
@@ -84,8 +91,8 @@ def test_plan_width_must_match_draft(pair, prompts):
 
 
 def test_run_bench_reports_medians_and_lossless(pair, prompts):
-    res = run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:2], steps=3, max_new_tokens=16,
-                    repeats=2, progress=False)
+    res = run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:2], steps=3,
+                    max_new_tokens=16, repeats=2, progress=False)
     d = res.to_dict()
     assert d["lossless"] is True and len(d["baseline_runs"]) == 2
     assert d["speedup"] == pytest.approx(res.spec_tok_s / res.baseline_tok_s, rel=1e-3)
@@ -106,11 +113,12 @@ def test_bench_cli_json(capsys):
     from helpers.bench import main
 
     d = tiny_default()
-    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "trained", "--steps", "3",
-               "--max-new-tokens", "12", "--repeats", "1", "--num-prompts", "2", "--json"])
+    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "trained", "--steps",
+               "3", "--max-new-tokens", "12", "--repeats", "1", "--num-prompts", "2", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0
-    for key in ("baseline_tok_s", "spec_tok_s", "speedup", "tau", "accept_rate", "lossless", "layout", "steps"):
+    for key in ("baseline_tok_s", "spec_tok_s", "speedup", "tau", "accept_rate", "lossless", "layout",
+                "steps"):
         assert key in out
     assert out["layout"] == [0, 3, 7] and out["steps"] == 3 and out["lossless"] is True
 
@@ -126,7 +134,8 @@ def test_bench_cli_bad_input(capsys, tmp_path):
     assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "0,3"]) == 2
     assert "slots" in capsys.readouterr().err
     base = ["--target", str(d / "target"), "--draft", str(d / "draft")]
-    for flag, value in (("--num-prompts", "0"), ("--num-prompts", "-1"), ("--max-new-tokens", "0"), ("--repeats", "0")):
+    for flag, value in (("--num-prompts", "0"), ("--num-prompts", "-1"), ("--max-new-tokens", "0"),
+                        ("--repeats", "0")):
         with pytest.raises(SystemExit):
             main(base + [flag, value])
         assert "at least 1" in capsys.readouterr().err

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _pairs import tiny_default, tiny_dump
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +40,8 @@ def fake_sglang():
             out, store = run_and_capture(target, ids, SERVED, use_cache=False)
             prefill = torch.cat([store[b][0] for b in SERVED], -1)          # [T, 3H], ascending capture order
             nxt = int(out.logits[0, -1].argmax())
-            _, store2 = run_and_capture(target, torch.tensor([body["input_ids"] + [nxt]]), SERVED, use_cache=False)
+            _, store2 = run_and_capture(target, torch.tensor([body["input_ids"] + [nxt]]), SERVED,
+                                        use_cache=False)
             gen = torch.cat([store2[b][0, -1] for b in SERVED], -1)
             payload = {"text": "", "meta_info": {"prompt_tokens": ids.shape[1], "completion_tokens": 1,
                                                  "hidden_states": [prefill.tolist(), gen.tolist()]}}
@@ -75,19 +75,21 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
     base = tiny_default()
     out = tmp_path / "captured"
     r = subprocess.run([sys.executable, "-m", "helpers", "capture", "--engine-url", url, "--tokenizer",
-                        str(base / "target"), "--text", str(base / "heldout.txt"), "--out", str(out), "--window", "128",
-                        "--records", "3", "--layer-ids", "2,6,9", "--reference", str(tiny_dump("speculators-legacy"))],
+                        str(base / "target"), "--text", str(base / "heldout.txt"), "--out", str(out),
+                        "--window", "128", "--records", "3", "--layer-ids", "2,6,9", "--reference",
+                        str(tiny_dump("speculators-legacy"))],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert seen and seen[0]["return_hidden_states"] is True and seen[0]["sampling_params"]["max_new_tokens"] == 1
+    assert (seen and seen[0]["return_hidden_states"] is True
+            and seen[0]["sampling_params"]["max_new_tokens"] == 1)
     assert sorted(p.name for p in out.iterdir()) == ["capture.json", "hs_0.safetensors", "hs_1.safetensors",
                                                      "hs_2.safetensors"]
     measured = json.loads(r.stdout[r.stdout.index("{"):])["served_slots_measured"]
     assert [m["boundary"] for m in measured] == list(SERVED)        # measured, not inferred
     # and diagnose reads the capture like any dump: the running tiny target names each slot
-    d = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--draft", str(base / "draft"), "--data", str(out),
-                        "--target", str(base / "target"), "--json"], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+    d = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--draft", str(base / "draft"), "--data",
+                        str(out), "--target", str(base / "target"), "--json"], cwd=REPO, capture_output=True,
+                       text=True, timeout=600)
     assert d.returncode == 0, d.stderr
     res = json.loads(d.stdout)
     assert res["slot_boundaries"] == list(SERVED) and res["served_slots"] == [0, 1, 2]

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from _pairs import tiny_default
 from safetensors.torch import load_file, save_file
 
-from _pairs import tiny_default
 from helpers import errors
+from helpers.__main__ import main as cli
 from helpers.sglang import patch as ps
 from helpers.sglang import source as ss
-from helpers.__main__ import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,8 +142,8 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
 
 def test_strict_json_has_no_nan():
     text = errors.strict_json({"tau": float("nan"), "z": [float("inf"), 1.5], "ok": True})
-    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {"tau": None, "z": [None, 1.5],
-                                                                                    "ok": True}
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}")) == {
+        "tau": None, "z": [None, 1.5], "ok": True}
 
 
 # --------------------------------------------------------------------------------------
@@ -158,7 +158,8 @@ def test_oversized_inputs_are_refused_before_work(pair, tmp_path, capsys):
     cases = [
         (["bench", "--steps", "100000000", *args], "--steps must be from 1 to 16"),
         (["diagnose", "--steps", "17", *args], "--steps must be from 1 to 16"),
-        (["bench", "--max-new-tokens", "100000", *args], "leaves no room for a prompt in the target's 1024 positions"),
+        (["bench", "--max-new-tokens", "100000", *args],
+         "leaves no room for a prompt in the target's 1024 positions"),
         (["bench", "--prompts", str(huge), *args], "prompt 1 is"),
     ]
     for argv, expected in cases:
@@ -173,8 +174,8 @@ def test_oversized_inputs_are_refused_before_work(pair, tmp_path, capsys):
 def test_truncating_prompts_on_purpose_runs_and_says_so(pair, tmp_path, capsys):
     huge = tmp_path / "huge.txt"
     huge.write_text("import os\n".replace("\n", " ") * 3000 + "\n")
-    code, out, err = run(capsys, "bench", "--prompts", str(huge), "--truncate-prompts", "--max-new-tokens", "4",
-                         "--repeats", "1", "--steps", "2", "--json", "--target", str(pair / "target"),
+    code, out, err = run(capsys, "bench", "--prompts", str(huge), "--truncate-prompts", "--max-new-tokens",
+                         "4", "--repeats", "1", "--steps", "2", "--json", "--target", str(pair / "target"),
                          "--draft", str(pair / "draft"))
     assert code == 0, err
     res = json.loads(out)
@@ -205,12 +206,14 @@ def test_unwritable_cache_is_named(pair, monkeypatch, capsys, tmp_path):
 def test_unwritable_cache_in_bench_falls_back_with_one_warning(pair, monkeypatch, capsys):
     monkeypatch.setenv(ss.CACHE_ENV, "/proc/x")
     code, out, err = run(capsys, "bench", "--json", "--repeats", "1", "--max-new-tokens", "4", "--steps", "2",
-                         "--num-prompts", "1", "--target", str(pair / "target"), "--draft", str(pair / "draft"))
+                         "--num-prompts", "1", "--target", str(pair / "target"), "--draft",
+                         str(pair / "draft"))
     assert code == 0, err
     warnings = [l for l in err.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1
     assert "sglang==0.5.9" in warnings[0] and "/proc/x" in warnings[0] and "rule" in warnings[0]
-    assert any(n == f"warning: {warnings[0].removeprefix('warning: ')}" for n in json.loads(out)["engine_notes"])
+    assert any(n == f"warning: {warnings[0].removeprefix('warning: ')}"
+               for n in json.loads(out)["engine_notes"])
 
 
 def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path):
@@ -219,9 +222,11 @@ def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path
 
     monkeypatch.setenv(ss.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(ss, "_pip_download", lambda *a, **k: subprocess.CompletedProcess(
-        a, 1, "", "ERROR: Could not find a version that satisfies the requirement sglang==0.5.8 (from versions: none)"))
+        a, 1, "",
+        "ERROR: Could not find a version that satisfies the requirement sglang==0.5.8 (from versions: none)"))
     errors._said.clear()
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"],
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
     plan = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
     plan2 = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
     err = capsys.readouterr().err
@@ -252,14 +257,16 @@ def _bad_cases():
     """(name, what to break, how, argv builder, expected text in the one line)."""
     return [
         ("truncated draft safetensors", "draft", lambda d: _truncate(d / "model.safetensors"),
-         lambda t, d, x: ["bench", "--target", t, "--draft", d], "model.safetensors is not a readable safetensors"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d],
+         "model.safetensors is not a readable safetensors"),
         ("truncated target safetensors", "target", lambda d: _truncate(d / "model.safetensors"),
          lambda t, d, x: ["bench", "--target", t, "--draft", d], "cannot load the target's weights from"),
         ("draft config without hidden_size", "draft",
          lambda d: (d / "config.json").write_text(json.dumps({k: v for k, v in json.loads(
              (d / "config.json").read_text()).items() if k != "hidden_size"})),
          lambda t, d, x: ["bench", "--target", t, "--draft", d], "config.json: config lacks 'hidden_size'"),
-        ("invalid JSON target config", "target", lambda d: (d / "config.json").write_text("{\"architectures\": [,}"),
+        ("invalid JSON target config", "target",
+         lambda d: (d / "config.json").write_text("{\"architectures\": [,}"),
          lambda t, d, x: ["diagnose", "--target", t, "--draft", d], "config.json is not valid JSON"),
         ("invalid JSON draft config", "draft", lambda d: (d / "config.json").write_text("{"),
          lambda t, d, x: ["bench", "--target", t, "--draft", d], "config.json is not valid JSON"),
@@ -268,14 +275,18 @@ def _bad_cases():
                                                               "hidden_size": 512})),
          lambda t, d, x: ["bench", "--target", t, "--draft", d], "says hidden_size 512, but"),
         ("non-UTF-8 prompts", "extra", lambda d: (d / "p.txt").write_bytes(b"def f():\xff\xfe\n"),
-         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--prompts", f"{x}/p.txt"], "p.txt is not UTF-8"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--prompts", f"{x}/p.txt"],
+         "p.txt is not UTF-8"),
         ("non-UTF-8 text", "extra", lambda d: (d / "t.txt").write_bytes(b"\x80abc\n" * 10),
-         lambda t, d, x: ["diagnose", "--target", t, "--draft", d, "--text", f"{x}/t.txt"], "t.txt is not UTF-8"),
-        ("--device banana", None, None, lambda t, d, x: ["bench", "--device", "banana"], "'banana' is not a torch device"),
+         lambda t, d, x: ["diagnose", "--target", t, "--draft", d, "--text", f"{x}/t.txt"],
+         "t.txt is not UTF-8"),
+        ("--device banana", None, None, lambda t, d, x: ["bench", "--device", "banana"],
+         "'banana' is not a torch device"),
         ("wiring with target and draft swapped", None, None,
          lambda t, d, x: ["wiring", "--target", d, "--draft", t], "are --target and --draft swapped"),
         ("bench --layout -1,3,7", None, None,
-         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "-1,3,7"], "boundary -1 is outside 0..12"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "-1,3,7"],
+         "boundary -1 is outside 0..12"),
         ("bench --layout 3,3,7", None, None,
          lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"], "repeats a boundary"),
         ("target folder given as the draft", None, None,
@@ -378,7 +389,8 @@ def test_patch_killed_at_every_write_is_named_and_finished(mini_tree, tmp_path, 
     ref = _copy(mini_tree, tmp_path / "ref")
     _apply(ref)
     patched = {k: v for k, v in tree_hash(ref).items() if not k.startswith(ps.BACKUP_DIR)}
-    start = (lambda d: _copy(mini_tree, d)) if interrupted == "apply" else (lambda d: _apply(_copy(mini_tree, d)) and d)
+    start = ((lambda d: _copy(mini_tree, d)) if interrupted == "apply"
+             else (lambda d: _apply(_copy(mini_tree, d)) and d))
     steps = _steps(_apply if interrupted == "apply" else _revert, start(tmp_path / "probe"))
     # 2 backups, manifest, publish, 2 writes | 2 restores, retire, delete: PATCH_KILLS counts these
     assert len(steps) == (6 if interrupted == "apply" else 4), steps
@@ -458,7 +470,8 @@ def test_failed_notebook_leaves_out_untouched_and_marks_staging(pair, tmp_path, 
     code, stdout, err = run(capsys, *args)
     assert code == 1 and tree_hash(out) == before
     line = [l for l in err.splitlines() if l.startswith("error:")]
-    assert len(line) == 1 and "failed at 04_layer_boundary_forward cell" in line[0] and "BadCheckpoint" in line[0]
+    assert (len(line) == 1 and "failed at 04_layer_boundary_forward cell" in line[0]
+            and "BadCheckpoint" in line[0])
     assert "FAIL 04_layer_boundary_forward" in stdout and "ok  04" not in stdout
     staging = [p for p in tmp_path.iterdir() if p.name.startswith("reports.staging-")]
     assert len(staging) == 1 and str(staging[0]) in line[0]
@@ -503,7 +516,8 @@ def test_ctrl_c_stops_cleanly_and_changes_nothing(pair, tmp_path):
     assert len(line) == 1 and line[0].startswith("error: interrupted at 04_layer_boundary_forward")
     assert tree_hash(out) == before
     staging = list(tmp_path.glob("reports.staging-*"))
-    assert len(staging) == 1 and (staging[0] / "INCOMPLETE").read_text().startswith("INCOMPLETE: interrupted at 04")
+    assert len(staging) == 1 and (staging[0] / "INCOMPLETE").read_text().startswith(
+        "INCOMPLETE: interrupted at 04")
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys):

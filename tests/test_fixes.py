@@ -5,8 +5,8 @@ import hashlib
 import json
 
 import pytest
-
 from _pairs import tiny_default
+
 from helpers.boundaries import WiringError
 from helpers.draft import load_draft
 from helpers.evaluate import evaluate_layout
@@ -15,7 +15,8 @@ from helpers.pair import eval_captures, load_pair
 
 
 def _digest(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file()}
 
 
 def test_with_engine_ids_writes_a_copy(tmp_path):
@@ -45,7 +46,8 @@ def test_with_engine_ids_keeps_both_keys_meaning_one_layout(tmp_path):
     for engine, ids in (("sglang==0.5.9", [1, 3, 4]), ("vllm", [2, 4, 5])):
         out = with_engine_ids(src, tmp_path / engine, ids, engine, layout=(2, 4, 5))
         for reader in ("sglang==0.5.9", "vllm"):
-            assert resolve(reader, "LlamaForCausalLM", 6, draft=out).served_layout == (2, 4, 5), (engine, reader)
+            assert resolve(reader, "LlamaForCausalLM", 6, draft=out).served_layout == (2, 4, 5), (
+                engine, reader)
 
 
 def test_reorder_fc_is_exact(tmp_path):

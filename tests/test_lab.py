@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from helpers.lab import SMALL, overrides
 from helpers.workbook import NOTEBOOKS, ORDER, REPO
 
 
@@ -30,15 +31,20 @@ def test_notebook_runs_on_the_venv_kernel_and_imports_helpers_as_installed(name)
 
 @pytest.mark.parametrize("name", ORDER)
 def test_no_cell_ends_in_a_bare_write(name):
-    """`path.write_text(...)` as a cell's last expression shows its byte count in the report."""
+    """`path.write_text(...)` as a cell's last expression shows its byte count in the report, and
+    `write_step(...)` the path it wrote."""
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     for c in nb.cells:
         if c.cell_type != "code" or c.source.rstrip().endswith(";"):
             continue
         body = ast.parse(c.source).body
         last = body[-1] if body else None
-        if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Attribute):
-            assert last.value.func.attr not in ("write_text", "write_bytes", "mkdir", "unlink"), c.source[-200:]
+        if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)):
+            continue
+        func = last.value.func
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        noisy = ("write_text", "write_bytes", "mkdir", "unlink", "write_step", "write_summary")
+        assert called not in noisy, c.source[-200:]
 
 
 def test_setup_registered_the_kernel_in_the_venv_and_installed_the_project():
@@ -56,16 +62,14 @@ def test_setup_registered_the_kernel_in_the_venv_and_installed_the_project():
 
 
 def test_environment_overrides_for_interactive_sessions():
-    from helpers.lab import overrides
-    from helpers.workbook import SMALL
-
     params = {"EVAL_WINDOWS": 12, "SEARCH_WINDOWS": 4, "DRAFT_STEPS": 5, "TARGET": None, "json": json}
-    assert overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=False) == {}   # papermill: -p only
+    assert overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=False) == {}  # papermill: -p only
     small = overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=True)
     assert small == {k: SMALL[k] for k in ("EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS")}
-    both = overrides(params, {"WORKBOOK_SMALL": "1", "WORKBOOK_PARAMS": '{"TARGET": "/m", "EVAL_WINDOWS": 6}'},
-                     interactive=True)
-    assert both["TARGET"] == "/m" and both["EVAL_WINDOWS"] == 6 and both["DRAFT_STEPS"] == SMALL["DRAFT_STEPS"]
+    env = {"WORKBOOK_SMALL": "1", "WORKBOOK_PARAMS": '{"TARGET": "/m", "EVAL_WINDOWS": 6}'}
+    both = overrides(params, env, interactive=True)
+    assert both["TARGET"] == "/m" and both["EVAL_WINDOWS"] == 6
+    assert both["DRAFT_STEPS"] == SMALL["DRAFT_STEPS"]
     with pytest.raises(ValueError, match="EVAL_WINDOW"):
         overrides(params, {"WORKBOOK_PARAMS": '{"EVAL_WINDOW": 6}'}, interactive=True)
     with pytest.raises(ValueError, match="not JSON"):

@@ -5,8 +5,8 @@ import json
 import math
 
 import pytest
-
 from _pairs import tiny_default, tiny_draft
+
 from helpers.boundaries import WiringError
 from helpers.draft import load_draft
 from helpers.evaluate import EvalInputError, evaluate_layout
@@ -65,7 +65,8 @@ def test_no_features_control_row(pair, caps):
     from helpers.layout_search import compare_layouts
 
     draft = _with_draft(pair, caps, tiny_default() / "draft")
-    table = compare_layouts(draft, caps, {"trained": (0, 3, 7), "served": (3, 7, 10)}, 2, no_features_row=True)
+    table = compare_layouts(draft, caps, {"trained": (0, 3, 7), "served": (3, 7, 10)}, 2,
+                            no_features_row=True)
     assert list(table.wiring) == ["trained", "served", "no features (zeros)"]
     zeros = table.iloc[2]
     assert zeros.label == "zeros" and zeros.layout == ()
@@ -123,7 +124,8 @@ def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp
     cfg = json.loads((draft / "config.json").read_text())
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 11]
     (draft / "config.json").write_text(json.dumps(cfg))
-    rc = main(["--target", str(d / "target"), "--draft", str(draft), "--windows", "2", "--steps", "1", "--json"])
+    rc = main(["--target", str(d / "target"), "--draft", str(draft), "--windows", "2", "--steps", "1",
+               "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and out["mismatch"] and out["served_errors"] and out["served_acc"] is None
     assert out["trained_layout"] == [0, 3, 7]
@@ -133,7 +135,8 @@ def test_diagnose_cli_checks_arguments_first(capsys):
     from helpers.diagnose import main
 
     d = tiny_default()
-    for args, msg in ((["--steps", "0"], "--steps must be from 1 to"), (["--windows", "1"], "--windows must be at least 2")):
+    for args, msg in ((["--steps", "0"], "--steps must be from 1 to"),
+                      (["--windows", "1"], "--windows must be at least 2")):
         with pytest.raises(SystemExit):
             main(["--target", str(d / "target"), "--draft", str(d / "draft")] + args)
         assert msg in capsys.readouterr().err
@@ -149,7 +152,8 @@ def test_diagnose_cli_bad_text(capsys, tmp_path):
     d = tiny_default()
     assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--text", str(short)]) == 2
     assert "need at least" in capsys.readouterr().err
-    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--text", str(tmp_path / "no")]) == 2
+    assert main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--text",
+                 str(tmp_path / "no")]) == 2
     assert "no text file" in capsys.readouterr().err
 
 
@@ -157,7 +161,8 @@ def test_widget_callbacks(pair, caps):
     from helpers.widgets import LayoutExplorer
 
     draft = _with_draft(pair, caps, tiny_default() / "draft")
-    ex = LayoutExplorer(draft, caps, (3, 7, 10), steps=2, presets={"trained": (0, 3, 7), "served": (3, 7, 10)})
+    ex = LayoutExplorer(draft, caps, (3, 7, 10), steps=2,
+                        presets={"trained": (0, 3, 7), "served": (3, 7, 10)})
     served_acc = ex.last.acc0
     assert "served" in ex.out.value
     ex.slots[0].value = 0
@@ -188,10 +193,12 @@ def test_verdict_reads_the_confidence_set():
     assert res.confident_set == [(3, 5, 7), (2, 5, 7)] and not res.confident
 
     def diag(served):
-        return Diagnosis((3, 5, 7), 0.41, 4.0662, served, 0.42, 4.0678, "rule", [], None, res, 10, 3, [0.41], [0.42])
+        return Diagnosis((3, 5, 7), 0.41, 4.0662, served, 0.42, 4.0678, "rule", [], None, res, 10, 3, [0.41],
+                         [0.42])
 
     ok = diag((2, 5, 7))
-    assert not ok.mismatch and "consistent" in ok.verdict and ok.to_dict()["confident_set"] == [[3, 5, 7], [2, 5, 7]]
+    assert (not ok.mismatch and "consistent" in ok.verdict
+            and ok.to_dict()["confident_set"] == [[3, 5, 7], [2, 5, 7]])
     bad = diag((0, 1, 2))
     assert bad.mismatch and bad.verdict.startswith("MISMATCH")
 
@@ -207,8 +214,8 @@ def test_coordinate_search_cost_grows_linearly_with_boundaries():
     from helpers.layout_search import coordinate_search
 
     torch.manual_seed(0)
-    cfg = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
-                      vocab_size=32, draft_vocab_size=32, target_hidden_size=16)
+    cfg = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,
+                      head_dim=8, vocab_size=32, draft_vocab_size=32, target_hidden_size=16)
     draft = Eagle3Draft(cfg).eval()
     evals = {}
     for L in (30, 61):
@@ -216,7 +223,8 @@ def test_coordinate_search_cost_grows_linearly_with_boundaries():
         states = {0: torch.randn(2, 32, 16)}
         for b in range(1, L + 1):
             states[b] = states[b - 1] + 0.5 * torch.randn(2, 32, 16)
-        caps = TargetCaptures(ids, {b: s.half() for b, s in states.items()}, torch.zeros(2, 32, dtype=torch.long), L)
+        caps = TargetCaptures(ids, {b: s.half() for b, s in states.items()},
+                              torch.zeros(2, 32, dtype=torch.long), L)
         with torch.no_grad():
             logits = draft.ttt_forward(ids, caps.fused((0, 3, L // 2)), 1)[0]
         caps.draft_probs, caps.target_argmax = F.softmax(logits, -1).half(), logits.argmax(-1)

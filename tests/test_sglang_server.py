@@ -72,11 +72,13 @@ def _cli_flags(zf: zipfile.ZipFile) -> set[str]:
     for name, text in files.items():
         tree = ast.parse(text)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"--[a-z0-9-]+", node.value):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and re.fullmatch(r"--[a-z0-9-]+", node.value)):
                 flags.add(node.value)
             if (
                 "/fields/" in name and isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(node.annotation, ast.Subscript) and getattr(node.annotation.value, "id", None) == "A"
+                and isinstance(node.annotation, ast.Subscript)
+                and getattr(node.annotation.value, "id", None) == "A"
                 and "no_cli=True" not in ast.unparse(node.annotation)
             ):
                 flags.add("--" + node.target.id.replace("_", "-"))
@@ -99,7 +101,8 @@ def test_every_emitted_flag_exists_in_sglang(sglang_wheel):
 
 
 def test_eagle3_is_a_known_algorithm(sglang_wheel):
-    files = _sources(sglang_wheel, "sglang/srt/server_args.py") | _sources(sglang_wheel, "sglang/srt/arg_groups/fields/spec.py")
+    files = (_sources(sglang_wheel, "sglang/srt/server_args.py")
+             | _sources(sglang_wheel, "sglang/srt/arg_groups/fields/spec.py"))
     assert any("EAGLE3" in t and "speculative" in t for t in files.values())
 
 
@@ -171,7 +174,8 @@ GENERATE_SPEC = {
 }
 GENERATE_BASELINE = {
     "text": "x", "meta_info": {"id": "a", "finish_reason": {"type": "stop", "matched": 2},
-                             "prompt_tokens": 9, "completion_tokens": 30, "cached_tokens": 0, "e2e_latency": 0.3},
+                             "prompt_tokens": 9, "completion_tokens": 30, "cached_tokens": 0,
+                             "e2e_latency": 0.3},
 }
 SERVER_INFO = {
     "model_path": "/m/target", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3,
@@ -249,7 +253,8 @@ FAKE_SERVER = textwrap.dedent('''
                 return self._send(200, {"version": "fake", "speculative_algorithm": "EAGLE3",
                                         "internal_states": [{"avg_spec_accept_length": 2.5}]})
             if self.path == "/get_server_info":
-                return self._send(200, {"version": "old", "internal_states": [{"avg_spec_accept_length": 1.5}]})
+                return self._send(200, {"version": "old",
+                                        "internal_states": [{"avg_spec_accept_length": 1.5}]})
             self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -351,7 +356,8 @@ def test_early_crash_raises_with_log_tail(tmp_path):
     with pytest.raises(ss.ServerStartError) as err:
         _start(spec, tmp_path).start()
     msg = str(err.value)
-    assert "exited with code 3" in msg and "no kernel image is available" in msg and "checkpoint shards" in msg
+    assert ("exited with code 3" in msg and "no kernel image is available" in msg
+            and "checkpoint shards" in msg)
 
 
 def test_startup_timeout_stops_server(tmp_path):
@@ -392,7 +398,8 @@ def _fake_python(tmp_path, probe: dict) -> str:
 def test_sglang_available_reasons(tmp_path):
     ok = ss.sglang_available(_fake_python(tmp_path, {"sglang": "0.5.9", "cuda": True, "gpu": "NVIDIA H200"}))
     assert ok == (True, ok.reason) and "0.5.9" in ok.reason and "H200" in ok.reason
-    bad = ss.sglang_available(_fake_python(tmp_path, {"sglang_error": "ModuleNotFoundError: x", "cuda": False}))
+    bad = ss.sglang_available(_fake_python(tmp_path,
+                                           {"sglang_error": "ModuleNotFoundError: x", "cuda": False}))
     assert not bad.ok and "not importable" in bad.reason and "no CUDA GPU" in bad.reason
     missing = ss.sglang_available(str(tmp_path / "nope" / "python"))
     assert not missing.ok and "not found" in missing.reason
@@ -405,8 +412,8 @@ def test_main_dry_run_prints_commands(capsys, tmp_path):
     target = tmp_path / "t dir"
     target.mkdir()
     shutil.copy(data / "target" / "config.json", target / "config.json")
-    code = ss.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4", "--python", "/py",
-                    "--dry-run"])
+    code = ss.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4", "--python",
+                    "/py", "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0
     assert "# baseline" in out and "# speculative" in out
@@ -420,7 +427,8 @@ def test_main_checks_input_before_anything(capsys, tmp_path):
     assert "--steps must be at least 1" in capsys.readouterr().err
     assert ss.main(["--target", str(tmp_path / "nope"), "--draft", "D", "--dry-run"]) == 2
     assert "no config.json" in capsys.readouterr().err
-    assert ss.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"), "--dry-run"]) == 2
+    assert ss.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"),
+                    "--dry-run"]) == 2
     assert "no prompts file" in capsys.readouterr().err
 
 
@@ -431,7 +439,8 @@ def test_main_dry_run_json(capsys):
 
 
 def test_main_without_sglang_exits_2(tmp_path, capsys):
-    py = _fake_python(tmp_path, {"sglang_error": "ModuleNotFoundError: No module named 'sglang'", "cuda": False})
+    py = _fake_python(tmp_path,
+                      {"sglang_error": "ModuleNotFoundError: No module named 'sglang'", "cuda": False})
     assert ss.main(["--target", "T", "--draft", "D", "--python", py]) == ss.EXIT_UNAVAILABLE
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sglang" in err and "GPU" in err

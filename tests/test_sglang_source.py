@@ -96,7 +96,8 @@ def test_version_absent_from_a_real_listing_is_unknown(monkeypatch, tmp_path):
               "(from versions: 0.5.8, 0.5.9, 0.5.10)\nERROR: No matching distribution found\n")
     run, calls = _fake_pip([listed])
     monkeypatch.setattr(ss, "_pip_download", run)
-    with pytest.raises(ss.UnknownVersionError, match=r"0\.5\.99 does not exist .*latest listed: 0\.5\.8, 0\.5\.9, 0\.5\.10"):
+    with pytest.raises(ss.UnknownVersionError,
+                       match=r"0\.5\.99 does not exist .*latest listed: 0\.5\.8, 0\.5\.9, 0\.5\.10"):
         ss.fetch_sglang("0.5.99", cache=tmp_path / "cache")
     # pip lists only versions with a wheel for this Python, so other wheel tags were tried first
     assert len(calls) == 1 + len(ss._FALLBACK_WHEEL_TAGS)
@@ -116,7 +117,8 @@ def test_dead_index_url_is_unreachable_not_unknown(monkeypatch, tmp_path):
     assert not cache.exists() or not any(cache.iterdir())
 
 
-@pytest.mark.parametrize("typed, first", [("llama", "LlamaForCausalLM"), ("deepseek_v3", "DeepseekV3ForCausalLM"),
+@pytest.mark.parametrize("typed, first", [("llama", "LlamaForCausalLM"),
+                                          ("deepseek_v3", "DeepseekV3ForCausalLM"),
                                           ("qwen3moe", "Qwen3MoeForCausalLM"),
                                           ("DeepseekV3ForCausalLm", "DeepseekV3ForCausalLM")])
 def test_architecture_suggestions(sources, typed, first):

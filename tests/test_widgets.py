@@ -5,10 +5,12 @@ import base64
 import re
 
 import pytest
-
 from _pairs import tiny_default
+
 from helpers.evaluate import evaluate_layout
 from helpers.pair import eval_captures, load_pair
+from helpers.progress import interactive_frontend, text_bars_when_headless
+from helpers.widgets import LayoutExplorer
 
 SERVED, TRAINED, OTHER = (3, 7, 10), (0, 3, 7), (0, 3, 9)
 
@@ -25,8 +27,6 @@ def caps(pair):
 
 @pytest.fixture()
 def explorer(pair, caps):
-    from helpers.widgets import LayoutExplorer
-
     return LayoutExplorer(pair.draft, caps, SERVED, steps=2, presets={"served": SERVED, "trained": TRAINED},
                           max_windows=4)
 
@@ -61,7 +61,7 @@ def test_hand_picked_layout_joins_and_stays(explorer):
     for slot, b in zip(explorer.slots, OTHER):
         slot.value = b
     rows = explorer.rows()
-    assert [r["layout"] for r in rows] == [SERVED, TRAINED, OTHER]   # presets pinned first, the dropdowns last
+    assert [r["layout"] for r in rows] == [SERVED, TRAINED, OTHER]  # presets pinned first, dropdowns last
     assert rows[-1]["current"] and rows[-1]["names"] == []
     assert _png(explorer.plot.value) != before                        # the plot redrew with the new column
     explorer.add_button.click()
@@ -94,7 +94,5 @@ def test_snapshot_is_static_html_with_the_plot(explorer):
 
 
 def test_no_widget_frontend_outside_a_kernel():
-    from helpers.progress import interactive_frontend, text_bars_when_headless
-
     assert interactive_frontend() is False
     assert text_bars_when_headless() is False   # a plain process keeps tqdm.auto as it is

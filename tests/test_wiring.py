@@ -394,14 +394,29 @@ def test_speculators_draft_and_norm_flag_are_flagged_for_sglang(src):
 
 
 def test_vllm_rule():
-    top = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_aux_hidden_state_layer_ids": [7, 0, 3],
-                                                            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}})
+    both = {"eagle_aux_hidden_state_layer_ids": [7, 0, 3], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
+    top = wiring.resolve("vllm==0.33.0", "LlamaForCausalLM", L, draft=both)
     assert (top.ids_source, top.served_layout, top.errors) == ("top-level", (0, 3, 7), [])
-    nested = wiring.resolve("vllm", "LlamaForCausalLM", L, draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}})
-    assert (nested.ids_source, nested.served_layout) == ("eagle_config", (2, 6, 12))
+    nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}}
+    # the V1 runner reads eagle_config's ids from 0.22.0; Llama moved to the V2 runner (which never does) in 0.23.0
+    v1 = wiring.resolve("vllm==0.22.0", "LlamaForCausalLM", L, draft=nested)
+    assert (v1.ids_source, v1.served_layout, v1.errors) == ("eagle_config", (2, 6, 12), [])
+    v2 = wiring.resolve("vllm==0.23.0", "LlamaForCausalLM", L, draft=nested)
+    assert (v2.ids_source, v2.served_layout) == ("none", (2, 6, 9)) and any("ignores" in w for w in v2.warnings)
+    # before 0.11.1 no release reads draft ids at all
+    old = wiring.resolve("vllm==0.10.2", "LlamaForCausalLM", L, draft=both)
+    assert (old.ids_source, old.served_layout) == ("none", (2, 6, 9))
+    # boundary N: before-layer capture cannot reach it (Llama until 0.18.0, DeepSeek until 0.25.0)
+    assert wiring.resolve("vllm==0.17.1", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
+    assert not wiring.resolve("vllm==0.18.0", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
+    assert wiring.resolve("vllm==0.24.0", "DeepseekV3ForCausalLM", L, ids=[2, 6, 12]).errors
+    assert wiring.resolve("vllm==0.25.0", "DeepseekV3ForCausalLM", L, ids=[0, 6, 12]).errors   # id 0 still fails
+    assert wiring.resolve("vllm==0.33.0", "Glm4MoeForCausalLM", L).errors                     # no EAGLE-3 at all
     default = wiring.resolve("vllm", "LlamaForCausalLM", L)
     assert (default.ids_source, default.served_layout) == ("none", (2, 6, 9))
     assert wiring.resolve("vllm", "X", L, ids=[-1, 2, 6]).errors
+    with pytest.raises(WiringError, match="first appears in 0.8.5"):
+        wiring.resolve("vllm==0.8.4", "LlamaForCausalLM", L)
 
 
 # --------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ class ParsedFile:
             return lines[first].encode()[col:end_col].decode()
         head = lines[first].encode()
         padding = "".join(c if c in " \t\f" else " " for c in head[:col].decode())
-        body = [padding + head[col:].decode(), *lines[first + 1:last], lines[last].encode()[:end_col].decode()]
+        body = [padding + head[col:].decode(), *lines[first + 1:last],
+                lines[last].encode()[:end_col].decode()]
         return "".join(body)
 
     def line(self, lineno: int) -> str:
@@ -243,7 +244,8 @@ def _self_attr_assignments(fn: ast.FunctionDef, attr: str) -> list[ast.expr]:
 def child_class(source: SglangSource, cls: ClassRef, attr: str) -> ClassRef | None:
     """The class of ``self.<attr>`` as built in ``__init__`` (``X(...)`` or ``self._init_x(...)``)."""
     for owner in linear_bases(source, cls):  # an __init__ may leave it to super().__init__
-        init = next((n for n in owner.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        init = next((n for n in owner.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+                    None)
         if init is None:
             continue
         for value in _self_attr_assignments(init, attr):

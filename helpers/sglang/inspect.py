@@ -76,7 +76,8 @@ def _find_capture(src: SglangSource, top: ClassRef, owner: ClassRef) -> tuple[Ca
             return site, ""
         if not _calls_super_forward(fn):
             break
-        base = next((m for b in classes.base_classes(src, cls) if (m := classes.find_method(src, b, "forward"))), None)
+        base = next((m for b in classes.base_classes(src, cls)
+                     if (m := classes.find_method(src, b, "forward"))), None)
         if base is None:
             break
         cls, fn = base
@@ -210,8 +211,9 @@ def analyse_forward(src: SglangSource, cls: ClassRef, fn: ast.FunctionDef,
     loop_var = _loop_var(loop)
     stmt = _enclosing_statement(test, parents)
     site = CaptureSite(cls.name, rel, str(cls.path), test.lineno, stmt.end_lineno or stmt.lineno,
-                       parsed.segment(stmt), CaptureStyle.UNKNOWN, loop.lineno, parsed.line(loop.lineno).strip(),
-                       _range_args(loop), flag=flag)
+                       parsed.segment(stmt), CaptureStyle.UNKNOWN, loop.lineno,
+                       parsed.line(loop.lineno).strip(), _range_args(loop), flag=flag,
+                       index_offset=(index_offset(test.left, loop_var) or 0) if flag is None else 0)
     parent = parents.get(test)
     if isinstance(parent, ast.If) and parent.test is test or isinstance(parent, ast.BoolOp):
         if_node = parent if isinstance(parent, ast.If) else _enclosing(parent, parents, ast.If)
@@ -266,16 +268,29 @@ def _capture_loop(fn: ast.FunctionDef) -> tuple[ast.For | None, ast.AST | None, 
         if isinstance(node, ast.For):
             var = _loop_var(node)
             for inner in ast.walk(node):
-                if _is_capture_test(inner) and isinstance(inner.left, ast.Name) and inner.left.id == var:
+                if _is_capture_test(inner) and index_offset(inner.left, var) is not None:
                     return node, inner, None
                 if flagged is None and isinstance(inner, ast.IfExp) and _flag_test(inner.test):
                     flagged = (node, inner.test, _flag_test(inner.test))
     return flagged if flagged is not None else (None, None, None)
 
 
+def index_offset(expr: ast.expr, var: str | None) -> int | None:
+    """0 for ``i in self.layers_to_capture``; k for ``i + k in ...``: gpt_oss 0.5.17-0.5.20 captures
+    after layer i under index i + 1, which is boundary i + 1 (the stream entering layer i + 1)."""
+    if isinstance(expr, ast.Name) and expr.id == var:
+        return 0
+    if (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add) and isinstance(expr.left, ast.Name)
+            and expr.left.id == var and isinstance(expr.right, ast.Constant)
+            and isinstance(expr.right.value, int)):
+        return expr.right.value
+    return None
+
+
 def _keyword_passing(loop: ast.For, holder: ast.AST | None) -> str | None:
     """The keyword under which the loop passes the name ``holder`` assigns, if any."""
-    if not (isinstance(holder, ast.Assign) and len(holder.targets) == 1 and isinstance(holder.targets[0], ast.Name)):
+    if not (isinstance(holder, ast.Assign) and len(holder.targets) == 1
+            and isinstance(holder.targets[0], ast.Name)):
         return None
     name = holder.targets[0].id
     return next((k.arg for k in ast.walk(loop) if isinstance(k, ast.keyword) and k.arg
@@ -302,7 +317,8 @@ def _appended(stmts: list[ast.stmt]) -> list[ast.expr]:
 
 def _range_args(loop: ast.For) -> tuple[str, str] | None:
     it = loop.iter
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range" and len(it.args) == 2:
+    if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+            and len(it.args) == 2):
         return ast.unparse(it.args[0]), ast.unparse(it.args[1])
     return None
 
@@ -452,7 +468,8 @@ def _layer_hand_off(src: SglangSource, kw: str, files: Sequence[Path]
         for klass in parsed.tree.body:
             if not isinstance(klass, ast.ClassDef):
                 continue
-            fwd = next((n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+            fwd = next((n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == "forward"),
+                       None)
             if fwd is None or kw not in [a.arg for a in fwd.args.args + fwd.args.kwonlyargs]:
                 continue
             for call in ast.walk(fwd):
@@ -501,12 +518,16 @@ def _append_after_residual(src, path, parsed, methods, fn, kwarg) -> tuple[list[
         return [], f"does not append to `{kwarg}` ({rel}:{fn.lineno})"
     append = appends[0]
     value = append.args[0]
-    sources = [value] + [a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(value, ast.Name)
+    sources = [value] + [a.value for a in ast.walk(fn)
+                         if isinstance(a, ast.Assign) and isinstance(value, ast.Name)
                          and any(isinstance(t, ast.Name) and t.id == value.id for t in a.targets)]
     if not any(_mentions(v, "residual") for v in sources):
-        return [], f"appends `{ast.unparse(value)}`, which is not built from the residual ({rel}:{append.lineno})"
-    before = [n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self" and n.lineno < append.lineno]
+        return [], (f"appends `{ast.unparse(value)}`, which is not built from the residual "
+                    f"({rel}:{append.lineno})")
+    before = [n.func.attr for n in ast.walk(fn)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"
+              and n.lineno < append.lineno]
     for name in before:
         starts = [n for n in ast.walk(methods[name]) if isinstance(n, ast.If) and _is_residual_none(n.test)
                   and any(isinstance(b, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "residual"
@@ -532,7 +553,8 @@ def _is_residual_none(test: ast.expr) -> bool:
 def _loop_notes(fn: ast.FunctionDef, loop: ast.For, site: CaptureSite, parsed: ParsedFile,
                 parents: dict) -> None:
     text = parsed.segment(fn)
-    if site.loop_range and site.loop_range != ("self.start_layer", "self.end_layer") and "can_run_tbo" in text:
+    if (site.loop_range and site.loop_range != ("self.start_layer", "self.end_layer")
+            and "can_run_tbo" in text):
         site.notes.append(f"the capture loop runs over {site.loop_range}; with two-batch overlap "
                           f"(forward_batch.can_run_tbo) it stops at first_k_dense_replace and later "
                           f"layers run without capture")

@@ -184,7 +184,8 @@ def _file_state(src: SglangSource, edit: Edit) -> tuple[PatchState, str]:
     if w.capture.file != edit.file:
         return PatchState.MISFIT, f"{misfit}; {edit.arch} captures in {w.capture.file} in this version"
     if w.boundary0_capturable:
-        return PatchState.NOT_NEEDED, f"sglang {src.version}'s own {w.capture.style} capture already handles boundary 0"
+        return PatchState.NOT_NEEDED, (f"sglang {src.version}'s own {w.capture.style} capture already "
+                                       f"handles boundary 0")
     return PatchState.MISFIT, misfit
 
 
@@ -192,7 +193,8 @@ def _no_capture(src: SglangSource, arch: str, w) -> str:
     if not w.setters:
         return (f"{arch} cannot use EAGLE3 in sglang {src.version} (no set_eagle3_layers_to_capture), "
                 f"so there is no capture to patch")
-    return f"{arch} has no capture to patch in sglang {src.version}: {w.errors[0] if w.errors else 'none found'}"
+    return (f"{arch} has no capture to patch in sglang {src.version}: "
+            f"{w.errors[0] if w.errors else 'none found'}")
 
 
 def _inspect(src: SglangSource, arch: str):
@@ -259,30 +261,32 @@ def _status_of(src: SglangSource) -> PatchStatus:
     by: dict[str, list[str]] = {}
     for f, (state, _) in states.items():
         by.setdefault(state, []).append(f)
-    skipped = {f: why for f, (state, why) in states.items() if state not in (PatchState.PRISTINE, PatchState.PATCHED)}
+    skipped = {f: why for f, (state, why) in states.items()
+               if state not in (PatchState.PRISTINE, PatchState.PATCHED)}
     base = dict(version=src.version, root=str(src.root), origin=src.origin, files=_hashes(src), backup=backup,
                 file_states={f: st for f, (st, _) in states.items()}, skipped=skipped,
                 leftovers=[str(p) for p in leftovers])
     left = "".join(f"; {f} left alone: {why}" for f, why in skipped.items())
     if leftovers:
-        left += (f"; {', '.join(p.name for p in leftovers)} in {src.root} was left by an interrupted apply or "
-                 f"revert and restores nothing: `patch-sglang apply` or `revert` removes it")
+        left += (f"; {', '.join(p.name for p in leftovers)} in {src.root} was left by an interrupted apply "
+                 f"or revert and restores nothing: `patch-sglang apply` or `revert` removes it")
     patched, pristine = by.get(PatchState.PATCHED, []), by.get(PatchState.PRISTINE, [])
     if patched and pristine:
         how = ("the backup in " + str(_backup_dir(src)) + " holds the originals") if backup else "no backup"
         return PatchStatus(state=PatchState.PARTIAL, patched=False, needed=True,
                            message=f"sglang {src.version} is partly patched ({', '.join(patched)} patched, "
-                                   f"{', '.join(pristine)} not): an interrupted apply or revert ({how}); revert it, "
-                                   f"or apply again to finish it{left}", **base)
+                                   f"{', '.join(pristine)} not): an interrupted apply or revert ({how}); "
+                                   f"revert it, or apply again to finish it{left}", **base)
     if patched:
         return PatchStatus(state=PatchState.PATCHED, patched=True, needed=True,
                            message=f"sglang {src.version} is patched ({', '.join(patched)}){left}", **base)
     if pristine and (leftovers or backup):
         what = ", ".join(str(p) for p in leftovers) or f"{backup} (a finished revert's backup)"
         return PatchStatus(state=PatchState.STRANDED, patched=False, needed=True,
-                           message=f"sglang {src.version} is unpatched ({', '.join(pristine)}), but {what} was left "
-                                   f"by an interrupted apply or revert; `patch-sglang revert` removes it, `apply` "
-                                   f"removes it and patches{''.join(f'; {f} left alone: {w}' for f, w in skipped.items())}",
+                           message=f"sglang {src.version} is unpatched ({', '.join(pristine)}), but {what} "
+                                   f"was left by an interrupted apply or revert; `patch-sglang revert` "
+                                   f"removes it, `apply` removes it and "
+                                   f"patches{''.join(f'; {f} left alone: {w}' for f, w in skipped.items())}",
                            **base)
     if pristine:
         return PatchStatus(state=PatchState.PRISTINE, patched=False, needed=True,
@@ -301,7 +305,8 @@ def _arch_file(src: SglangSource, arch: str, status: PatchStatus) -> str:
     """The edited file ``arch`` captures in; PatchError when the patch cannot help that arch."""
     w = _inspect(src, arch)
     if w is None:
-        raise PatchError(f"sglang {src.version} has no architecture '{arch}' the patch can check; nothing written")
+        raise PatchError(f"sglang {src.version} has no architecture '{arch}' the patch can check; nothing "
+                         f"written")
     if w.capture is None:
         raise PatchError(f"{_no_capture(src, arch, w)}; nothing written")
     edit = next((e for e in EDITS if e.file == w.capture.file), None)
@@ -424,11 +429,13 @@ def _read_manifest(backup: Path) -> dict:
     try:
         manifest = json.loads((backup / MANIFEST).read_text(encoding="utf-8"))
         files = manifest["files"]
-        assert isinstance(files, dict) and all({"orig_sha256", "patched_sha256"} <= set(e) for e in files.values())
+        assert isinstance(files, dict) and all({"orig_sha256", "patched_sha256"} <= set(e)
+                                               for e in files.values())
         return manifest
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        raise PatchError(f"{backup / MANIFEST} is damaged (not the JSON this module writes); the originals are in "
-                         f"{backup / 'files'}: compare and restore them by hand, then delete {backup}") from None
+        raise PatchError(f"{backup / MANIFEST} is damaged (not the JSON this module writes); the originals "
+                         f"are in {backup / 'files'}: compare and restore them by hand, then delete "
+                         f"{backup}") from None
 
 
 def apply_patch(version: str, *, root: str | Path | None = None, target: str = "cache",
@@ -464,7 +471,8 @@ def apply_patch(version: str, *, root: str | Path | None = None, target: str = "
     except OSError as exc:
         for p in src.root.glob(BACKUP_DIR + ".new-*"):
             shutil.rmtree(p, ignore_errors=True)
-        raise PatchError(f"cannot write the backup beside {src.root} ({exc.strerror or exc}); nothing written") from None
+        raise PatchError(f"cannot write the backup beside {src.root} ({exc.strerror or exc}); nothing "
+                         f"written") from None
     written = []
     try:
         for rel, (_, new) in texts.items():
@@ -490,11 +498,13 @@ def _finish_apply(src: SglangSource, backup: Path) -> PatchStatus:
         if current == entry["patched_sha256"]:
             continue
         if current != entry["orig_sha256"]:
-            raise PatchError(f"{rel} changed since the interrupted apply (sha256 {current[:12]}...); not finishing it")
+            raise PatchError(f"{rel} changed since the interrupted apply (sha256 {current[:12]}...); not "
+                             f"finishing it")
         edit = next(e for e in EDITS if e.file == rel)
         new = src.path(rel).read_text(encoding="utf-8").replace(edit.anchor, edit.replacement).encode("utf-8")
         if ss.sha256_bytes(new) != entry["patched_sha256"]:
-            raise PatchError(f"patching {rel} again would not give the bytes the manifest records; not finishing")
+            raise PatchError(f"patching {rel} again would not give the bytes the manifest records; not "
+                             f"finishing")
         plan[rel] = new
     for rel, data in plan.items():
         _step(f"write {rel}")
@@ -556,9 +566,11 @@ def _restore_by_reverse_edit(src: SglangSource, files: Sequence[str]) -> None:
         restored[edit.file] = text.replace(edit.replacement, edit.anchor).encode("utf-8")
         expected = record.get(edit.file)
         if expected is None:
-            raise PatchError(f"no backup and no RECORD hash for {edit.file}: cannot prove a byte-exact revert")
+            raise PatchError(f"no backup and no RECORD hash for {edit.file}: cannot prove a byte-exact "
+                             f"revert")
         if ss.sha256_bytes(restored[edit.file]) != expected:
-            raise PatchError(f"reverse edit of {edit.file} does not match the wheel's RECORD hash; not reverting")
+            raise PatchError(f"reverse edit of {edit.file} does not match the wheel's RECORD hash; not "
+                             f"reverting")
     for rel, data in restored.items():
         _step(f"restore {rel}")
         _write_atomic(src.path(rel), data)

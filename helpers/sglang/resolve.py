@@ -152,8 +152,9 @@ def _setter_failure(run: SetterRun, ltc: list[int], ids: list[int] | None, num_l
 
 
 def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]:
-    """Indices the loop passes (single PP stage: 0..L-1) and extra ones checked after it."""
-    inside = set(range(0, num_layers))
+    """Indices the loop passes (single PP stage: 0..L-1, shifted when it captures after each layer)
+    and extra ones checked outside it."""
+    inside = {i + capture.index_offset for i in range(num_layers)}
     after = set()
     stub_self = types.SimpleNamespace(start_layer=0, end_layer=num_layers, layers=[None] * num_layers,
                                       config=types.SimpleNamespace(num_hidden_layers=num_layers),
@@ -179,6 +180,7 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
     if capture is None:
         return set(), errors, hazards
     inside, after = _visited(capture, num_layers)
+    span = f"{min(inside)}..{max(inside)}"
     L = num_layers
     where = f"{capture.file}:{capture.loop_line} `{capture.loop_text}`"
     marked = set((flagged or {}).get(capture.flag, [])) if capture.flag else set()
@@ -204,10 +206,10 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
             captured.add(v)
         elif v == L:
             errors.append(f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never "
-                          f"captured by sglang {src.version}: the loop {where} visits 0..{L - 1} and nothing "
+                          f"captured by sglang {src.version}: the loop {where} visits {span} and nothing "
                           f"captures after it")
         else:
-            errors.append(f"capture index {v}{src_id} matches no layer: the loop {where} visits 0..{L - 1}, "
+            errors.append(f"capture index {v}{src_id} matches no layer: the loop {where} visits {span}, "
                           f"so that feature is missing from the concatenation")
     if len(set(ltc)) != len(ltc):
         errors.append(f"layers_to_capture {ltc} repeats an index; each layer is captured once")

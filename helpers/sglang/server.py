@@ -305,7 +305,8 @@ class SGLangServer:
             if _is_healthy(url, timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
                 return
             if time.monotonic() >= deadline:
-                raise ServerStartError(self._failure(f"not healthy at {url} after {self.startup_timeout:.0f} s"))
+                raise ServerStartError(self._failure(f"not healthy at {url} after "
+                                                     f"{self.startup_timeout:.0f} s"))
             time.sleep(self.poll_interval)
 
     def _failure(self, what: str) -> str:
@@ -455,7 +456,8 @@ def run_prompts(
     url = base_url.rstrip("/") + "/generate"
 
     def payload(text: str) -> dict:
-        return {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
+        return {"text": text,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
 
     for text in list(prompts)[:warmup]:
         http_json(url, payload(text), timeout=timeout)
@@ -470,7 +472,8 @@ def run_prompts(
 def parse_server_info(info: dict) -> ServerInfo:
     """avg_spec_accept_length lives in internal_states (one dict per DP rank); average them."""
     states = info.get("internal_states") or []
-    values = [s["avg_spec_accept_length"] for s in states if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None]
+    values = [s["avg_spec_accept_length"] for s in states if isinstance(s, dict)
+              and s.get("avg_spec_accept_length") is not None]
     if not values and info.get("avg_spec_accept_length") is not None:
         values = [info["avg_spec_accept_length"]]
     return ServerInfo(
@@ -515,7 +518,8 @@ def _serve_and_measure(
     temperature: float, startup_timeout: float, log_path: str,
 ) -> LiveBenchResult:
     label = "speculative" if speculative else "baseline"
-    with SGLangServer(spec, speculative=speculative, log_path=log_path, startup_timeout=startup_timeout) as server:
+    with SGLangServer(spec, speculative=speculative, log_path=log_path,
+                      startup_timeout=startup_timeout) as server:
         result = run_prompts(server.base_url, prompts, max_new_tokens, temperature, label=label)
         if speculative:
             result.server_avg_accept_length = read_server_info(server.base_url).avg_spec_accept_length
@@ -557,7 +561,8 @@ def live_bench(
     order = (["baseline"] if baseline else []) + ["speculative"]
     commands = {name: build_launch_command(spec, speculative=name == "speculative") for name in order}
     if dry_run:
-        return LiveBenchComparison(speculative=None, baseline=None, speedup=None, commands=commands, dry_run=True)
+        return LiveBenchComparison(speculative=None, baseline=None, speedup=None, commands=commands,
+                                   dry_run=True)
     log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang-bench-"))
     logs = {name: str(log_dir / f"{name}.log") for name in order}
     results = {
@@ -567,7 +572,8 @@ def live_bench(
     }
     base, spec_res = results.get("baseline"), results["speculative"]
     speedup = spec_res.median_tok_s / base.median_tok_s if base and base.median_tok_s > 0 else None
-    return LiveBenchComparison(speculative=spec_res, baseline=base, speedup=speedup, commands=commands, log_paths=logs)
+    return LiveBenchComparison(speculative=spec_res, baseline=base, speedup=speedup, commands=commands,
+                               log_paths=logs)
 
 
 # --------------------------------------------------------------------------- availability
@@ -656,20 +662,21 @@ def draft_wiring_notes(draft: str) -> list[str]:
     ids, where = ids_in_config(cfg)
     chosen = engine_ids(cfg, "sglang")
     if chosen.ids is not None:
-        return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine sglang==VERSION` "
-                "says which boundaries that version captures for them"] + chosen.warnings
+        return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine "
+                f"sglang==VERSION` says which boundaries that version captures for them"] + chosen.warnings
     if where == IdsAt.TOP_LEVEL:
-        return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures its "
-                "defaults; write them into eagle_config (helpers.fixes.with_engine_ids) if they are the training "
-                "layout"]
+        return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures "
+                f"its defaults; write them into eagle_config (helpers.fixes.with_engine_ids) if they are the "
+                f"training layout"]
     return ["the draft config carries no ids: SGLang captures its defaults"]
 
 
 def _parser():
-    p = cli.parser("sglang-bench", "Serve a target with SGLang, without and with an EAGLE-3 draft; compare tok/s "
-                                   "and accept length.")
-    p.add_argument("--target", required=True, help="target model directory (or HF id)")
-    p.add_argument("--draft", required=True, help="EAGLE-3 draft directory (or HF id)")
+    p = cli.parser("sglang-bench", "Serve a target with SGLang, without and with an EAGLE-3 draft; compare "
+                                   "tok/s and accept length.")
+    cli.add_pair_args(p, target="target model directory (or HF id)",
+                      draft="EAGLE-3 draft directory (or HF id)", engine=None, device=False, json=False,
+                      required=True, paths=False)
     p.add_argument("--prompts", help="JSONL with a 'prompt' field per line, or .txt one per line")
     p.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
     p.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk")
@@ -683,7 +690,7 @@ def _parser():
     p.add_argument("--startup-timeout", type=float, default=900.0)
     p.add_argument("--log-dir", help="where server logs go (default: a new temp dir)")
     p.add_argument("--dry-run", action="store_true", help="print the launch commands and exit")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    cli.add_pair_args(p, target=None, draft=None, engine=None, device=False)
     return p
 
 
@@ -711,14 +718,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.draft_tokens is not None and args.draft_tokens < 2:
-        parser.error(f"--draft-tokens must be at least 2 (one verified token plus a draft), got {args.draft_tokens}")
+        parser.error(f"--draft-tokens must be at least 2 (one verified token plus a draft), got "
+                     f"{args.draft_tokens}")
     python = args.python or _default_python()
     try:
         for what in ("target", "draft"):
             ref = getattr(args, what)
             if _looks_local(ref) and not (Path(ref).expanduser() / "config.json").is_file():
-                raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a hub id "
-                                        "like org/name is expected)")
+                raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a "
+                                        f"hub id like org/name is expected)")
         beside = Path(args.target).parent / "prompts.jsonl"
         prompts = (read_prompts(args.prompts) if args.prompts else
                    read_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
@@ -734,7 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         cmp = live_bench(args.target, args.draft, prompts, dry_run=True, **kwargs)
         if args.json:
-            print_json({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()}, "wiring_notes": notes},
+            print_json({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()},
+                        "wiring_notes": notes},
                        indent=2)
         else:
             for name, cmd in cmp.commands.items():

@@ -85,6 +85,7 @@ class CaptureSite:
     flag: str | None = None  # per-layer attribute tested instead of the index (Qwen-MoE family)
     layer_call: SourceLine | None = None  # where the decoder layer hands the collector on
     split_residual: SourceLine | None = None  # `hidden_states, residual = layer(...)` (hidden-only)
+    index_offset: int = 0  # the loop captures under index i + offset (after layer i when it is 1)
 
     @property
     def boundary0_hazard(self) -> bool:

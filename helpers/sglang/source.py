@@ -24,8 +24,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from importlib.metadata import version as distribution_version
 from dataclasses import dataclass
+from importlib.metadata import version as distribution_version
 from pathlib import Path
 
 from ..conventions import is_version_string
@@ -187,11 +187,13 @@ def check_cache_writable(base: Path) -> Path:
         probe = tempfile.mkdtemp(prefix=".write-probe-", dir=base)
         os.rmdir(probe)
     except OSError as exc:
-        raise CacheError(f"cannot write the SGLang source cache {base} ({exc.strerror or type(exc).__name__}); "
-                         f"set {CACHE_ENV} to a writable folder (it is {os.environ.get(CACHE_ENV)!r})"
+        raise CacheError(f"cannot write the SGLang source cache {base} "
+                         f"({exc.strerror or type(exc).__name__}); set {CACHE_ENV} to a writable folder (it "
+                         f"is {os.environ.get(CACHE_ENV)!r})"
                          if os.environ.get(CACHE_ENV) else
-                         f"cannot write the SGLang source cache {base} ({exc.strerror or type(exc).__name__}); "
-                         f"set {CACHE_ENV} to a writable folder") from None
+                         f"cannot write the SGLang source cache {base} "
+                         f"({exc.strerror or type(exc).__name__}); set {CACHE_ENV} to a writable "
+                         f"folder") from None
     return base
 
 

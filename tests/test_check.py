@@ -1,0 +1,226 @@
+"""``check``: the pre-deployment gate, on cases drawn from public reports (docs/conventions.md cites them).
+
+Each case builds a draft folder (config.json and a safetensors file with an fc of the right width; no
+real weights: check reads headers only) and a target config with the real model's layer count, then
+asserts the verdict, the exit status and the problem kinds. The SGLang releases named are resolved
+from their own source, as in use.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from helpers.__main__ import main as cli
+from helpers.check import check, safetensors_shapes
+from helpers.errors import InputError
+
+H = 16                      # a narrow hidden size: the checks depend on ids, depths and versions, not width
+IDS = "eagle_aux_hidden_state_layer_ids"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _target(tmp: Path, arch: str, layers: int, vocab: int = 1000) -> Path:
+    path = tmp / f"target-{arch}-{layers}"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": layers,
+                                                  "hidden_size": H, "vocab_size": vocab}))
+    return path
+
+
+def _draft(tmp: Path, name: str, *, slots: int = 3, nested=None, top=None, record=None, speculators=False,
+           d2t: bool = True, draft_vocab: int = 200, extra: dict | None = None) -> Path:
+    path = tmp / name
+    path.mkdir()
+    cfg = ({"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "transformer_layer_config": {"hidden_size": H}} if speculators else
+           {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H})
+    cfg["draft_vocab_size"] = draft_vocab
+    if nested is not None:
+        cfg["eagle_config"] = {IDS: nested, "use_aux_hidden_state": True}
+    if top is not None:
+        cfg[IDS] = top
+    cfg.update(extra or {})
+    (path / "config.json").write_text(json.dumps(cfg))
+    tensors = {"fc.weight": torch.zeros(H, slots * H)}
+    if d2t:
+        tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+    save_file(tensors, str(path / "model.safetensors"))
+    if record is not None:
+        (path / "training.json").write_text(json.dumps({"training_boundaries": list(record)}))
+    return path
+
+
+def _kinds(report) -> set[str]:
+    return {p.kind for p in report.problems if p.blocking}
+
+
+# -- the cases ------------------------------------------------------------------------------------
+
+
+def test_original_case_kimi_on_sglang_0_5_9(tmp_path):
+    """The investigation this workbook retells: a Kimi-K2.5 draft (61 layers) trained on (0, 3, 31),
+    deployed with ids [2, 30, 58], which SGLang 0.5.9 serves as (3, 31, 59)."""
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=(0, 3, 31)), "sglang==0.5.9",
+              target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    assert r.exit_code == 1 and r.served_layout == (3, 31, 59) and "layout-mismatch" in _kinds(r)
+    fix = next(p.fix for p in r.problems if p.kind == "layout-mismatch")
+    assert "patch-sglang apply --version 0.5.9" in fix and "[-1, 2, 30]" in fix and "retrain" in fix
+
+
+@pytest.mark.parametrize("version, served, code", [("0.5.12", (3, 31, 59), 1), ("0.5.13", (2, 30, 58), 0)])
+def test_sglang_pr_25454_deepseek_plus_one_only_when_first_id_is_1(tmp_path, version, served, code):
+    """kimi-k2.5-eagle3-mla writes input-to-layer ids (first id 2): 0.5.12 still adds one to them."""
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), f"sglang=={version}",
+              target=_target(tmp_path, "DeepseekV3ForCausalLM", 61),
+              trainer="speculators==0.9.0", train_ids=[2, 30, 58])
+    assert (r.served_layout, r.training_layout, r.exit_code) == (served, (2, 30, 58), code)
+
+
+@pytest.mark.parametrize("version, code", [("0.5.16", 1), ("0.5.17", 0)])
+def test_sglang_pr_32334_gpt_oss_ids_naming_the_final_boundary(tmp_path, version, code):
+    """gpt-oss-120b-Eagle3-v3 was trained on boundaries (24, 30, 36) of a 36-layer target: before
+    0.5.17 SGLang adds one (37 is no layer); from 0.5.17 ids ending at N are used as given."""
+    r = check(_draft(tmp_path, "d", nested=[24, 30, 36], record=(24, 30, 36)), f"sglang=={version}",
+              target=_target(tmp_path, "GptOssForCausalLM", 36))
+    assert r.exit_code == code
+    assert (r.served_layout == (24, 30, 36)) == (code == 0)
+
+
+def test_vllm_pr_50170_no_ids_falls_back_silently(tmp_path):
+    """A speculators <= 0.4 draft (its config carries no ids) on an 80-layer Llama: vLLM serves its
+    default (2, 40, 77); the features were layer outputs (3, 41, 78)."""
+    r = check(_draft(tmp_path, "d", speculators=True), "vllm",
+              target=_target(tmp_path, "LlamaForCausalLM", 80), trainer="speculators==0.4.0")
+    assert r.training_layout == (3, 41, 78) and r.served_layout == (2, 40, 77) and r.exit_code == 1
+    assert "ids-missing" in {p.kind for p in r.problems}
+
+
+def test_vllm_pr_43671_sglang_trained_draft_on_vllm(tmp_path):
+    """Trained through SGLang's +1 (SpecForge's SGLang backend, ids [1, 15, 28] -> boundaries
+    (2, 16, 29)), then served by vLLM with the same numbers written top-level: off by one."""
+    r = check(_draft(tmp_path, "d", top=[1, 15, 28]), "vllm", target=_target(tmp_path, "LlamaForCausalLM", 32),
+              trainer="specforge-sglang==0.5.9", train_ids=[1, 15, 28])
+    assert r.training_layout == (2, 16, 29) and r.served_layout == (1, 15, 28) and r.exit_code == 1
+    assert "[2, 16, 29] in top-level" in next(p.fix for p in r.problems if p.kind == "layout-mismatch")
+
+
+def test_vllm_pr_54598_four_top_level_ids_crash_fc_loading(tmp_path):
+    """speculators issue #1065: 4 top-level ids [2, 46, 91, 93] on a 94-layer Qwen3-MoE, no
+    num_aux_hidden_states: vLLM sizes fc for 3 states and the 4-slot weights fail to load."""
+    r = check(_draft(tmp_path, "d", slots=4, top=[2, 46, 91, 93], speculators=True), "vllm",
+              target=_target(tmp_path, "Qwen3MoeForCausalLM", 94), trainer="speculators==0.8.0")
+    assert r.training_layout == (2, 46, 91, 93) and r.agree and r.exit_code == 1
+    assert "fc-width" in _kinds(r)
+    assert "num_aux_hidden_states = 4" in next(p.fix for p in r.problems if p.kind == "fc-width")
+
+
+def test_speculators_0_4_features_are_layer_outputs(tmp_path):
+    """speculators <= 0.4 captured after each layer: its default [2, 16, 29, 31] on a 32-layer Llama
+    is boundaries (3, 17, 30) + the verifier's 32. SGLang serves its default (2, 16, 29); writing
+    [2, 16, 29] under eagle_config makes it serve (3, 17, 30) without a patch."""
+    r = check(_draft(tmp_path, "d"), "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 32),
+              trainer="speculators==0.4.0")
+    assert r.training_layout == (3, 17, 30) and r.served_layout == (2, 16, 29) and r.exit_code == 1
+    assert "write ids [2, 16, 29] in eagle_config" in next(p.fix for p in r.problems if p.kind == "layout-mismatch")
+
+
+def test_specforge_middle_id_n_over_2(tmp_path):
+    """SpecForge's HF path briefly used N//2 as the middle id (PR #239): trained on (2, 17, 29) while
+    the config says the default [1, 15, 28], which SGLang serves as (2, 16, 29)."""
+    r = check(_draft(tmp_path, "d", nested=[1, 15, 28]), "sglang==0.5.9",
+              target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="specforge-hf", train_ids=[1, 16, 28])
+    assert r.training_layout == (2, 17, 29) and r.served_layout == (2, 16, 29) and r.exit_code == 1
+
+
+def test_trtllm_minus_one_is_post_norm(tmp_path):
+    """TRT-LLM's -1 is the final state after the norm: a draft trained with it in a slot cannot be
+    served by any engine's boundaries."""
+    r = check(_draft(tmp_path, "d", slots=4, nested=[1, 15, 28]), "sglang==0.5.9",
+              target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="trtllm", train_ids=[1, 15, 28, -1])
+    assert r.training_layout is None and r.exit_code == 1 and "trainer" in _kinds(r)
+
+
+def test_eagle_flag_with_an_eagle3_draft(tmp_path):
+    """SGLang PR #21272: an EAGLE-3 draft under --speculative-algorithm EAGLE serves at accept length 1.00."""
+    d = _draft(tmp_path, "d", nested=[2, 6, 9], record=(3, 7, 10))
+    ok = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    bad = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12), algorithm="EAGLE")
+    assert ok.exit_code == 0 and bad.exit_code == 1 and "algorithm" in _kinds(bad) and bad.agree
+
+
+def test_speculators_format_and_norm_before_residual_under_sglang(tmp_path):
+    d = _draft(tmp_path, "d", speculators=True, top=[1, 3, 7], record=(1, 3, 7),
+               extra={"norm_before_residual": True})
+    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    assert {"speculators-format", "norm-before-residual", "layout-mismatch"} <= _kinds(r)
+    assert "ids-key" in {p.kind for p in r.problems}
+    v = check(d, "vllm", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    assert v.exit_code == 0, v.problems
+
+
+def test_reduced_vocabulary_without_d2t(tmp_path):
+    d = _draft(tmp_path, "d", nested=[2, 6, 9], record=(3, 7, 10), d2t=False)
+    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    assert _kinds(r) == {"vocab"} and r.exit_code == 1
+
+
+def test_unknown_training_layout_says_what_settles_it(tmp_path):
+    r = check(_draft(tmp_path, "d", nested=[2, 6, 9]), "sglang==0.5.9",
+              target=_target(tmp_path, "LlamaForCausalLM", 12))
+    assert r.training_layout is None and r.exit_code == 1 and "UNKNOWN" in r.verdict
+    assert "diagnose" in next(p.fix for p in r.problems if p.kind == "training-unknown")
+
+
+# -- the embedded pair, the CLI and bad input ---------------------------------------------------------
+
+
+def test_embedded_pair_names_the_bug_and_both_fixes_quickly(capsys):
+    start = time.perf_counter()
+    code = cli(["check", "--draft", str(REPO / "data/tiny-kimi/draft"), "--target", str(REPO / "data/tiny-kimi/target"),
+                "--engine", "sglang==0.5.9"])
+    elapsed = time.perf_counter() - start
+    out = capsys.readouterr().out
+    assert code == 1 and "MISMATCH" in out and "(3, 7, 10)" in out and "(0, 3, 7)" in out
+    assert "fix A" in out and "fix B" in out and "patch-sglang apply" in out
+    assert elapsed < 2.0, elapsed
+    assert cli(["check", "--draft", str(REPO / "data/tiny-kimi/draft-retrained"), "--target-config",
+                str(REPO / "data/tiny-kimi/target/config.json"), "--engine", "sglang==0.5.9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"].startswith("OK")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "sglang==0.5.9"], "--draft DIR is required"),
+    (["--draft", "D", "--engine", "sglang==0.5.9"], "--target DIR or --target-config"),
+    (["--draft", "D", "--target", "T", "--engine", "tgi"], "unknown engine"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--trainer", "axolotl"], "unknown trainer"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--train-ids", "1,2"], "goes with --trainer"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--algorithm", "MEDUSA"], "EAGLE3 or EAGLE"),
+])
+def test_bad_input_exit_2(tmp_path, capsys, argv, message):
+    argv = [str(_target(tmp_path, "LlamaForCausalLM", 12)) if a == "T" else
+            str(_draft(tmp_path, "d", nested=[2, 6, 9])) if a == "D" else a for a in argv]
+    assert cli(["check", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_swapped_or_missing_folders(tmp_path):
+    t = _target(tmp_path, "LlamaForCausalLM", 12)
+    d = _draft(tmp_path, "d", nested=[2, 6, 9])
+    with pytest.raises(InputError, match="swapped"):
+        check(t, "sglang==0.5.9", target=d)
+    with pytest.raises(InputError, match="not found"):
+        check(tmp_path / "nope", "sglang==0.5.9", target=t)
+
+
+def test_headers_only(tmp_path):
+    d = _draft(tmp_path, "d", slots=4)
+    assert safetensors_shapes(d) == {"fc.weight": [H, 4 * H], "d2t": [200]}
+    (d / "model.safetensors").write_bytes(b"\xff" * 4)
+    with pytest.raises(InputError, match="not a readable safetensors"):
+        safetensors_shapes(d)

@@ -1,0 +1,156 @@
+"""The step reports: each record survives its file, and a missing or foreign file says what to run."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from helpers import reports
+from helpers.bench import BenchResult
+from helpers.errors import InputError
+from helpers.reports import (
+    BaselineStep,
+    BoundaryStep,
+    FixA,
+    IsolateStep,
+    LayoutsStep,
+    MissingReport,
+    PatchStep,
+    PlanRef,
+    ReportError,
+    Summary,
+)
+
+
+def _bench(label: str, layout=(3, 7, 10), tau=1.4) -> BenchResult:
+    return BenchResult(layout=layout, label=label, steps=3, baseline_tok_s=80.0, spec_tok_s=60.0, tau=tau,
+                       accept_rate=0.2, lossless=True, lossless_per_prompt=[True, True], histogram=[3, 1],
+                       position_acceptance=[0.3, 0.1, 0.0], verify_steps=40, tokens=48, repeats=1,
+                       decode_ms=12.0, verify_ms=14.0, draft_step_ms=0.6,
+                       per_prompt=[{"prompt": 0, "speedup": 0.7}, {"prompt": 1, "speedup": 1.1}])
+
+
+RECORDS = {
+    "01": BaselineStep(plan={"layout": [3, 7, 10], "source": "sglang==0.5.9"}, problems=[],
+                       served=_bench("served").to_dict(), seed_break_even_tau=2.535),
+    "02": IsolateStep(trained=PlanRef([0, 3, 7], "training record"),
+                      served=PlanRef([3, 7, 10], "sglang==0.5.9", []),
+                      rows=[{"wiring": "trained (embed, b3, b7)", "full_acc_0": 0.8}], tokens=512,
+                      source="target capture"),
+    "02-dump": IsolateStep(trained=PlanRef([0, 3, 7], "dump"), served=PlanRef([3, 7, 10], "engine", ["x"]),
+                           rows=[], tokens=10, source="dump",
+                           dump={"data_format": "speculators"}),
+    "03": LayoutsStep(best_layout=[0, 3, 7], runner_up=None, margin=None, margin_acc=None, z=None,
+                      mode="exhaustive", evaluations=1, seconds=0.5, tokens=100, ranking=[{"rank": 1}],
+                      notes=[], served_layout=[3, 7, 10], served_rank=None, heatmap=[], permutations=[]),
+    "04": BoundaryStep(wiring={"version": "0.5.9"}, plus_one=[{"ids": "draft config"}], identities=[],
+                       conventions=[{"engine": "vllm"}]),
+    "05": PatchStep(engine="sglang==0.5.9", root="/tmp/sg", trained=[0, 3, 7],
+                    fix_a=FixA("/r/draft-fixA", [-1, 2, 6], [0, 3, 7], []), before={"errors": ["e"]},
+                    fix_b=None, fc_reordered=None),
+    "05-no-fix": PatchStep(engine="vllm", root=None, trained=[0, 3, 7], fix_a=None, before={},
+                           fix_b="/r/b", fc_reordered="/r/reordered"),
+    "06": Summary(headline="Deployed (b3, b7, b10): accept length 1.40.", engine="sglang==0.5.9",
+                  draft_steps=3, max_new_tokens=24, prompts=2, repeats=1, target="/t", draft="/d",
+                  rows=[{"wiring": "deployed", "layout": [3, 7, 10]}], costs=[{"wiring": "deployed"}],
+                  details={"deployed": {"tau": 1.4}}, isolate={"trained": {"layout": [0, 3, 7]}}),
+}
+
+
+@pytest.mark.parametrize("which", sorted(RECORDS))
+def test_round_trip(tmp_path, which):
+    record = RECORDS[which]
+    path = reports.write_step(tmp_path, record)
+    assert path == tmp_path / type(record).FILE
+    assert reports.read_step(tmp_path, type(record)) == record
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_file_keeps_the_keys_readers_use(tmp_path):
+    """Other tools read these by key: the JSON names are the notebooks' historical ones."""
+    patch = json.loads(reports.write_step(tmp_path, RECORDS["05"]).read_text())
+    assert list(patch) == ["engine", "root", "trained", "fixA", "before", "fixB", "fc_reordered"]
+    assert patch["fixA"] == {"draft": "/r/draft-fixA", "ids": [-1, 2, 6], "layout": [0, 3, 7],
+                             "errors": []}
+    summary = json.loads(reports.write_summary(tmp_path, RECORDS["06"]).read_text())
+    assert list(summary) == ["headline", "engine", "draft_steps", "max_new_tokens", "prompts", "repeats",
+                             "target", "draft", "rows", "costs", "details", "02_isolate"]  # no 03: no key
+    iso = json.loads(reports.write_step(tmp_path, RECORDS["02"]).read_text())
+    assert "dump" not in iso and iso["trained"] == {"layout": [0, 3, 7], "source": "training record"}
+    assert iso["served"]["problems"] == []
+
+
+def test_no_nan_in_the_files(tmp_path):
+    step = dataclasses.replace(RECORDS["03"], margin=float("nan"), z=float("inf"))
+    text = reports.write_step(tmp_path, step).read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert reports.read_step(tmp_path, LayoutsStep).margin is None
+
+
+def test_missing_report_names_the_notebook_to_run(tmp_path):
+    with pytest.raises(MissingReport, match=r"05_patch\.json is missing.*run notebook 05 first"):
+        reports.read_step(tmp_path, PatchStep)
+    with pytest.raises(InputError, match="run notebook 06 first"):
+        reports.read_summary(tmp_path)
+    assert reports.read_step_if_any(tmp_path, PatchStep) is None
+
+
+def test_not_json(tmp_path):
+    (tmp_path / "05_patch.json").write_text("{\"engine\": ")
+    with pytest.raises(ReportError, match=r"05_patch\.json is not valid JSON.*rerun notebook 05"):
+        reports.read_step(tmp_path, PatchStep)
+
+
+def test_wrong_shape_lists_every_problem(tmp_path):
+    data = reports.to_json(RECORDS["05"])
+    del data["before"]
+    data["trained"] = "0,3,7"
+    data["fixA"] = {"draft": 3, "ids": [-1, 2, 6], "layout": [0, 3, 7], "errors": []}
+    (tmp_path / "05_patch.json").write_text(json.dumps(data))
+    with pytest.raises(ReportError) as err:
+        reports.read_step(tmp_path, PatchStep)
+    msg = str(err.value)
+    assert "05_patch.json" in msg and "no before" in msg and "trained is '0,3,7', expected list[int]" in msg
+    assert "fixA.draft is 3, expected str" in msg and "notebook 05 (05_apply_patch)" in msg
+    (tmp_path / "05_patch.json").write_text("[1, 2]")
+    with pytest.raises(ReportError, match="holds list, expected the JSON object notebook 05"):
+        reports.read_step(tmp_path, PatchStep)
+    # a malformed optional report still fails: it is not taken for a notebook that did not run
+    (tmp_path / "02_isolate.json").write_text("{}")
+    with pytest.raises(ReportError, match="no trained, served, rows, tokens, source"):
+        reports.quoted_steps(tmp_path)
+
+
+def test_bools_are_not_numbers(tmp_path):
+    data = reports.to_json(RECORDS["02"]) | {"tokens": True}
+    with pytest.raises(ReportError, match="tokens is True, expected int"):
+        reports.from_json(IsolateStep, data, "02_isolate.json")
+
+
+def test_bench_rows_become_the_summary_tables():
+    res = _bench("deployed")
+    row = res.row("deployed")
+    assert row["wiring"] == "deployed" and row["layout"] == [3, 7, 10]
+    assert row["speedup"] == 0.75 and row["slower_prompts"] == 1 and row["prompts"] == 2
+    assert row["speedup_per_tau"] == round(0.75 / 1.4, 3) and row["break_even_tau"] == round(1.4 / 0.75, 3)
+    rows, costs = reports.bench_tables([row, _bench("fix A", (0, 3, 7), 2.5).row("fix A")])
+    assert [list(r) for r in rows] == [["wiring", "layout", "baseline_tok_s", "spec_tok_s", "speedup", "tau",
+                                        "accept_rate", "speedup_per_tau", "lossless"]] * 2
+    assert list(costs[0]) == ["wiring", "decode_ms", "verify_ms", "draft_step_ms", "draft_cost_ratio",
+                              "predicted_speedup", "measured_speedup", "break_even_tau", "slower_prompts"]
+    assert costs[0]["measured_speedup"] == row["speedup"] and costs[1]["wiring"] == "fix A"
+
+
+def test_summary_quotes_02_and_03_and_writes_markdown(tmp_path):
+    reports.write_step(tmp_path, RECORDS["02"])
+    reports.write_step(tmp_path, RECORDS["03"])
+    quoted = reports.quoted_steps(tmp_path)
+    assert set(quoted["isolate"]) == {"trained", "served", "rows"}
+    assert quoted["layouts"] == {"best_layout": [0, 3, 7], "margin": None, "z": None, "served_rank": None}
+    rows, costs = reports.bench_tables([_bench("deployed").row("deployed")])
+    summary = dataclasses.replace(RECORDS["06"], rows=rows, costs=costs, **quoted)
+    reports.write_summary(tmp_path, summary)
+    assert reports.read_summary(tmp_path) == summary
+    md = (tmp_path / "summary.md").read_text()
+    assert summary.headline in md and "| deployed | [3, 7, 10] | 80.0 | 60.0 | 0.75 |" in md
