@@ -100,7 +100,8 @@ class BenchResult:
         d = dict(self.__dict__)
         d["layout"] = list(self.layout)
         d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3),
-                 draft_cost_ratio=round(self.draft_cost_ratio, 3), predicted_speedup=round(self.predicted_speedup, 3),
+                 draft_cost_ratio=round(self.draft_cost_ratio, 3),
+                 predicted_speedup=round(self.predicted_speedup, 3),
                  break_even_tau=round(self.break_even_tau, 3), slower_prompts=self.slower_prompts)
         return d
 
@@ -119,11 +120,13 @@ class BenchResult:
 
 def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> list[torch.Tensor]:
     # verbose=False: transformers' own 'longer than the maximum' warning; fit_prompts says it in one line
-    return [torch.tensor(tokenizer(p, verbose=False)["input_ids"], dtype=torch.long, device=device) for p in prompts]
+    return [torch.tensor(tokenizer(p, verbose=False)["input_ids"], dtype=torch.long, device=device)
+            for p in prompts]
 
 
 def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], steps: int = 5,
-              max_new_tokens: int = 96, repeats: int = 3, progress: bool = True, label: str = "") -> BenchResult:
+              max_new_tokens: int = 96, repeats: int = 3, progress: bool = True,
+              label: str = "") -> BenchResult:
     if not prompt_ids:
         raise ValueError("no prompts to benchmark")
     if repeats < 1:
@@ -132,8 +135,10 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     limit = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     longest = max(int(p.numel()) for p in prompt_ids)
     if limit and longest + max_new_tokens + steps > limit:  # checked before any work, not after minutes
-        raise BadOption(f"the longest prompt ({longest} tokens) + max_new_tokens {max_new_tokens} + steps {steps} "
-                        f"exceeds the target's {limit} positions (max_position_embeddings); shorten or truncate "
+        raise BadOption(f"the longest prompt ({longest} tokens) + max_new_tokens {max_new_tokens} "
+                        f"+ steps {steps} "
+                        f"exceeds the target's {limit} positions (max_position_embeddings); "
+                        f"shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
     spec_last: list[GenerationResult] = []
     base_last: list[GenerationResult] = []
@@ -163,7 +168,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     bar.close()
     lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
     decode_ms = 1000 * sum(b.seconds for b in base_last) / max(sum(len(b.tokens) for b in base_last), 1)
-    verify_ms = 1000 * sum(s.verify_seconds for s in spec_last) / max(sum(s.verify_steps for s in spec_last), 1)
+    verify_ms = (1000 * sum(s.verify_seconds for s in spec_last)
+                 / max(sum(s.verify_steps for s in spec_last), 1))
     draft_ms = 1000 * sum(s.draft_seconds for s in spec_last) / max(sum(s.draft_calls for s in spec_last), 1)
     accepted = sum(sum(r.accepted) for r in spec_last)
     per_prompt = []
@@ -177,7 +183,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     check_finite("tok/s", *base_runs, *spec_runs)
     return BenchResult(
         layout=tuple(plan.layout), label=label or plan.label, steps=steps,
-        baseline_tok_s=round(statistics.median(base_runs), 2), spec_tok_s=round(statistics.median(spec_runs), 2),
+        baseline_tok_s=round(statistics.median(base_runs), 2),
+        spec_tok_s=round(statistics.median(spec_runs), 2),
         tau=round((accepted + verifies) / verifies, 3) if verifies else 1.0,
         accept_rate=round(accepted / (verifies * steps), 3) if verifies else 0.0,
         lossless=all(lossless), lossless_per_prompt=lossless, histogram=acceptance_histogram(spec_last),
@@ -193,7 +200,8 @@ def main(argv=None) -> int:
     ap = cli.parser("bench", __doc__)
     ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
     ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
-    ap.add_argument("--prompts", type=Path, default=None, help="JSONL with a 'prompt' field, or one prompt per line")
+    ap.add_argument("--prompts", type=Path, default=None,
+                    help="JSONL with a 'prompt' field, or one prompt per line")
     cli.add_pair_args(ap)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
@@ -218,10 +226,12 @@ def main(argv=None) -> int:
         plan = plan_for(pair, a.layout, a.engine)
         problems = plan_problems(pair, plan)
         if problems:
-            raise ValueError(f"layout {plan.layout} ({plan.source}) cannot feed this draft: {'; '.join(problems)}")
+            raise ValueError(f"layout {plan.layout} ({plan.source}) cannot feed this draft: "
+                             f"{'; '.join(problems)}")
         prompts = read_prompts(a.prompts or default_prompts(pair))[: a.num_prompts]
-        prompt_ids, fit_notes = fit_prompts(pair, encode_prompts(pair.tokenizer, prompts, a.device), a.max_new_tokens,
-                                            a.steps, a.truncate_prompts, str(a.prompts or default_prompts(pair)))
+        prompt_ids, fit_notes = fit_prompts(pair, encode_prompts(pair.tokenizer, prompts, a.device),
+                                            a.max_new_tokens, a.steps, a.truncate_prompts,
+                                            str(a.prompts or default_prompts(pair)))
     except (FileNotFoundError, InputError, ValueError) as exc:
         return fail(exc)
     for n in fit_notes:
@@ -237,14 +247,18 @@ def main(argv=None) -> int:
     if a.json:
         print_json(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes})
     else:
-        print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, {len(prompts)} prompts x {a.repeats}")
+        print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, "
+              f"{len(prompts)} prompts x {a.repeats}")
         for n in engine_notes:
             print(f"  note: {n}")
         print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
-        print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   accept rate {res.accept_rate:.2f}")
-        print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   lossless: {res.lossless}")
+        print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   "
+              f"accept rate {res.accept_rate:.2f}")
+        print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   "
+              f"lossless: {res.lossless}")
         print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
-              f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) -> predicted {res.predicted_speedup:.2f}x")
+              f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) "
+              f"-> predicted {res.predicted_speedup:.2f}x")
         print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
               f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
     return 0 if res.lossless else 1

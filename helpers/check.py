@@ -66,7 +66,8 @@ class CheckReport:
 
     @property
     def agree(self) -> bool | None:
-        return None if self.training_layout is None else tuple(self.served_layout) == tuple(self.training_layout)
+        return (None if self.training_layout is None
+                else tuple(self.served_layout) == tuple(self.training_layout))
 
     @property
     def ok(self) -> bool:
@@ -79,9 +80,11 @@ class CheckReport:
         if self.training_layout is None:
             return "UNKNOWN: the training layout is not recorded; see the fixes below for how to settle it"
         if not self.agree:
-            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)}, the draft was trained on "
+            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)}, "
+                    f"the draft was trained on "
                     f"{self._label(self.training_layout)}")
-        return f"BLOCKED: the layouts agree, but {len([p for p in self.problems if p.blocking])} problem(s) remain"
+        return (f"BLOCKED: the layouts agree, but {len([p for p in self.problems if p.blocking])} "
+                f"problem(s) remain")
 
     @property
     def exit_code(self) -> int:
@@ -117,7 +120,8 @@ def safetensors_shapes(folder: Path) -> dict[str, list[int]] | None:
                 header = json.loads(fh.read(n))
         except (OSError, ValueError, struct.error) as exc:
             raise BadCheckpoint(f"{f} is not a readable safetensors file ({exc})") from None
-        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
+        shapes.update({k: v["shape"] for k, v in header.items()
+                       if k != "__metadata__" and isinstance(v, dict)})
     return shapes
 
 
@@ -134,7 +138,8 @@ def _record(draft_dir: Path) -> dict | None:
         return None
     rec = read_json_file(path, "training record")
     if not isinstance(rec, dict):
-        raise BadConfig(f"{path} holds a JSON {type(rec).__name__}; expected an object with training_boundaries")
+        raise BadConfig(f"{path} holds a JSON {type(rec).__name__}; "
+                        f"expected an object with training_boundaries")
     return rec
 
 
@@ -142,14 +147,16 @@ def _record(draft_dir: Path) -> dict | None:
 # The check.
 
 
-def check(draft: str | Path, engine: str, *, target: str | Path | None = None, target_config: str | Path | None = None,
-          trainer: str | None = None, train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
+def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
+          target_config: str | Path | None = None, trainer: str | None = None,
+          train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None) -> CheckReport:
     started = time.perf_counter()
     if (target is None) == (target_config is None):
         raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
     if algorithm.upper() not in ALGORITHMS:
-        raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE (the engine's speculative algorithm)")
+        raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
+                        f"(the engine's speculative algorithm)")
     name, version = parse_engine(engine)
     if trainer is not None:
         parse_trainer(trainer)
@@ -171,7 +178,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None, t
     _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
     problems = report.problems
     for e in served.errors:
-        fix = e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e else "see `python -m helpers wiring` for the source"
+        fix = (e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e
+               else "see `python -m helpers wiring` for the source")
         problems.append(Problem("engine-cannot-capture", e.split(" (fix: ")[0], fix))
     _layout_fixes(report, served, engine, name, version, root)
     _ids_key(report, cfg, ids, where, name, version)
@@ -180,8 +188,9 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None, t
     _vocab(report, cfg, shapes, tcfg)
     if algorithm.upper() == "EAGLE":
         problems.append(Problem(
-            "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states for this EAGLE-3 "
-            "draft, whose fc then sees the wrong input; it serves at accept length 1.00 with no warning "
+            "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
+            "for this EAGLE-3 draft, whose fc then sees the wrong input; "
+            "it serves at accept length 1.00 with no warning "
             "(SGLang PR #21272, Kimi-K2.5)",
             "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
     report.notes += [w for w in served.warnings if "placeholders" not in w]
@@ -198,18 +207,21 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
         try:
             report.training_layout = check_layout(recorded, n)
         except (WiringError, TypeError, ValueError) as exc:
-            raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} do not fit a "
-                            f"{n}-layer target: {exc}") from None
+            raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} "
+                            f"do not fit a {n}-layer target: {exc}") from None
         report.training_source = "training.json (training_boundaries)"
     if trainer is None:
         if report.training_layout is None:
             report.training_source = "unknown"
             report.problems.append(Problem(
-                "training-unknown", "no training record (training.json) and no trainer named, so the layout the "
-                "fc learned is unknown",
-                f"name the trainer (--trainer speculators==0.4.0 [--train-ids ...]), or measure it: `python -m "
-                f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` on the trainer's hidden-state "
-                f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` where the target runs"))
+                "training-unknown", "no training record (training.json) and no trainer named, "
+                "so the layout the fc learned is unknown",
+                f"name the trainer (--trainer speculators==0.4.0 [--train-ids ...]), "
+                f"or measure it: `python -m "
+                f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` "
+                f"on the trainer's hidden-state "
+                f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` "
+                f"where the target runs"))
         return
     res = _trainer_side(trainer, train_ids, cfg, n, arch)
     report.notes += [f"trainer: {w}" for w in res.warnings]
@@ -221,10 +233,12 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
     layout = res.training_layout
     if k is not None and len(layout) == k + 1 and res.ids_source == IdsAt.EXPLICIT:
         layout = layout[:k]   # the ids given were the captured list with the verifier's state last
-    said = f"{res.trainer}{'==' + res.version if res.version else ''} rule on ids {res.ids} ({res.read_from})"
+    said = (f"{res.trainer}{'==' + res.version if res.version else ''} "
+            f"rule on ids {res.ids} ({res.read_from})")
     if report.training_layout is not None and tuple(layout) != tuple(report.training_layout):
         report.problems.append(Problem(
-            "record-vs-trainer", f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
+            "record-vs-trainer",
+            f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
             "check which trainer release and ids produced the features, or measure with `diagnose`"))
         return
     if report.training_layout is None:
@@ -256,10 +270,12 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
     if report.training_layout is None or report.agree:
         return
     trained = report.training_layout
-    key = f"eagle_config.{IDS_KEY}" if name == "sglang" else f"top-level {IDS_KEY}"
+    key = {"sglang": f"eagle_config.{IDS_KEY}", "vllm": f"top-level {IDS_KEY}"}.get(
+        name, "eagle3_layers_to_capture of the speculative config")
     fixes = []
     if tuple(sorted(trained)) != tuple(trained):
-        fixes.append(f"the draft was trained on {trained}, not in ascending order, and engines concatenate in "
+        fixes.append(f"the draft was trained on {trained}, not in ascending order, "
+                     f"and engines concatenate in "
                      f"ascending order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids")
     ids = ids_for_layout(trained, report.arch, report.num_layers, engine, root=root)
     if ids is not None:
@@ -275,7 +291,8 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
                 fixes.append(f"patch the engine (`python -m helpers patch-sglang apply --version {version} "
                              f"--arch {report.arch}`), then write ids {candidate} in {key} (fix A)")
                 break
-    fixes.append(f"or retrain the draft on the served layout {served.served_layout} (fix B)")
+    fixes.append(f"{'or ' if fixes else ''}retrain the draft on the served layout {served.served_layout} "
+                 f"(fix B)")
     report.problems.append(Problem(
         "layout-mismatch", f"served {tuple(served.served_layout)} "
         f"{layout_label(served.served_layout, report.num_layers)} != trained {trained} "
@@ -283,9 +300,12 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
 
 
 def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str, version: str | None) -> None:
+    if name == "trtllm":
+        return   # TensorRT-LLM reads its capture layers from the speculative config, never the draft's
     if ids is None:
         report.problems.append(Problem(
-            "ids-missing", f"the draft config carries no {IDS_KEY}: {name} serves its default boundaries (vLLM "
+            "ids-missing",
+            f"the draft config carries no {IDS_KEY}: {name} serves its default boundaries (vLLM "
             f"PR #50170: about 1% acceptance when those are not the trained ones)",
             f"write the trained ids into {'eagle_config' if name == 'sglang' else 'the top level'}",
             blocking=False))
@@ -311,19 +331,24 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, s
     fc = _fc_in(shapes)
     h = tcfg.get("hidden_size")
     if fc is None or not isinstance(h, int):
-        report.notes.append("fc width not checked (no fc.weight in the headers, or no hidden_size in the target)")
+        report.notes.append("fc width not checked (no fc.weight in the headers, "
+                            "or no hidden_size in the target)")
         return
     name, width = fc
     if width % h:
         report.problems.append(Problem(
-            "fc-width", f"{name} takes {width} inputs, not a multiple of the target's hidden_size {h}: this draft "
+            "fc-width",
+            f"{name} takes {width} inputs, not a multiple of the target's hidden_size {h}: this draft "
             f"was trained for another target", "retrain (or pair it with the target it was trained for)"))
         return
     k = width // h
     built, rule = engine_fc_slots(cfg, engine)
-    if built != k:
+    if built is None:
+        report.notes.append(f"fc is {k} states wide; {rule}")
+    elif built != k:
         report.problems.append(Problem(
-            "fc-width", f"{report.engine} builds fc for {built} states ({rule}) but {name} is {width} = {k} x {h} "
+            "fc-width",
+            f"{report.engine} builds fc for {built} states ({rule}) but {name} is {width} = {k} x {h} "
             f"wide: loading the weights fails", f"set num_aux_hidden_states = {k} in the draft config"))
     if served.served_layout and len(served.served_layout) != k and not served.errors:
         report.problems.append(Problem(
@@ -335,25 +360,32 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
     if name == "sglang" and is_speculators_format(cfg):
         report.problems.append(Problem(
             "speculators-format", "speculators-format draft (Eagle3Speculator): SGLang registers no such "
-            "architecture in the releases read so far; its llama_eagle3 would skip layers.0.* weights silently",
-            "convert it: architectures LlamaForCausalLMEagle3, the ids under eagle_config (SGLang's numbering), "
+            "architecture in the releases read so far; "
+            "its llama_eagle3 would skip layers.0.* weights silently",
+            "convert it: architectures LlamaForCausalLMEagle3, "
+            "the ids under eagle_config (SGLang's numbering), "
             "weights layers.0.* renamed midlayer.* (helpers.draft.save_draft(..., fmt='sglang') writes that "
             "layout from a loaded draft)"))
-    if sets_norm_before_residual(cfg) and not honours_norm_before_residual(engine):
+    if sets_norm_before_residual(cfg) and name != "trtllm" and not honours_norm_before_residual(engine):
         report.problems.append(Problem(
-            "norm-before-residual", f"the draft was trained with norm_before_residual=true; {report.engine}'s "
-            f"llama_eagle3 ignores the flag and runs another forward", "serve with vLLM, or retrain without it"))
+            "norm-before-residual",
+            f"the draft was trained with norm_before_residual=true; {report.engine}'s "
+            f"llama_eagle3 ignores the flag and runs another forward",
+            "serve with vLLM, or retrain without it"))
 
 
 def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
-    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    layer = (cfg.get("transformer_layer_config")
+             if isinstance(cfg.get("transformer_layer_config"), dict) else {})
     draft_vocab = cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")
     vocab = tcfg.get("vocab_size")
-    if not (isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab) or shapes is None:
+    if (not (isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab)
+            or shapes is None):
         return
     if "d2t" not in shapes:
         report.problems.append(Problem(
-            "vocab", f"reduced draft vocabulary ({draft_vocab} of {vocab}) but no d2t tensor: the engine cannot map "
+            "vocab",
+            f"reduced draft vocabulary ({draft_vocab} of {vocab}) but no d2t tensor: the engine cannot map "
             f"draft tokens to target tokens, so nearly every draft token is rejected",
             "add d2t (target_id - draft_id for each draft token) from the trainer's vocabulary mapping"))
 
@@ -377,13 +409,16 @@ def format_report(r: CheckReport) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = cli.parser("check", __doc__)
-    cli.add_pair_args(p, device=False, paths=False, draft="the EAGLE-3 draft folder (config.json, safetensors)",
+    cli.add_pair_args(p, device=False, paths=False,
+                      draft="the EAGLE-3 draft folder (config.json, safetensors)",
                       target="the target folder (only config.json is read)")
     p.add_argument("--target-config", help="the target's config.json alone, instead of --target")
     p.add_argument("--trainer", help="NAME[==VERSION] of the trainer that captured the features")
     p.add_argument("--train-ids", help="the ids the trainer was run with, in its own numbering")
-    p.add_argument("--algorithm", default="EAGLE3", help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
-    p.add_argument("--sglang-root", help="an sglang/ tree to read instead of the cached release (a patched copy)")
+    p.add_argument("--algorithm", default="EAGLE3",
+                   help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
+    p.add_argument("--sglang-root",
+                   help="an sglang/ tree to read instead of the cached release (a patched copy)")
     args = p.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--train-ids"))
     try:
         if args.draft is None:

@@ -28,9 +28,11 @@ def parser(command: str, doc: str | None) -> OneLineParser:
     return OneLineParser(prog=f"python -m helpers {command}", description=(doc or "").strip().splitlines()[0])
 
 
-def add_pair_args(p: argparse.ArgumentParser, *, target: str | None = "target model folder (Hugging Face layout)",
+def add_pair_args(p: argparse.ArgumentParser, *,
+                  target: str | None = "target model folder (Hugging Face layout)",
                   draft: str | None = "EAGLE-3 draft folder (SGLang or speculators format)",
-                  engine: str | None = "whose wiring 'served' means: sglang==VERSION, sglang (installed) or vllm",
+                  engine: str | None = ("whose wiring 'served' means: sglang==VERSION, "
+                                        "sglang (installed) or vllm"),
                   device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
     """The options naming the pair and where it runs; pass None to leave one out."""
     kind = Path if paths else str
@@ -67,8 +69,8 @@ def parse_int_list(text: str, option: str, example: str = "-1,2,6", empty_hint: 
         raise BadOption(f"{option} is empty; give integers like {example}{empty_hint}")
     parts = [p.strip() for p in text.split(",")]
     if any(not p for p in parts):
-        raise BadOption(f"{option} {text!r} has an empty field; expected integers separated by single commas, "
-                        f"like {example}")
+        raise BadOption(f"{option} {text!r} has an empty field; "
+                        f"expected integers separated by single commas, like {example}")
     out = []
     for p in parts:
         try:

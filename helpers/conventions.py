@@ -19,7 +19,7 @@ from .boundaries import Layout, WiringError, WiringResult
 from .errors import BadConfig, BadOption, read_json_file
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-ENGINES = ("sglang", "vllm")
+ENGINES = ("sglang", "vllm", "trtllm")
 # The engine of the original case, and the one the workbook resolves against when told nothing.
 DEFAULT_ENGINE = "sglang==0.5.9"
 # Before and after SGLang changed its DeepSeek rule, and the other engine: the comparison table.
@@ -67,7 +67,8 @@ def parse_engine(engine: str) -> tuple[str, str | None]:
     name, _, version = text.partition("==")
     name, version = name.strip(), version.strip()
     if name not in ENGINES:
-        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang' or 'vllm'")
+        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', 'vllm[==VERSION]' "
+                        f"or 'trtllm'")
     if "==" in text and not _VERSION_RE.match(version):
         raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
                         + (" or plain 'vllm'" if name == "vllm" else ""))
@@ -100,12 +101,13 @@ def read_draft_config(draft: str | Path | dict) -> dict:
     except BadConfig as exc:
         raise DraftConfigError(str(exc)) from None
     if not isinstance(cfg, dict):
-        raise DraftConfigError(f"{path} holds a JSON {type(cfg).__name__}; expected an object (a draft config)")
+        raise DraftConfigError(f"{path} holds a JSON {type(cfg).__name__}; "
+                               f"expected an object (a draft config)")
     archs = [str(a) for a in cfg.get("architectures") or []]
     if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
             "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
-        raise DraftConfigError(f"draft {draft} is a {', '.join(archs)} model, not an EAGLE-3 draft: are --target "
-                               f"and --draft swapped?")
+        raise DraftConfigError(f"draft {draft} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
+                               f"are --target and --draft swapped?")
     return cfg
 
 
@@ -121,7 +123,8 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
     path = Path(path).expanduser()
     f = path / "config.json" if path.is_dir() else path
     if not f.is_file():
-        raise TargetConfigError(f"no target config at {f}: expected a Hugging Face directory with config.json")
+        raise TargetConfigError(f"no target config at {f}: "
+                                f"expected a Hugging Face directory with config.json")
     try:
         cfg = read_json_file(f, "target config")
     except BadConfig as exc:
@@ -130,8 +133,8 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
         raise TargetConfigError(f"{f} holds a JSON {type(cfg).__name__}; expected a model config object")
     if is_draft_config(cfg):
         what = ", ".join(str(a) for a in cfg.get("architectures") or []) or cfg.get("speculators_model_type")
-        raise TargetConfigError(f"target {path} is an EAGLE-3 draft ({what}), not a target model: are --target "
-                                f"and --draft swapped?")
+        raise TargetConfigError(f"target {path} is an EAGLE-3 draft ({what}), not a target model: "
+                                f"are --target and --draft swapped?")
     text = cfg.get("text_config") or cfg.get("language_config") or {}
     out = dict(cfg)
     for k in TEXT_KEYS:
@@ -139,14 +142,16 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
             out[k] = text[k]
     for k in require:
         if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
-            raise TargetConfigError(f"{f} has no integer {k} (also looked in text_config); got {out.get(k)!r}")
+            raise TargetConfigError(f"{f} has no integer {k} (also looked in text_config); "
+                                    f"got {out.get(k)!r}")
     return out
 
 
 def _ids(value: Any, where: str) -> list[int]:
     """Integers as written (their range is the target's to judge, in ``check_ids``): no engine turns
     "2" into 2, so a config that needs that coercion would not serve what it seems to say."""
-    if not isinstance(value, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+    if (not isinstance(value, (list, tuple))
+            or any(isinstance(i, bool) or not isinstance(i, int) for i in value)):
         raise DraftConfigError(f"{where}{IDS_KEY} is {value!r}; expected a list of integer layer ids")
     return list(value)
 
@@ -185,6 +190,12 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
     inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
     warnings: list[str] = []
+    if name == "trtllm":
+        if top is not None or inner is not None:
+            warnings.append("TensorRT-LLM takes eagle3_layers_to_capture from its speculative config, not "
+                            "from the "
+                            "draft's config.json: pass them as explicit ids")
+        return DraftIds(None, IdsAt.NONE, warnings)
     if name == "vllm":
         reads_top, reads_nested, why = vllm_reads(version, arch)
         if top is not None and reads_top:
@@ -204,7 +215,8 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
         else:
             warnings.append(
                 f"the draft config has a top-level {IDS_KEY} = {top} (speculators/vLLM format); "
-                f"SGLang reads ids only from eagle_config.{IDS_KEY}, so it ignores them and uses its defaults")
+                f"SGLang reads ids only from eagle_config.{IDS_KEY}, "
+                f"so it ignores them and uses its defaults")
     elif ids is not None and top is not None and top != ids:
         warnings.append(f"top-level {IDS_KEY} = {top} differs from eagle_config's {ids}; "
                         f"SGLang uses eagle_config's, vLLM the top-level one")
@@ -222,7 +234,8 @@ def check_ids(ids: Sequence[int] | None, num_layers: int, low: int = -1) -> list
         if isinstance(i, bool) or not isinstance(i, int):
             raise WiringError(f"layer ids must be integers, got {i!r}")
         if not low <= i <= num_layers:
-            raise WiringError(f"layer id {i} is outside {low}..{num_layers} for a target with {num_layers} layers")
+            raise WiringError(f"layer id {i} is outside {low}..{num_layers} "
+                              f"for a target with {num_layers} layers")
         out.append(i)
     if not out:
         raise WiringError("the id list is empty")
@@ -313,12 +326,13 @@ def vllm_reads(version: str | None, arch: str) -> tuple[bool, bool, str]:
     """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``."""
     v = version or VLLM_NEWEST_READ
     if not _at_least(v, VLLM_READS_TOP_LEVEL):
-        return False, False, f"vLLM {v} reads no draft ids at all (from {VLLM_READS_TOP_LEVEL} it reads the top level)"
+        return False, False, (f"vLLM {v} reads no draft ids at all "
+                              f"(from {VLLM_READS_TOP_LEVEL} it reads the top level)")
     v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if _at_least(v, first)), ())
     on_v2 = v2 is None or arch in v2
     if on_v2:
-        return True, False, f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, which reads only " \
-                            f"the top-level key"
+        return True, False, (f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, "
+                             f"which reads only the top-level key")
     if _at_least(v, VLLM_V1_READS_NESTED):
         return True, True, f"vLLM {v}'s V1 runner: the top-level key, then eagle_config's"
     return True, False, f"vLLM {v} reads only the top-level key (eagle_config's from {VLLM_V1_READS_NESTED})"
@@ -335,7 +349,8 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if not _at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
     if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
-        warnings.append(f"vLLM {v} is newer than the releases read ({VLLM_NEWEST_READ}); their rule is assumed")
+        warnings.append(f"vLLM {v} is newer than the releases read ({VLLM_NEWEST_READ}); "
+                        f"their rule is assumed")
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
@@ -347,21 +362,23 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     used = chosen.ids if chosen.ids is not None else default_ids(num_layers)
     first, final_from, zero_crashes = VLLM_CAPTURE.get(arch, ("0.8.5", "0.18.0", False))
     if arch not in VLLM_CAPTURE:
-        warnings.append(f"{arch} is not among the classes read from vLLM's source ({', '.join(VLLM_CAPTURE)}); "
+        warnings.append(f"{arch} is not among the classes read from vLLM's source "
+                        f"({', '.join(VLLM_CAPTURE)}); "
                         f"Llama's capture is assumed")
     if not _at_least(v, first):
         errors.append(f"vLLM {v} has no EAGLE-3 capture for {arch}"
                       + (f" (from {first})" if first else " in any release read (up to "
                          f"{VLLM_NEWEST_READ})"))
         return WiringResult(engine=f"vllm=={v}" if version else "vllm", version=version, arch=arch,
-                            num_layers=num_layers, served_layout=(), layers_to_capture=[], ids_used=chosen.ids,
-                            ids_source=chosen.source, errors=errors, warnings=warnings)
+                            num_layers=num_layers, served_layout=(), layers_to_capture=[],
+                            ids_used=chosen.ids, ids_source=chosen.source, errors=errors, warnings=warnings)
     captured = set()
     for i in sorted(set(used)):
         if i < 0:
             errors.append(f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)")
         elif i == num_layers and not _at_least(v, final_from):
-            errors.append(f"vLLM {v} captures {arch} before each layer, so id {num_layers} (the final boundary) "
+            errors.append(f"vLLM {v} captures {arch} before each layer, "
+                          f"so id {num_layers} (the final boundary) "
                           f"is never captured (from {final_from} it is): fewer features than fc slots")
         elif i == 0 and zero_crashes:
             errors.append(f"vLLM {v}'s {arch} capture adds the residual, which is still None before layer 0: "
@@ -376,7 +393,33 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
                         errors=errors, warnings=warnings)
 
 
-def engine_fc_slots(cfg: dict, engine: str) -> tuple[int, str]:
+def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
+                   cfg: dict | None) -> WiringResult:
+    """TensorRT-LLM: ``eagle3_layers_to_capture`` name layer outputs (each layer captures after its MLP),
+    so id k is boundary k + 1; ``-1`` is the final state after the norm, which no boundary is
+    (_torch/speculative/eagle3.py, save_hidden_state.py; documented, not read from a wheel)."""
+    warnings: list[str] = []
+    chosen = DraftIds(check_ids(ids, num_layers - 1), IdsAt.EXPLICIT) if ids is not None else (
+        engine_ids(cfg, "trtllm") if cfg is not None else DraftIds(None, IdsAt.NONE))
+    warnings += chosen.warnings
+    used = chosen.ids if chosen.ids is not None else [1, num_layers // 2 - 1, num_layers - 4]
+    errors = []
+    if -1 in used:
+        errors.append("id -1 is TensorRT-LLM's final state after the norm: a feature no boundary is, "
+                      "so only a draft trained on that post-norm state (TRT-LLM's own SaveHiddenStates "
+                      "with -1 listed) can use it")
+    if len(set(used)) != len(used):
+        errors.append(f"ids {used} repeat a layer; the draft's fc would get fewer features than slots")
+    served = tuple(sorted({k + 1 for k in used if k >= 0}))
+    ltc = sorted(k for k in used if k >= 0) + ([-1] if -1 in used else [])   # TRT-LLM moves -1 to the end
+    return WiringResult(engine="trtllm" + (f"=={version}" if version else ""), version=version, arch=arch,
+                        num_layers=num_layers, served_layout=served, layers_to_capture=ltc,
+                        ids_used=chosen.ids, ids_source=chosen.source, errors=errors,
+                        warnings=warnings + ["TensorRT-LLM rule from docs/conventions.md; not read from its "
+                                             "source"])
+
+
+def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.
 
     The engine builds ``fc`` from the config before loading weights, so a checkpoint whose fc is
@@ -386,10 +429,13 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int, str]:
     """
     name, version = parse_engine(engine)
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if name == "trtllm":
+        return None, "TensorRT-LLM's fc sizing is not recorded here"
     if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
         return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
     if name == "vllm" and not _at_least(version, VLLM_FC_FROM_CONFIG):
-        return 3, f"vllm {version} llama_eagle3 builds fc for 3 states (from the config from {VLLM_FC_FROM_CONFIG})"
+        return 3, (f"vllm {version} llama_eagle3 builds fc for 3 states "
+                   f"(from the config from {VLLM_FC_FROM_CONFIG})")
     if isinstance(cfg.get("num_aux_hidden_states"), int):
         return cfg["num_aux_hidden_states"], "num_aux_hidden_states"
     if isinstance(nested.get(IDS_KEY), list):
@@ -415,7 +461,8 @@ def honours_norm_before_residual(engine: str) -> bool:
 
 
 def sets_norm_before_residual(cfg: dict) -> bool:
-    layer = cfg.get("transformer_layer_config") if isinstance(cfg.get("transformer_layer_config"), dict) else {}
+    layer = (cfg.get("transformer_layer_config")
+             if isinstance(cfg.get("transformer_layer_config"), dict) else {})
     return bool(cfg.get("norm_before_residual") or layer.get("norm_before_residual"))
 
 
@@ -432,12 +479,14 @@ def sglang_format_warnings(cfg: dict, knows_speculators: bool | None = None) -> 
     if is_speculators_format(cfg) and not knows_speculators:
         archs = [str(a) for a in cfg.get("architectures") or []]
         out.append(f"speculators-format draft ({', '.join(archs) or cfg.get('speculators_model_type')}): "
-                   + ("this SGLang version registers no such architecture; " if knows_speculators is False else "")
+                   + ("this SGLang version registers no such architecture; "
+                      if knows_speculators is False else "")
                    + f"to serve it, the config needs architectures {SGLANG_DRAFT_ARCH} with the ids in "
                    "eagle_config, and the weights layers.0.* renamed midlayer.* (SGLang's llama_eagle3 "
                    "load_weights skips names it does not know, without an error)")
     if sets_norm_before_residual(cfg):
-        out.append("the draft was trained with norm_before_residual=true; SGLang's llama_eagle3 always keeps the "
+        out.append("the draft was trained with norm_before_residual=true; "
+                   "SGLang's llama_eagle3 always keeps the "
                    "raw hidden input as the residual, so it runs a different forward than training did")
     return out
 

@@ -81,7 +81,8 @@ def sglang_releases() -> list[str]:
         listed = released_versions("sglang")
     except PackageIndexUnreachable:
         root = ss.cache_root()
-        listed = sorted((p.name for p in root.iterdir() if (p / ".complete").is_file()) if root.is_dir() else [],
+        listed = sorted((p.name for p in root.iterdir() if (p / ".complete").is_file())
+                        if root.is_dir() else [],
                         key=version_tuple)
     return [v for v in listed if version_tuple(v) >= version_tuple(FIRST_EAGLE3)]
 
@@ -110,8 +111,8 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
            versions: Sequence[str] | None = None, progress: bool = True) -> list[MatrixRow]:
     """One row per release: what it serves ``arch`` with ``num_layers`` layers for these ids."""
     rows = []
-    for v in tqdm(list(versions if versions is not None else sglang_releases()), desc=f"SGLang releases, {arch}",
-                  disable=not progress, mininterval=1.0):
+    for v in tqdm(list(versions if versions is not None else sglang_releases()),
+                  desc=f"SGLang releases, {arch}", disable=not progress, mininterval=1.0):
         try:
             r = resolve(f"sglang=={v}", arch, num_layers, ids=ids, draft=draft)
         except ss.UnknownArchitectureError:
@@ -143,11 +144,13 @@ def runs(rows: Sequence[MatrixRow]) -> list[Run]:
 
 
 def format_runs(arch: str, num_layers: int, ids, found: Sequence[Run]) -> str:
-    lines = [f"SGLang releases serving {arch} (L={num_layers}) with ids {ids if ids is not None else 'none'}:"]
+    lines = [f"SGLang releases serving {arch} (L={num_layers}) "
+             f"with ids {ids if ids is not None else 'none'}:"]
     for r in found:
         span = r.first if r.first == r.last else f"{r.first} .. {r.last}"
         served = f"{r.served} {layout_label(r.served, num_layers)}" if r.served else "nothing"
-        lines.append(f"  {span:<26} ({r.releases:>2})  {r.status:<30} layers_to_capture {r.layers_to_capture}  "
+        lines.append(f"  {span:<26} ({r.releases:>2})  {r.status:<30} "
+                     f"layers_to_capture {r.layers_to_capture}  "
                      f"-> {served}")
     return "\n".join(lines)
 

@@ -93,13 +93,15 @@ TRAINERS: tuple[TrainerRule, ...] = (
                      "boundary N//2 + 1; state the ids your run used with --train-ids"),
     TrainerRule("specforge-sglang", None, None, "engine", lambda n: [1, n // 2 - 1, n - 4], False,
                 IdsAt.EAGLE_CONFIG,
-                "SpecForge SGLang backend (offline_capture/sglang_backend/capture.py, 0.2.0) calls the target's "
+                "SpecForge SGLang backend (offline_capture/sglang_backend/capture.py, 0.2.0) "
+                "calls the target's "
                 "set_eagle3_layers_to_capture: the boundaries are whatever that SGLang release captures",
                 package="specforge", default_file="specforge/algorithms/model_providers.py",
                 note="the version given is the SGLang release the capture ran on"),
     TrainerRule("eagle", None, None, "fixed", _half, False, IdsAt.NONE,
                 "EAGLE reference eagle/model/modeling_llama_kv.py and traineagle3/modeling_llama_kv.py: "
-                "`if idx == len(self.layers) - 3 or idx == len(self.layers) // 2 or idx == 2` before the layer",
+                "`if idx == len(self.layers) - 3 or idx == len(self.layers) // 2 or idx == 2` "
+                "before the layer",
                 note="the three boundaries are hard-coded; ids cannot be chosen"),
     TrainerRule("trtllm", None, None, "output", lambda n: [1, n // 2 - 1, n - 4], False, IdsAt.NONE,
                 "TensorRT-LLM _torch/speculative/eagle3.py (_get_eagle3_default_capture_layers), "
@@ -146,12 +148,15 @@ def parse_trainer(spec: str) -> tuple[str, str | None]:
     name, version = name.strip(), version.strip() or None
     known = sorted({r.name for r in TRAINERS})
     if name not in known:
-        raise BadOption(f"unknown trainer {spec!r}; expected one of {', '.join(known)} (optionally ==VERSION)")
+        raise BadOption(f"unknown trainer {spec!r}; expected one of {', '.join(known)} "
+                        f"(optionally ==VERSION)")
     if name.startswith("speculators") and version is None:
-        raise BadOption("speculators changed its numbering at 0.5.0 (layer outputs before, vLLM boundaries after): "
+        raise BadOption("speculators changed its numbering at 0.5.0 "
+                        "(layer outputs before, vLLM boundaries after): "
                         "name the release, e.g. speculators==0.4.0")
     if name == "specforge-sglang" and version is None:
-        raise BadOption("specforge-sglang captures through SGLang's setter: give the SGLang release it ran on, "
+        raise BadOption("specforge-sglang captures through SGLang's setter: "
+                        "give the SGLang release it ran on, "
                         "e.g. specforge-sglang==0.5.9")
     return name, version
 
@@ -163,8 +168,8 @@ def rule_for(name: str, version: str | None) -> TrainerRule:
     raise BadOption(f"no {name} rule covers release {version}")
 
 
-def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None = None, *, arch: str | None = None,
-                   read_source: bool = True) -> TrainerResult:
+def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None = None, *,
+                   arch: str | None = None, read_source: bool = True) -> TrainerResult:
     """The boundaries ``spec``'s data generation captured for ``train_ids`` (or its defaults)."""
     name, version = parse_trainer(spec)
     n = check_num_layers(num_layers)
@@ -173,8 +178,8 @@ def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None =
         raise BadOption(f"{name} {version}: {rule.read_from}; {rule.note}")
     if rule.meaning == "fixed" and train_ids is not None:
         raise BadOption(f"{name} captures fixed boundaries {tuple(_half(n))} ({rule.note}); drop --train-ids")
-    out = TrainerResult(name, version, n, f"{rule.name} {rule.versions}: {rule.meaning}", None, IdsAt.NONE, [],
-                        None, rule.writes_ids, rule.read_from)
+    out = TrainerResult(name, version, n, f"{rule.name} {rule.versions}: {rule.meaning}", None,
+                        IdsAt.NONE, [], None, rule.writes_ids, rule.read_from)
     default = rule.default(n)
     if read_source and rule.package:
         own = SPECFORGE_READ if name == "specforge-sglang" or version is None else version
@@ -188,10 +193,11 @@ def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None =
     out.captured = _captured(rule, ids, n, arch, version, out)
     slots = out.captured[:-1] if rule.drops_last else list(out.captured)
     if rule.drops_last and out.captured:
-        out.warnings.append(f"the last captured state ({_name(out.captured[-1], n)}) is the verifier's target, not "
-                            f"an fc slot")
+        out.warnings.append(f"the last captured state ({_name(out.captured[-1], n)}) "
+                            f"is the verifier's target, not an fc slot")
     if POST_NORM in slots:
-        out.errors.append("a slot was trained on the final state after the norm (TRT-LLM's -1): no engine serves "
+        out.errors.append("a slot was trained on the final state after the norm (TRT-LLM's -1): "
+                          "no engine serves "
                           "that state as a feature, so the draft must be retrained on boundaries")
     if slots and POST_NORM not in slots:
         out.training_layout = tuple(slots)
@@ -220,7 +226,8 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
         low = -1 if rule.name in ("trtllm", "speculators") else 0
         bad = [i for i in ids if not low <= i <= n - 1]
         if bad:
-            raise WiringError(f"{rule.name} ids name layer outputs {low}..{n - 1} for {n} layers; {bad} is outside")
+            raise WiringError(f"{rule.name} ids name layer outputs {low}..{n - 1} for {n} layers; "
+                              f"{bad} is outside")
         if rule.name == "trtllm":
             return [POST_NORM if i == -1 else i + 1 for i in ids]
         return [i + 1 for i in ids]   # speculators' -1 (a patched pipeline's embedding) lands on boundary 0
@@ -243,7 +250,8 @@ def _confirm_from_source(rule: TrainerRule, version: str | None, n: int, documen
     except UnknownPackageVersion:
         raise
     except (PackageSourceError, CacheError, OSError) as exc:
-        out.warnings.append(warn_once(f"{rule.package} {version}: source could not be read ({one_line(exc)[:200]}); "
+        out.warnings.append(warn_once(f"{rule.package} {version}: source could not be read "
+                                      f"({one_line(exc)[:200]}); "
                                       f"the documented rule is used"))
         return documented
     found = default_ids_in(root / rule.default_file, n) if rule.default_file else None
@@ -261,7 +269,8 @@ def _confirm_from_source(rule: TrainerRule, version: str | None, n: int, documen
             out.source_lines.append({"file": rule.capture_file, "line": line, "text": text})
             if where != "after":
                 out.errors.append(f"{rule.package} {version} captures {where} the layer runs "
-                                  f"({rule.capture_file}:{line}), not after as this rule says: the ids would name "
+                                  f"({rule.capture_file}:{line}), not after as this rule says: "
+                                  f"the ids would name "
                                   f"boundaries, not layer outputs")
     return ids
 
@@ -280,7 +289,8 @@ def default_ids_in(path: Path, n: int) -> tuple[list[int], int, str] | None:
         if len(names) != 1 or not halves:
             continue
         try:
-            value = eval(compile(ast.Expression(node), str(path), "eval"), {"__builtins__": {}}, {names.pop(): n})
+            value = eval(compile(ast.Expression(node), str(path), "eval"), {"__builtins__": {}},
+                         {names.pop(): n})
         except Exception:
             continue
         if isinstance(value, list) and all(isinstance(v, int) for v in value):

@@ -60,8 +60,8 @@ def fetch(package: str, version: str, folders: Sequence[str]) -> Path:
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CacheError(f"cannot write the source cache {base} ({exc.strerror}); set {CACHE_ENV} to a writable "
-                         f"folder") from None
+        raise CacheError(f"cannot write the source cache {base} ({exc.strerror}); "
+                         f"set {CACHE_ENV} to a writable folder") from None
     with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
         wheel = _download(package, version, Path(tmp))
         staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))

@@ -20,6 +20,7 @@ from .conventions import (
     ids_in_config,
     parse_engine,
     read_draft_config,
+    resolve_trtllm,
     resolve_vllm,
     sglang_documented_layout,
     vllm_ids_to_boundaries,
@@ -46,6 +47,8 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
     cfg = read_draft_config(draft) if draft is not None else None
     if name == "vllm":
         return resolve_vllm(version, arch, num_layers, ids, cfg)
+    if name == "trtllm":
+        return resolve_trtllm(version, arch, num_layers, ids, cfg)
     src = source or source_for(version, root)
     if version is not None and src.version not in (version, "unknown"):
         raise WiringError(f"engine asks for sglang {version} but the source given is sglang {src.version}")

@@ -102,9 +102,11 @@ def _other_modes(args) -> int | None:
         return 1 if res.errors else 0
     arch, layers = _target_arch_and_layers(args, target_cfg)
     ids = cli.parse_int_list(args.ids, "--ids") if args.ids is not None else None
-    found = runs(matrix(arch, layers, ids, draft=args.draft, versions=_versions(args), progress=not args.json))
+    found = runs(matrix(arch, layers, ids, draft=args.draft, versions=_versions(args),
+                        progress=not args.json))
     if args.json:
-        print_json({"arch": arch, "num_layers": layers, "ids": ids, "runs": [r.to_dict() for r in found]}, indent=2)
+        print_json({"arch": arch, "num_layers": layers, "ids": ids, "runs": [r.to_dict() for r in found]},
+                   indent=2)
     else:
         print(format_runs(arch, layers, ids, found))
     return 0
@@ -136,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return other
         target_cfg = read_target_config(args.target) if args.target is not None else None
         arch, layers = _target_arch_and_layers(args, target_cfg)
-        ids = (cli.parse_int_list(args.ids, "--ids", empty_hint=", or omit --ids to use the engine's default ids")
+        ids = (cli.parse_int_list(args.ids, "--ids",
+                                  empty_hint=", or omit --ids to use the engine's default ids")
                if args.ids is not None else None)
         result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
                          target_config=target_cfg)

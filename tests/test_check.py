@@ -103,8 +103,9 @@ def test_vllm_pr_50170_no_ids_falls_back_silently(tmp_path):
 def test_vllm_pr_43671_sglang_trained_draft_on_vllm(tmp_path):
     """Trained through SGLang's +1 (SpecForge's SGLang backend, ids [1, 15, 28] -> boundaries
     (2, 16, 29)), then served by vLLM with the same numbers written top-level: off by one."""
-    r = check(_draft(tmp_path, "d", top=[1, 15, 28]), "vllm", target=_target(tmp_path, "LlamaForCausalLM", 32),
-              trainer="specforge-sglang==0.5.9", train_ids=[1, 15, 28])
+    r = check(_draft(tmp_path, "d", top=[1, 15, 28]), "vllm",
+              target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="specforge-sglang==0.5.9",
+              train_ids=[1, 15, 28])
     assert r.training_layout == (2, 16, 29) and r.served_layout == (1, 15, 28) and r.exit_code == 1
     assert "[2, 16, 29] in top-level" in next(p.fix for p in r.problems if p.kind == "layout-mismatch")
 
@@ -126,7 +127,8 @@ def test_speculators_0_4_features_are_layer_outputs(tmp_path):
     r = check(_draft(tmp_path, "d"), "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 32),
               trainer="speculators==0.4.0")
     assert r.training_layout == (3, 17, 30) and r.served_layout == (2, 16, 29) and r.exit_code == 1
-    assert "write ids [2, 16, 29] in eagle_config" in next(p.fix for p in r.problems if p.kind == "layout-mismatch")
+    assert "write ids [2, 16, 29] in eagle_config" in next(p.fix for p in r.problems
+                                                           if p.kind == "layout-mismatch")
 
 
 def test_specforge_middle_id_n_over_2(tmp_path):
@@ -181,8 +183,8 @@ def test_unknown_training_layout_says_what_settles_it(tmp_path):
 
 def test_embedded_pair_names_the_bug_and_both_fixes_quickly(capsys):
     start = time.perf_counter()
-    code = cli(["check", "--draft", str(REPO / "data/tiny-kimi/draft"), "--target", str(REPO / "data/tiny-kimi/target"),
-                "--engine", "sglang==0.5.9"])
+    code = cli(["check", "--draft", str(REPO / "data/tiny-kimi/draft"),
+                "--target", str(REPO / "data/tiny-kimi/target"), "--engine", "sglang==0.5.9"])
     elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
     assert code == 1 and "MISMATCH" in out and "(3, 7, 10)" in out and "(0, 3, 7)" in out
@@ -197,9 +199,12 @@ def test_embedded_pair_names_the_bug_and_both_fixes_quickly(capsys):
     (["--engine", "sglang==0.5.9"], "--draft DIR is required"),
     (["--draft", "D", "--engine", "sglang==0.5.9"], "--target DIR or --target-config"),
     (["--draft", "D", "--target", "T", "--engine", "tgi"], "unknown engine"),
-    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--trainer", "axolotl"], "unknown trainer"),
-    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--train-ids", "1,2"], "goes with --trainer"),
-    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--algorithm", "MEDUSA"], "EAGLE3 or EAGLE"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--trainer", "axolotl"],
+     "unknown trainer"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--train-ids", "1,2"],
+     "goes with --trainer"),
+    (["--draft", "D", "--target", "T", "--engine", "sglang==0.5.9", "--algorithm", "MEDUSA"],
+     "EAGLE3 or EAGLE"),
 ])
 def test_bad_input_exit_2(tmp_path, capsys, argv, message):
     argv = [str(_target(tmp_path, "LlamaForCausalLM", 12)) if a == "T" else

@@ -149,11 +149,16 @@ def test_parse_engine():
 
 
 def test_sglang_documented_layout_by_version():
-    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.9", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (3, 7, 10)
-    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (2, 6, 9)
-    assert sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [1, 5, 8], IdsAt.EAGLE_CONFIG, L)[0] == (2, 6, 9)
-    assert sglang_documented_layout("LlamaForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0] == (3, 7, 10)
-    assert sglang_documented_layout("LlamaForCausalLM", "0.5.9", [0, 3, 7], IdsAt.TOP_LEVEL, L)[0] == (2, 6, 9)
+    assert (sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.9", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0]
+            == (3, 7, 10))
+    assert (sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0]
+            == (2, 6, 9))
+    assert (sglang_documented_layout("DeepseekV3ForCausalLM", "0.5.23", [1, 5, 8], IdsAt.EAGLE_CONFIG, L)[0]
+            == (2, 6, 9))
+    assert (sglang_documented_layout("LlamaForCausalLM", "0.5.23", [2, 6, 9], IdsAt.EAGLE_CONFIG, L)[0]
+            == (3, 7, 10))
+    assert (sglang_documented_layout("LlamaForCausalLM", "0.5.9", [0, 3, 7], IdsAt.TOP_LEVEL, L)[0]
+            == (2, 6, 9))
 
 
 def test_norm_before_residual_policy():
@@ -180,7 +185,8 @@ def test_read_draft_config_errors(tmp_path):
 
 def test_read_target_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["KimiK25ForConditionalGeneration"],
-                                                      "text_config": {"num_hidden_layers": 61, "hidden_size": 7168}}))
+                                                      "text_config": {"num_hidden_layers": 61,
+                                                                      "hidden_size": 7168}}))
     cfg = read_target_config(tmp_path)
     assert cfg["num_hidden_layers"] == 61 and cfg["hidden_size"] == 7168
     (tmp_path / "config.json").write_text(json.dumps(NESTED))

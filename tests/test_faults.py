@@ -26,6 +26,7 @@ from helpers import errors
 from helpers.__main__ import main as cli
 from helpers.sglang import patch as ps
 from helpers.sglang import source as ss
+from helpers.wiring import served_plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -123,7 +124,7 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
 
     from helpers import diagnose as dg
     from helpers.engine import speculative_generate
-    from helpers.pair import eval_captures, load_pair, served_plan
+    from helpers.pair import eval_captures, load_pair
 
     p = load_pair(pair / "target", pair / "draft")
     caps = eval_captures(p, max_windows=2)
@@ -137,7 +138,7 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
     with pytest.raises(errors.NonFiniteResult, match="not a finite number"):
         dg.diagnose(p, caps, "sglang==0.5.9", progress=False)
     with pytest.raises(errors.NonFiniteResult, match="NaN/Inf"):
-        speculative_generate(p.target, p.draft, served_plan(p), torch.tensor([5, 6, 7]), 4, 2)
+        speculative_generate(p.target, p.draft, p.served(), torch.tensor([5, 6, 7]), 4, 2)
 
 
 def test_strict_json_has_no_nan():
@@ -212,14 +213,11 @@ def test_unwritable_cache_in_bench_falls_back_with_one_warning(pair, monkeypatch
     warnings = [l for l in err.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1
     assert "sglang==0.5.9" in warnings[0] and "/proc/x" in warnings[0] and "rule" in warnings[0]
-    assert any(n == f"warning: {warnings[0].removeprefix('warning: ')}"
-               for n in json.loads(out)["engine_notes"])
+    assert warnings[0].removeprefix("warning: ") in json.loads(out)["engine_notes"]
 
 
 def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path):
     """No index answers (pip lists no versions at all) and nothing is cached: the rule is used, and said."""
-    from helpers.pair import resolve_plan
-
     monkeypatch.setenv(ss.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(ss, "_pip_download", lambda *a, **k: subprocess.CompletedProcess(
         a, 1, "",
@@ -227,13 +225,13 @@ def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path
     errors._said.clear()
     cfg = {"architectures": ["LlamaForCausalLMEagle3"],
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
-    plan = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
-    plan2 = resolve_plan("sglang==0.5.8", "DeepseekV3ForCausalLM", 12, cfg)
+    plan = served_plan(cfg, 12, "DeepseekV3ForCausalLM", "sglang==0.5.8")
+    plan2 = served_plan(cfg, 12, "DeepseekV3ForCausalLM", "sglang==0.5.8")
     err = capsys.readouterr().err
     assert plan.layout == plan2.layout == (3, 7, 10)
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: sglang==0.5.8: engine source could not be read")
-    assert "id + 1" in lines[0] and plan.notes[0].startswith("warning:")
+    assert "id + 1" in lines[0] and plan.warnings[0] == lines[0].removeprefix("warning: ")
     assert not (tmp_path / "cache" / "sglang" / "0.5.8").exists()
 
 

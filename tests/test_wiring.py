@@ -213,7 +213,8 @@ def _cited_lines_are_real(src, version, r):
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
 @pytest.mark.parametrize("arch", ["Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"])
 def test_qwen_moe_flag_capture_is_resolved(src, version, arch):
-    # the audit's command: `wiring --engine sglang==0.5.9 --arch Qwen3MoeForCausalLM --layers 48 --ids 1,23,44`
+    # the audit's command:
+    # `wiring --engine sglang==0.5.9 --arch Qwen3MoeForCausalLM --layers 48 --ids 1,23,44`
     r = _resolve48(src, version, arch, [1, 23, 44])
     assert (r.layers_to_capture, r.served_layout, r.errors) == ([2, 24, 45], (2, 24, 45), [])
     # boundary 0 works without a patch: the communicator / layer boundary starts the residual
@@ -308,7 +309,8 @@ def test_gemma3_0523_captures_branches_not_boundaries(src):
     # gemma3_causal.py 0.5.23: `if i in self.layers_to_capture: aux_hidden_states.append(hidden_states)`
     # while the loop does `hidden_states, residual = layer(...)`: past layer 0 that is the MLP branch
     c = inspect_model("Gemma3ForCausalLM", source=src["0.5.23"]).capture
-    assert c.style == "inline-hidden-only" and c.split_residual.text.startswith("hidden_states, residual = layer(")
+    assert (c.style == "inline-hidden-only"
+            and c.split_residual.text.startswith("hidden_states, residual = layer("))
     r = _resolve48(src, "0.5.23", "Gemma3ForCausalLM", [-1, 23, 44])
     assert r.served_layout == (0, 24, 45)
     assert any("capture indices [24, 45] are not boundaries" in e for e in r.errors), r.errors
@@ -324,8 +326,9 @@ def test_super_forward_is_followed(src):
     assert any("--arch TeleFLMForCausalLM" in e for e in r.errors), r.errors
 
 
-@pytest.mark.parametrize("arch", ["Qwen3VLForConditionalGeneration", "Qwen3_5ForCausalLM", "MiniMaxM3SparseForCausalLM",
-                                  "MellumForCausalLM", "Gemma4ForConditionalGeneration"])
+@pytest.mark.parametrize("arch", ["Qwen3VLForConditionalGeneration", "Qwen3_5ForCausalLM",
+                                  "MiniMaxM3SparseForCausalLM", "MellumForCausalLM",
+                                  "Gemma4ForConditionalGeneration"])
 def test_0523_builders_and_wrappers_resolve(src, arch):
     # the inner model comes from an __init__ default (language_model_cls=), a class attribute
     # (body_cls = qwen3_5.Qwen3_5ForCausalLM), or the setter reads config.text_config (gemma4_mm)
@@ -334,14 +337,16 @@ def test_0523_builders_and_wrappers_resolve(src, arch):
     assert not any("recognise" in w for w in r.warnings)
 
 
-@pytest.mark.parametrize("version, arch", [("0.5.9", "LlamaForCausalLMEagle3"), ("0.5.23", "DeepseekV3ForCausalLMNextN")])
+@pytest.mark.parametrize("version, arch", [("0.5.9", "LlamaForCausalLMEagle3"),
+                                           ("0.5.23", "DeepseekV3ForCausalLMNextN")])
 def test_draft_heads_say_they_are_not_targets(src, version, arch):
     r = _resolve48(src, version, arch, [1, 23, 44])
     assert r.served_layout == () and len(r.errors) == 1
     assert "never captures" in r.errors[0] and "draft/MTP head" in r.errors[0]
 
 
-@pytest.mark.parametrize("version, arch", [("0.5.9", "MixtralForCausalLM"), ("0.5.23", "MindSporeForCausalLM")])
+@pytest.mark.parametrize("version, arch", [("0.5.9", "MixtralForCausalLM"),
+                                           ("0.5.23", "MindSporeForCausalLM")])
 def test_no_setter_or_no_owner_is_one_error(src, version, arch):
     r = _resolve48(src, version, arch, [1, 23, 44])
     assert r.served_layout == () and r.layers_to_capture == []
@@ -365,7 +370,8 @@ def test_top_level_ids_are_ignored_by_sglang(src):
 
 def test_nested_ids_from_a_draft_folder(src, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}))
+        {"architectures": ["LlamaForCausalLMEagle3"],
+         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}))
     r = _resolve(src, "0.5.9", "DeepseekV3ForCausalLM", draft=tmp_path)
     assert (r.ids_source, r.ids_used, r.served_layout) == ("eagle_config", [2, 6, 9], (3, 7, 10))
 
@@ -389,20 +395,24 @@ def test_speculators_draft_and_norm_flag_are_flagged_for_sglang(src):
     assert "registers no such architecture" in text and "midlayer" in text
     assert "norm_before_residual" in text and "ignores them" in text
     plain = _resolve(src, "0.5.9", "LlamaForCausalLM",
-                     draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}})
+                     draft={"architectures": ["LlamaForCausalLMEagle3"],
+                            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}})
     assert not any("speculators" in w or "norm_before" in w for w in plain.warnings)
 
 
 def test_vllm_rule():
-    both = {"eagle_aux_hidden_state_layer_ids": [7, 0, 3], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
+    both = {"eagle_aux_hidden_state_layer_ids": [7, 0, 3],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
     top = wiring.resolve("vllm==0.33.0", "LlamaForCausalLM", L, draft=both)
     assert (top.ids_source, top.served_layout, top.errors) == ("top-level", (0, 3, 7), [])
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}}
-    # the V1 runner reads eagle_config's ids from 0.22.0; Llama moved to the V2 runner (which never does) in 0.23.0
+    # the V1 runner reads eagle_config's ids from 0.22.0;
+    # Llama moved to the V2 runner (which never does) in 0.23.0
     v1 = wiring.resolve("vllm==0.22.0", "LlamaForCausalLM", L, draft=nested)
     assert (v1.ids_source, v1.served_layout, v1.errors) == ("eagle_config", (2, 6, 12), [])
     v2 = wiring.resolve("vllm==0.23.0", "LlamaForCausalLM", L, draft=nested)
-    assert (v2.ids_source, v2.served_layout) == ("none", (2, 6, 9)) and any("ignores" in w for w in v2.warnings)
+    assert ((v2.ids_source, v2.served_layout) == ("none", (2, 6, 9))
+            and any("ignores" in w for w in v2.warnings))
     # before 0.11.1 no release reads draft ids at all
     old = wiring.resolve("vllm==0.10.2", "LlamaForCausalLM", L, draft=both)
     assert (old.ids_source, old.served_layout) == ("none", (2, 6, 9))
@@ -410,8 +420,10 @@ def test_vllm_rule():
     assert wiring.resolve("vllm==0.17.1", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
     assert not wiring.resolve("vllm==0.18.0", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
     assert wiring.resolve("vllm==0.24.0", "DeepseekV3ForCausalLM", L, ids=[2, 6, 12]).errors
-    assert wiring.resolve("vllm==0.25.0", "DeepseekV3ForCausalLM", L, ids=[0, 6, 12]).errors   # id 0 still fails
-    assert wiring.resolve("vllm==0.33.0", "Glm4MoeForCausalLM", L).errors                     # no EAGLE-3 at all
+    # id 0 still fails
+    assert wiring.resolve("vllm==0.25.0", "DeepseekV3ForCausalLM", L, ids=[0, 6, 12]).errors
+    # no EAGLE-3 at all
+    assert wiring.resolve("vllm==0.33.0", "Glm4MoeForCausalLM", L).errors
     default = wiring.resolve("vllm", "LlamaForCausalLM", L)
     assert (default.ids_source, default.served_layout) == ("none", (2, 6, 9))
     assert wiring.resolve("vllm", "X", L, ids=[-1, 2, 6]).errors
@@ -494,7 +506,8 @@ def test_cli_json_and_exit_codes(src, capsys, tmp_path):
     code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--target", str(tmp_path), "--ids", "2,6,9",
                         "--json", "--sglang-root", root)
     d = json.loads(out)
-    assert code == 0 and d["arch"] == "LlamaForCausalLM" and d["served_layout"] == [3, 7, 10] and d["errors"] == []
+    assert (code == 0 and d["arch"] == "LlamaForCausalLM" and d["served_layout"] == [3, 7, 10]
+            and d["errors"] == [])
     code, out, _ = _cli(capsys, "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM", "--layers", "12",
                         "--sglang-root", root)
     assert code == 0 and "served layout     : (2, 6, 9)" in out
@@ -507,8 +520,10 @@ def test_cli_json_and_exit_codes(src, capsys, tmp_path):
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--draft", "/nonexistent/draft"], "not found"),
     (["--bogus"], "unrecognized"),
     # an empty or gappy id list is a typo, never a request for the defaults
-    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", ""], "omit --ids to use the engine's default"),
-    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids="], "omit --ids to use the engine's default"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", ""],
+     "omit --ids to use the engine's default"),
+    (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids="],
+     "omit --ids to use the engine's default"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,,2"], "'1,,2' has an empty field"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,2,"], "'1,2,' has an empty field"),
     (["--engine", "vllm", "--arch", "X", "--layers", "12", "--ids", "1,x,2"], "'x' is not an integer"),

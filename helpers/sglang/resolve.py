@@ -102,9 +102,9 @@ def resolve_sglang(src: SglangSource, arch: str, num_layers: int, ids: Sequence[
         chosen = DraftIds(None, IdsAt.NONE)
     warnings.extend(chosen.warnings)
     errors = list(wiring.errors)
-    result = WiringResult(engine=f"sglang=={src.version}", version=src.version, arch=arch, num_layers=num_layers,
-                          served_layout=(), layers_to_capture=[], ids_used=chosen.ids, ids_source=chosen.source,
-                          errors=errors, warnings=warnings)
+    result = WiringResult(engine=f"sglang=={src.version}", version=src.version, arch=arch,
+                          num_layers=num_layers, served_layout=(), layers_to_capture=[], ids_used=chosen.ids,
+                          ids_source=chosen.source, errors=errors, warnings=warnings)
     if not wiring.setters or wiring.owner is None:
         # nothing to run: the one error from the inspector says why, and a stub run would
         # only add a 'could not run' echo of it
@@ -227,12 +227,14 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
             f"layer's output branch without the residual stream (boundary b is hidden_states + residual); "
             f"only index 0, before any residual exists, is the boundary it names")
     if 0 in captured and capture.style == CaptureStyle.UNKNOWN:
-        why = capture.notes[-1] if capture.notes else f"the capture at {capture.file}:{capture.line} is not one the workbook recognises"
+        why = (capture.notes[-1] if capture.notes
+               else f"the capture at {capture.file}:{capture.line} is not one the workbook recognises")
         errors.append(f"boundary 0 (embedding output) is not verified for sglang {src.version}: {why}")
     if 0 in captured and capture.boundary0_hazard:
         add, rn, fr = capture.unguarded_add, capture.residual_none, capture.first_rank
         errors.append(
-            f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: on the first "
+            f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: "
+            f"on the first "
             f"pipeline rank `residual` is None before layer 0 ({rn.file}:{rn.line}"
             + (f", under `{fr.text}`" if fr else "") + f") and {add.file}:{add.line} evaluates "
             f"`{add.text}` -> TypeError on the first forward")
