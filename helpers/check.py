@@ -32,7 +32,7 @@ from .conventions import (
     sets_norm_before_residual,
     vllm_reads,
 )
-from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, print_json, read_json_file
+from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, read_json_file
 from .sglang import source as ss
 from .trainers import TrainerResult, parse_trainer, trainer_layout
 from .wheels import PackageSourceError
@@ -430,8 +430,5 @@ def main(argv: Sequence[str] | None = None) -> int:
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
-    if args.json:
-        print_json(report.to_dict(), indent=2)
-    else:
-        print(format_report(report))
+    cli.emit(report, args.json, format_report)
     return report.exit_code

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .conventions import DEFAULT_ENGINE
-from .errors import BadOption, one_line
+from .errors import BadOption, one_line, print_json
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -46,6 +46,14 @@ def add_pair_args(p: argparse.ArgumentParser, *,
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     if json:
         p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+
+
+def emit(result, as_json: bool, text) -> None:
+    """``--json``: the result's ``to_dict()`` as one strict JSON document; otherwise ``text(result)``."""
+    if as_json:
+        print_json(result.to_dict(), indent=2)
+    else:
+        print(text(result))
 
 
 def glue_option_values(argv: list[str], *options: str) -> list[str]:

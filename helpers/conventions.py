@@ -1,11 +1,12 @@
-"""What each engine and trainer reads from a draft and does with it: the one home of every rule.
+"""What each engine reads from a draft and does with it: the one home of every engine rule.
 
-A wiring bug is two conventions disagreeing, so each convention is written down exactly once,
-here, and every other module asks this one. SGLang is the exception that proves the rule: its
-id-to-layer step is not restated at all but run from each release's own source
-(``helpers.sglang``); what lives here for SGLang is only what surrounds that step (where the ids
-sit in the config, the fallback used when no source can be read, the forward flags it ignores).
-``docs/conventions.md`` says where and at which version each rule was read.
+A wiring bug is two conventions disagreeing, so each convention is written down exactly once:
+here (engines, config keys) or in ``helpers.trainers`` (trainers), and every other module asks.
+SGLang is the exception that proves the rule: its id-to-layer step is not restated at all but run
+from each release's own source (``helpers.sglang``); what lives here for SGLang is only what
+surrounds that step (where the ids sit in the config, the fallback used when no source can be
+read, the forward flags it ignores). ``docs/conventions.md`` says where and at which release each
+rule was read.
 """
 from __future__ import annotations
 
@@ -267,6 +268,13 @@ def sglang_plus_one(ids: Sequence[int]) -> Layout:
     return tuple(sorted(i + 1 for i in ids))
 
 
+def layer_outputs_to_boundaries(ids: Sequence[int]) -> Layout:
+    """Ids that name layer outputs (speculators <= 0.4, SpecForge, TRT-LLM): the output of layer i is
+    the stream entering layer i + 1, so boundary i + 1; -1 (a pipeline's name for the embedding)
+    lands on 0. The order is kept: it is the order the features were concatenated in."""
+    return tuple(i + 1 for i in ids)
+
+
 def vllm_ids_to_boundaries(ids: Sequence[int]) -> Layout:
     """vLLM: an id is the boundary itself (0 = embedding output), captured in ascending order."""
     return tuple(sorted(int(i) for i in ids))
@@ -410,7 +418,7 @@ def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequenc
                       "with -1 listed) can use it")
     if len(set(used)) != len(used):
         errors.append(f"ids {used} repeat a layer; the draft's fc would get fewer features than slots")
-    served = tuple(sorted({k + 1 for k in used if k >= 0}))
+    served = tuple(sorted(set(layer_outputs_to_boundaries([k for k in used if k >= 0]))))
     ltc = sorted(k for k in used if k >= 0) + ([-1] if -1 in used else [])   # TRT-LLM moves -1 to the end
     return WiringResult(engine="trtllm" + (f"=={version}" if version else ""), version=version, arch=arch,
                         num_layers=num_layers, served_layout=served, layers_to_capture=ltc,
@@ -489,20 +497,3 @@ def sglang_format_warnings(cfg: dict, knows_speculators: bool | None = None) -> 
                    "SGLang's llama_eagle3 always keeps the "
                    "raw hidden input as the residual, so it runs a different forward than training did")
     return out
-
-
-# --------------------------------------------------------------------------------------
-# Trainers: which boundaries their recorded "layer ids" name.
-
-
-def speculators_v1_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
-    """speculators <= 0.4 data generation: 'layer i' is the output of layer i = boundary i+1.
-
-    ``-1`` is how those pipelines name the embedding output (boundary 0).
-    """
-    return tuple(0 if i == -1 else i + 1 for i in layer_ids)
-
-
-def specforge_layers_to_boundaries(layer_ids: Sequence[int]) -> Layout:
-    """SpecForge ids are outputs of layers: boundary = id + 1."""
-    return tuple(i + 1 for i in layer_ids)

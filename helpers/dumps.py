@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from .boundaries import check_layout
 from .capture import decoder_parts, run_and_capture
+from .conventions import layer_outputs_to_boundaries
 from .errors import BadText, InputError
 
 FORMATS = ("speculators", "speculators-legacy", "specforge")
@@ -297,7 +298,7 @@ def open_dump(root) -> Dump:
             raise DumpError(f"{src}: hidden_states.layer_ids {ids} names {len(ids)} states; the records hold "
                             f"{k}")
         else:
-            dump.recorded_boundaries = tuple(i + 1 for i in ids)   # output of layer id = boundary id + 1
+            dump.recorded_boundaries = layer_outputs_to_boundaries(ids)
             dump.record_source = f"{src} layer_ids {ids} (output of layer id = boundary id + 1)"
     return dump
 

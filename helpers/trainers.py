@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .boundaries import Layout, WiringError, layout_label
-from .conventions import IdsAt, check_num_layers, version_tuple
+from .conventions import IdsAt, check_num_layers, layer_outputs_to_boundaries, version_tuple
 from .errors import BadOption, CacheError, one_line, warn_once
 from .wheels import PackageSourceError, UnknownPackageVersion, fetch
 from .wiring import resolve
@@ -229,8 +229,9 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
             raise WiringError(f"{rule.name} ids name layer outputs {low}..{n - 1} for {n} layers; "
                               f"{bad} is outside")
         if rule.name == "trtllm":
-            return [POST_NORM if i == -1 else i + 1 for i in ids]
-        return [i + 1 for i in ids]   # speculators' -1 (a patched pipeline's embedding) lands on boundary 0
+            return [POST_NORM if i == -1 else b for i, b in zip(ids, layer_outputs_to_boundaries(ids))]
+        # speculators' -1 (a patched pipeline's name for the embedding) lands on boundary 0
+        return list(layer_outputs_to_boundaries(ids))
     # "engine": SpecForge's SGLang backend hands the ids to that SGLang release's own setter
     if not arch:
         raise BadOption("specforge-sglang captures through SGLang's setter, which depends on the target "

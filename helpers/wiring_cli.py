@@ -98,7 +98,7 @@ def _other_modes(args) -> int | None:
         arch = args.arch or ((target_cfg or {}).get("architectures") or [None])[0]
         ids = cli.parse_int_list(args.train_ids, "--train-ids") if args.train_ids is not None else None
         res = trainer_layout(args.trainer, layers, ids, arch=arch)
-        print_json(res.to_dict(), indent=2) if args.json else print(format_trainer(res))
+        cli.emit(res, args.json, format_trainer)
         return 1 if res.errors else 0
     arch, layers = _target_arch_and_layers(args, target_cfg)
     ids = cli.parse_int_list(args.ids, "--ids") if args.ids is not None else None
@@ -147,8 +147,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code or 0)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
-    if args.json:
-        print_json(result.to_dict(), indent=2)
-    else:
-        print(format_report(result))
+    cli.emit(result, args.json, format_report)
     return 0 if result.capturable else 1

@@ -16,14 +16,14 @@ from helpers.conventions import (
     engine_ids,
     honours_norm_before_residual,
     ids_in_config,
+    layer_outputs_to_boundaries,
     parse_engine,
     read_draft_config,
     read_target_config,
+    resolve_trtllm,
     sglang_documented_layout,
     sglang_format_warnings,
     sglang_plus_one,
-    specforge_layers_to_boundaries,
-    speculators_v1_layers_to_boundaries,
     vllm_ids_to_boundaries,
 )
 from helpers.errors import BadOption, InputError
@@ -63,23 +63,17 @@ def test_vllm_ids_are_boundaries_sorted():
     assert vllm_ids_to_boundaries([12, 3, 0]) == (0, 3, 12)
 
 
-def test_speculators_v1_layers():
-    # "layer i" is the output of layer i = boundary i + 1; -1 names the embedding output.
-    assert speculators_v1_layers_to_boundaries([-1, 2, 6, 11]) == (0, 3, 7, 12)
-    assert speculators_v1_layers_to_boundaries([2, 6, 9, 11]) == (3, 7, 10, 12)
-    # The draft input is the concatenation in the given order: not sorted.
-    assert speculators_v1_layers_to_boundaries([6, -1, 2]) == (7, 0, 3)
-
-
-def test_specforge_layers():
-    # SpecForge defaults [1, L//2-1, L-4] are the boundaries [2, L//2, L-3].
-    assert specforge_layers_to_boundaries([1, L // 2 - 1, L - 4]) == default_boundaries(L)
-    assert specforge_layers_to_boundaries([0, 5]) == (1, 6)
+def test_layer_output_ids():
+    # speculators <= 0.4 / SpecForge / TRT-LLM: "layer i" is the output of layer i = boundary i + 1
+    assert layer_outputs_to_boundaries([-1, 2, 6, 11]) == (0, 3, 7, 12)
+    # the concatenation order is kept: not sorted
+    assert layer_outputs_to_boundaries([6, -1, 2]) == (7, 0, 3)
+    # SpecForge's defaults [1, L//2-1, L-4] are the boundaries [2, L//2, L-3]
+    assert layer_outputs_to_boundaries([1, L // 2 - 1, L - 4]) == default_boundaries(L)
 
 
 def test_conversions_return_tuples():
-    for fn in (sglang_plus_one, vllm_ids_to_boundaries, speculators_v1_layers_to_boundaries,
-               specforge_layers_to_boundaries):
+    for fn in (sglang_plus_one, vllm_ids_to_boundaries, layer_outputs_to_boundaries):
         assert isinstance(fn([1, 2, 3]), tuple)
 
 
@@ -194,3 +188,12 @@ def test_read_target_config(tmp_path):
         read_target_config(tmp_path)
     with pytest.raises(TargetConfigError, match="no target config"):
         read_target_config(tmp_path / "nope")
+
+
+def test_trtllm_layer_outputs_and_the_post_norm_minus_one():
+    default = resolve_trtllm(None, "LlamaForCausalLM", 32, None, None)
+    assert default.layers_to_capture == [1, 15, 28] and default.served_layout == (2, 16, 29)
+    post = resolve_trtllm(None, "LlamaForCausalLM", 32, [-1, 1, 15, 28], None)
+    assert post.layers_to_capture == [1, 15, 28, -1] and post.errors and post.served_layout == (2, 16, 29)
+    ignored = resolve_trtllm(None, "LlamaForCausalLM", 32, None, NESTED)
+    assert ignored.ids_used is None and any("speculative config" in w for w in ignored.warnings)
