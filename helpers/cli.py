@@ -25,14 +25,16 @@ class OneLineParser(argparse.ArgumentParser):
 
 def parser(command: str, doc: str | None) -> OneLineParser:
     """The parser of ``python -m helpers <command>``, described by its module's first doc line."""
-    return OneLineParser(prog=f"python -m helpers {command}", description=(doc or "").strip().splitlines()[0])
+    first = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+    return OneLineParser(prog=f"python -m helpers {command}",
+                         description=first.removeprefix(f"``python -m helpers {command}``: "))
 
 
 def add_pair_args(p: argparse.ArgumentParser, *,
                   target: str | None = "target model folder (Hugging Face layout)",
                   draft: str | None = "EAGLE-3 draft folder (SGLang or speculators format)",
                   engine: str | None = ("whose wiring 'served' means: sglang==VERSION, "
-                                        "sglang (installed) or vllm"),
+                                        "sglang (installed), vllm[==VERSION] or trtllm"),
                   device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
     """The options naming the pair and where it runs; pass None to leave one out."""
     kind = Path if paths else str

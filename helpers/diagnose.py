@@ -125,7 +125,7 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
 
 
 def main(argv=None) -> int:
-    ap = cli.parser("diagnose", __doc__.replace("``python -m helpers diagnose``: ", ""))
+    ap = cli.parser("diagnose", __doc__)
     cli.add_pair_args(ap)
     ap.add_argument("--text", type=Path, default=None,
                     help="held-out text to evaluate on (default: heldout.txt)")
