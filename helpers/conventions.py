@@ -107,7 +107,7 @@ def read_draft_config(draft: str | Path | dict) -> dict:
     archs = [str(a) for a in cfg.get("architectures") or []]
     if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
             "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
-        raise DraftConfigError(f"draft {draft} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
+        raise DraftConfigError(f"draft config {path} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
                                f"are --target and --draft swapped?")
     return cfg
 

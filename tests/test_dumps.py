@@ -170,8 +170,10 @@ def test_served_within_noise_is_not_a_mismatch(tmp_path):
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     cfg = {**pair.draft_config, "eagle_aux_hidden_state_layer_ids": [0, 3, 8]}
     cfg.pop("eagle_config", None)
+    # resolved as a Llama target: vLLM's Llama capture serves boundary 0, while its DeepSeek capture adds a
+    # residual that is still None there (docs/conventions.md), which is not what this test is about
     d = diagnose_dump(pair.draft, open_dump(out), stated=[0, 3, 7, 8, 10, 12], engine="vllm",
-                      draft_config=cfg, arch=pair.arch, num_layers=12, progress=False)
+                      draft_config=cfg, arch="LlamaForCausalLM", num_layers=12, progress=False)
     assert d.served_layout == (0, 3, 8) and d.served_slots == (0, 1, 3)
     assert len(d.confident_set) >= 2 and d.served_slots in d.confident_set
     assert d.mismatch is False and "consistent" in d.verdict
