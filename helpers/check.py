@@ -286,10 +286,11 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
                 r = resolve(engine, report.arch, report.num_layers, ids=candidate, root=root)
             except WiringError:
                 continue
-            if r.served_layout == tuple(sorted(trained)) and r.errors and all(
-                    any(h["error"] in e for h in r.hazards) for e in r.errors):
-                fixes.append(f"patch the engine (`python -m helpers patch-sglang apply --version {version} "
-                             f"--arch {report.arch}`), then write ids {candidate} in {key} (fix A)")
+            patchable = r.errors and all("(fix: `python -m helpers patch-sglang apply" in e
+                                         and any(h["error"] in e for h in r.hazards) for e in r.errors)
+            if r.served_layout == tuple(sorted(trained)) and patchable:
+                command = r.errors[0].split("(fix: ", 1)[1].rstrip(")")
+                fixes.append(f"patch the engine ({command}), then write ids {candidate} in {key} (fix A)")
                 break
     fixes.append(f"{'or ' if fixes else ''}retrain the draft on the served layout {served.served_layout} "
                  f"(fix B)")
