@@ -326,22 +326,22 @@ VLLM_CAPTURE: dict[str, tuple[str | None, str | None, bool]] = {
 }
 
 
-def _at_least(version: str | None, first: str | None) -> bool:
+def at_least(version: str | None, first: str | None) -> bool:
     return first is not None and version_tuple(version or VLLM_NEWEST_READ) >= version_tuple(first)
 
 
 def vllm_reads(version: str | None, arch: str) -> tuple[bool, bool, str]:
     """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``."""
     v = version or VLLM_NEWEST_READ
-    if not _at_least(v, VLLM_READS_TOP_LEVEL):
+    if not at_least(v, VLLM_READS_TOP_LEVEL):
         return False, False, (f"vLLM {v} reads no draft ids at all "
                               f"(from {VLLM_READS_TOP_LEVEL} it reads the top level)")
-    v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if _at_least(v, first)), ())
+    v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if at_least(v, first)), ())
     on_v2 = v2 is None or arch in v2
     if on_v2:
         return True, False, (f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, "
                              f"which reads only the top-level key")
-    if _at_least(v, VLLM_V1_READS_NESTED):
+    if at_least(v, VLLM_V1_READS_NESTED):
         return True, True, f"vLLM {v}'s V1 runner: the top-level key, then eagle_config's"
     return True, False, f"vLLM {v} reads only the top-level key (eagle_config's from {VLLM_V1_READS_NESTED})"
 
@@ -354,7 +354,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     errors: list[str] = []
     if version is None:
         warnings.append(f"no vLLM version given: the newest release read ({VLLM_NEWEST_READ}) is assumed")
-    if not _at_least(v, VLLM_FIRST_EAGLE3):
+    if not at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
     if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
         warnings.append(f"vLLM {v} is newer than the releases read ({VLLM_NEWEST_READ}); "
@@ -373,7 +373,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
         warnings.append(f"{arch} is not among the classes read from vLLM's source "
                         f"({', '.join(VLLM_CAPTURE)}); "
                         f"Llama's capture is assumed")
-    if not _at_least(v, first):
+    if not at_least(v, first):
         errors.append(f"vLLM {v} has no EAGLE-3 capture for {arch}"
                       + (f" (from {first})" if first else " in any release read (up to "
                          f"{VLLM_NEWEST_READ})"))
@@ -384,7 +384,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     for i in sorted(set(used)):
         if i < 0:
             errors.append(f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)")
-        elif i == num_layers and not _at_least(v, final_from):
+        elif i == num_layers and not at_least(v, final_from):
             errors.append(f"vLLM {v} captures {arch} before each layer, "
                           f"so id {num_layers} (the final boundary) "
                           f"is never captured (from {final_from} it is): fewer features than fc slots")
@@ -441,7 +441,7 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
         return None, "TensorRT-LLM's fc sizing is not recorded here"
     if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
         return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
-    if name == "vllm" and not _at_least(version, VLLM_FC_FROM_CONFIG):
+    if name == "vllm" and not at_least(version, VLLM_FC_FROM_CONFIG):
         return 3, (f"vllm {version} llama_eagle3 builds fc for 3 states "
                    f"(from the config from {VLLM_FC_FROM_CONFIG})")
     if isinstance(cfg.get("num_aux_hidden_states"), int):
@@ -465,7 +465,7 @@ def honours_norm_before_residual(engine: str) -> bool:
     """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual`` (vLLM from 0.10.1;
     no SGLang release read so far)."""
     name, version = parse_engine(engine)
-    return name == "vllm" and _at_least(version, VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
+    return name == "vllm" and at_least(version, VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
 
 
 def sets_norm_before_residual(cfg: dict) -> bool:

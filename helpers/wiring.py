@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from . import vllm_source
 from .boundaries import CapturePlan, WiringError, WiringResult
 from .conventions import (
     DEFAULT_ENGINE,
     DEFAULT_ENGINES,
+    VLLM_NEWEST_READ,
     IdsAt,
     check_num_layers,
     default_boundaries,
@@ -33,7 +35,8 @@ from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
 
 def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None = None,
             draft: str | Path | dict | None = None, *, source: ss.SglangSource | None = None,
-            root: str | Path | None = None, target_config: dict | None = None) -> WiringResult:
+            root: str | Path | None = None, target_config: dict | None = None,
+            read_vllm_source: bool = False) -> WiringResult:
     """Resolve a draft's ids to the served layout the way ``engine`` itself would.
 
     ``ids`` are passed as given (``ids_source='explicit'``); otherwise they are read from
@@ -46,7 +49,8 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
     if name == "vllm":
-        return resolve_vllm(version, arch, num_layers, ids, cfg)
+        result = resolve_vllm(version, arch, num_layers, ids, cfg)
+        return _checked_against_vllm_source(result, version, arch) if read_vllm_source else result
     if name == "trtllm":
         return resolve_trtllm(version, arch, num_layers, ids, cfg)
     src = source or source_for(version, root)
@@ -57,6 +61,18 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
         if hazard["kind"] == BOUNDARY0_HAZARD and hazard["error"] in result.errors:
             i = result.errors.index(hazard["error"])
             result.errors[i] += f" ({sglang_patch.fix_advice(src, hazard['arch'], hazard['file'])})"
+    return result
+
+
+def _checked_against_vllm_source(result: WiringResult, version: str | None, arch: str) -> WiringResult:
+    """The release's own files, fetched, cited, and compared with the rule just applied."""
+    facts, disagree = vllm_source.verify(version or VLLM_NEWEST_READ, arch)
+    result.warnings = [w for w in result.warnings if "not read from vLLM source" not in w]
+    result.warnings += [f"vLLM {facts.version}'s source disagrees with the recorded rule: {d}"
+                        for d in disagree]
+    if not disagree:
+        result.warnings.append(f"checked against vLLM {facts.version}'s own source: the rule holds")
+    result.source_lines += facts.evidence()
     return result
 
 

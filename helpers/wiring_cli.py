@@ -34,6 +34,9 @@ def _parser():
     cli.add_pair_args(p, draft=None, device=False, paths=False,
                       target="target folder: arch and num_hidden_layers from its config.json")
     p.add_argument("--sglang-root", help="folder holding an sglang/ tree to read instead of the cache")
+    p.add_argument("--read-source", action="store_true",
+                   help="vLLM: fetch the release's wheel (370 MB, once) and check the rule against its own "
+                        "files")
     modes = p.add_argument_group("other questions")
     modes.add_argument("--trainer", help="the trainer's side instead: NAME[==VERSION], one of "
                        + ", ".join(sorted({r.name for r in TRAINERS})))
@@ -142,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   empty_hint=", or omit --ids to use the engine's default ids")
                if args.ids is not None else None)
         result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
-                         target_config=target_cfg)
+                         target_config=target_cfg, read_vllm_source=args.read_source)
     except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
         return int(exc.code or 0)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
