@@ -1,0 +1,7 @@
+"""SGLang's side, read from each release's own files; nothing here imports sglang.
+
+``source`` fetches and caches a release, ``classes`` walks its model classes, ``inspect`` reads a forward
+loop's capture (``sites`` holds what it finds), ``stub`` runs the release's ``set_eagle3_layers_to_capture``,
+``resolve`` turns a draft's ids into the layout that release serves, ``patch`` is the boundary-0 patch and
+``server`` drives a live server on a GPU host. docs/architecture.md has the picture.
+"""
