@@ -150,7 +150,7 @@ def _record(draft_dir: Path) -> dict | None:
 def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
-          root: str | Path | None = None) -> CheckReport:
+          root: str | Path | None = None, read_vllm_source: bool = False) -> CheckReport:
     started = time.perf_counter()
     if (target is None) == (target_config is None):
         raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
@@ -169,7 +169,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     n = tcfg["num_hidden_layers"]
     shapes = safetensors_shapes(draft_dir) if draft_dir.is_dir() else None
 
-    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg)
+    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg,
+                     read_vllm_source=read_vllm_source)
     ids, where = ids_in_config(cfg)
     report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
                          tuple(served.served_layout),
@@ -420,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
     p.add_argument("--sglang-root",
                    help="an sglang/ tree to read instead of the cached release (a patched copy)")
+    p.add_argument("--read-source", action="store_true",
+                   help="vLLM: check the recorded rule against the release's own wheel "
+                        "(370 MB, fetched once)")
     args = p.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--train-ids"))
     try:
         if args.draft is None:
@@ -428,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ids is not None and args.trainer is None:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
         report = check(args.draft, args.engine, target=args.target, target_config=args.target_config,
-                       trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root)
+                       trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
+                       read_vllm_source=args.read_source)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)
