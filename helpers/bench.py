@@ -17,7 +17,6 @@ from tqdm.auto import tqdm
 
 from . import cli
 from .boundaries import CapturePlan
-from .conventions import parse_engine
 from .draft import run_as
 from .engine import (
     GenerationResult,
@@ -218,8 +217,7 @@ def main(argv=None) -> int:
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
     try:
-        parse_engine(a.engine)          # a typo in --engine or --device fails before any model loads
-        check_device(a.device)
+        check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
             read_prompts(a.prompts)
         pair = load_pair(a.target, a.draft, a.device)
@@ -245,7 +243,7 @@ def main(argv=None) -> int:
         return fail(exc)
     engine_notes = list(plan.warnings) + fit_notes + engine_notes
     if a.json:
-        print_json(res.to_dict() | {"engine": a.engine, "engine_notes": engine_notes})
+        print_json(res.to_dict() | {"engine": str(a.engine), "engine_notes": engine_notes})
     else:
         print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, "
               f"{len(prompts)} prompts x {a.repeats}")

@@ -21,6 +21,7 @@ from . import cli
 from .boundaries import WiringError, WiringResult, check_layout, layout_label
 from .conventions import (
     IDS_KEY,
+    Engine,
     IdsAt,
     engine_fc_slots,
     honours_norm_before_residual,
@@ -157,7 +158,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     if algorithm.upper() not in ALGORITHMS:
         raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
                         f"(the engine's speculative algorithm)")
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     if trainer is not None:
         parse_trainer(trainer)
     draft_dir = Path(draft).expanduser()
@@ -183,7 +185,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
                else "see `python -m helpers wiring` for the source")
         problems.append(Problem("engine-cannot-capture", e.split(" (fix: ")[0], fix))
     _layout_fixes(report, served, engine, name, version, root)
-    _ids_key(report, cfg, ids, where, name, version)
+    _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
     _forward_flags(report, cfg, engine, name)
     _vocab(report, cfg, shapes, tcfg)
@@ -301,7 +303,8 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
         f"{layout_label(trained, report.num_layers)} ({report.training_source})", "; ".join(fixes)))
 
 
-def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str, version: str | None) -> None:
+def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> None:
+    name = eng.name
     if name == "trtllm":
         return   # TensorRT-LLM reads its capture layers from the speculative config, never the draft's
     if ids is None:
@@ -317,7 +320,7 @@ def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, name: str, versi
             f"eagle_config.{IDS_KEY} and serves its defaults", f"move them into eagle_config.{IDS_KEY}",
             blocking=False))
     elif name == "vllm" and where == IdsAt.EAGLE_CONFIG and cfg.get(IDS_KEY) is None:
-        _, reads_nested, why = vllm_reads(version, report.arch)
+        _, reads_nested, why = vllm_reads(eng.version, report.arch, eng.runner)
         report.problems.append(Problem(
             "ids-key", f"the ids {ids} sit under eagle_config (SGLang format); "
             + ("vLLM reads them here only as a fallback" if reads_nested else f"vLLM ignores them: {why}"),

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .conventions import DEFAULT_ENGINE
+from .conventions import DEFAULT_ENGINE, parse_engine
 from .errors import BadOption, one_line, print_json
 
 
@@ -30,6 +30,14 @@ def parser(command: str, doc: str | None) -> OneLineParser:
                          description=first.removeprefix(f"``python -m helpers {command}``: "))
 
 
+class EngineOption(argparse.Action):
+    """``--engine``: parsed here, once, into a ``conventions.Engine`` every function below takes as is;
+    a typo fails as one ``error:`` line (the InputError, exit 2) before any model loads."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, parse_engine(value))
+
+
 def add_pair_args(p: argparse.ArgumentParser, *,
                   target: str | None = "target model folder (Hugging Face layout)",
                   draft: str | None = "EAGLE-3 draft folder (SGLang or speculators format)",
@@ -43,7 +51,7 @@ def add_pair_args(p: argparse.ArgumentParser, *,
     if draft is not None:
         p.add_argument("--draft", type=kind, default=None, required=required, help=draft)
     if engine is not None:
-        p.add_argument("--engine", default=DEFAULT_ENGINE, help=engine)
+        p.add_argument("--engine", action=EngineOption, default=parse_engine(DEFAULT_ENGINE), help=engine)
     if device:
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     if json:

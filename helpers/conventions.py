@@ -62,18 +62,52 @@ def is_version_string(version: str) -> bool:
     return bool(_VERSION_RE.match(version))
 
 
-def parse_engine(engine: str) -> tuple[str, str | None]:
-    """'sglang==0.5.9' -> ('sglang', '0.5.9'); 'vllm' -> ('vllm', None)."""
+@dataclass(frozen=True)
+class Engine:
+    """An engine named once, at the edge (a CLI flag, a notebook parameter), and passed down typed.
+
+    ``name`` and ``version`` say whose rules decide what "served" means; ``runner`` is vLLM's model
+    runner when the user pins it ('v1' or 'v2'; None: the release's default for the architecture);
+    ``live`` marks an engine that actually runs (``bench``/``capture --backend``), not only its rules.
+    """
+
+    name: str
+    version: str | None = None
+    runner: str | None = None
+    live: bool = False
+
+    def __str__(self) -> str:
+        text = f"{self.name}=={self.version}" if self.version else self.name
+        return f"{text}:{self.runner}" if self.runner else text
+
+    def at(self, version: str | None) -> "Engine":
+        """The same engine at another release (a live backend reports the one it runs)."""
+        return Engine(self.name, version, self.runner, self.live)
+
+
+RUNNERS = ("v1", "v2")
+
+
+def parse_engine(engine: "str | Engine") -> Engine:
+    """'sglang==0.5.9' -> Engine('sglang', '0.5.9'); 'vllm' -> Engine('vllm'); 'vllm==0.32.0:v1' pins
+    vLLM's model runner. An Engine passes through unchanged, so a value parsed at the edge is never
+    parsed again."""
+    if isinstance(engine, Engine):
+        return engine
     text = str(engine).strip().lower()
+    text, _, runner = text.partition(":")
     name, _, version = text.partition("==")
-    name, version = name.strip(), version.strip()
+    name, version, runner = name.strip(), version.strip(), runner.strip()
     if name not in ENGINES:
         raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', 'vllm[==VERSION]' "
                         f"or 'trtllm'")
     if "==" in text and not _VERSION_RE.match(version):
         raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
                         + (" or plain 'vllm'" if name == "vllm" else ""))
-    return name, (version or None)
+    if runner and (name != "vllm" or runner not in RUNNERS):
+        raise BadOption(f"engine '{engine}': ':{runner}' names a model runner; only vLLM has them "
+                        f"(expected vllm[==VERSION]:v1 or :v2)")
+    return Engine(name, version or None, runner or None)
 
 
 def version_tuple(version: str | None) -> tuple[int, ...]:
@@ -186,7 +220,8 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
     which model runner serves ``arch`` (``vllm_reads``). A key the engine skips is a warning,
     since nothing else reports it.
     """
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
     inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
@@ -198,7 +233,7 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
                             "draft's config.json: pass them as explicit ids")
         return DraftIds(None, IdsAt.NONE, warnings)
     if name == "vllm":
-        reads_top, reads_nested, why = vllm_reads(version, arch)
+        reads_top, reads_nested, why = vllm_reads(version, arch, eng.runner)
         if top is not None and reads_top:
             return DraftIds(top, IdsAt.TOP_LEVEL)
         if inner is not None and reads_nested:
@@ -330,14 +365,16 @@ def at_least(version: str | None, first: str | None) -> bool:
     return first is not None and version_tuple(version or VLLM_NEWEST_READ) >= version_tuple(first)
 
 
-def vllm_reads(version: str | None, arch: str) -> tuple[bool, bool, str]:
-    """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``."""
+def vllm_reads(version: str | None, arch: str, runner: str | None = None) -> tuple[bool, bool, str]:
+    """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``.
+    ``runner`` pins the model runner; None takes the release's default for ``arch`` (a CPU host runs
+    V1 whatever the default: the V2 runner needs Triton, which has no CPU backend)."""
     v = version or VLLM_NEWEST_READ
     if not at_least(v, VLLM_READS_TOP_LEVEL):
         return False, False, (f"vLLM {v} reads no draft ids at all "
                               f"(from {VLLM_READS_TOP_LEVEL} it reads the top level)")
     v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if at_least(v, first)), ())
-    on_v2 = v2 is None or arch in v2
+    on_v2 = (v2 is None or arch in v2) if runner is None else runner == "v2"
     if on_v2:
         return True, False, (f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, "
                              f"which reads only the top-level key")
@@ -347,7 +384,7 @@ def vllm_reads(version: str | None, arch: str) -> tuple[bool, bool, str]:
 
 
 def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
-                 cfg: dict | None) -> WiringResult:
+                 cfg: dict | None, runner: str | None = None) -> WiringResult:
     """What a vLLM release serves: its rules as read from its wheels (VLLM_* above), not run here."""
     v = version or VLLM_NEWEST_READ
     warnings: list[str] = []
@@ -362,7 +399,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
-        chosen = engine_ids(cfg, f"vllm=={v}", arch=arch)
+        chosen = engine_ids(cfg, Engine("vllm", v, runner), arch=arch)
         chosen.ids = check_ids(chosen.ids, num_layers)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
@@ -377,7 +414,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
         errors.append(f"vLLM {v} has no EAGLE-3 capture for {arch}"
                       + (f" (from {first})" if first else " in any release read (up to "
                          f"{VLLM_NEWEST_READ})"))
-        return WiringResult(engine=f"vllm=={v}" if version else "vllm", version=version, arch=arch,
+        return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                             num_layers=num_layers, served_layout=(), layers_to_capture=[],
                             ids_used=chosen.ids, ids_source=chosen.source, errors=errors, warnings=warnings)
     captured = set()
@@ -395,7 +432,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
             captured.add(i)
     if len(set(used)) != len(used):
         errors.append(f"ids {used} repeat a boundary; the draft's fc would get fewer features than slots")
-    return WiringResult(engine=f"vllm=={v}" if version else "vllm", version=version, arch=arch,
+    return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                         num_layers=num_layers, served_layout=tuple(sorted(captured)),
                         layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
                         errors=errors, warnings=warnings)
@@ -435,7 +472,8 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     it reads ``num_aux_hidden_states``, then the nested ids' count. vLLM reads the same two keys
     (never the top-level ids: vLLM PR #54598 reports the 4-slot speculators draft that crashes).
     """
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     if name == "trtllm":
         return None, "TensorRT-LLM's fc sizing is not recorded here"
@@ -464,7 +502,8 @@ NORM_BEFORE_RESIDUAL_ON_SGLANG = (
 def honours_norm_before_residual(engine: str) -> bool:
     """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual`` (vLLM from 0.10.1;
     no SGLang release read so far)."""
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     return name == "vllm" and at_least(version, VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from . import cli
 from .boundaries import layout_label
-from .conventions import parse_engine
 from .draft import run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import check_finite, fail, print_json, read_text_file
@@ -156,7 +155,6 @@ def main(argv=None) -> int:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")
 
-        parse_engine(a.engine)
         text = read_text_file(a.text, "text file") if a.text else None  # before the models load
         pair = load_pair(a.target, a.draft, a.device)
         caps = eval_captures(pair, text, max_windows=a.windows)

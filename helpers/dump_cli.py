@@ -14,7 +14,7 @@ import torch
 
 from . import cli
 from .boundaries import layout_label, parse_layout
-from .conventions import parse_engine, read_draft_config, read_target_config
+from .conventions import read_draft_config, read_target_config
 from .draft import DraftFormatError, load_draft
 from .dump_diagnose import diagnose_dump
 from .dumps import FORMATS, check_new_dir, open_dump, write_dump
@@ -90,8 +90,6 @@ def run_dump_diagnosis(a) -> int:
             v = getattr(a, name)
             if v is not None and v < 1:
                 raise BadOption(f"--{name.replace('_', '-')} must be at least 1, got {v}")
-        if a.engine:
-            parse_engine(a.engine)
         stated = parse_slot_boundaries(a.slot_boundaries)
         dump = open_dump(a.data)                           # before any weights load: a bad dump fails fast
         draft, heads, target, tcfg, notes, dcfg = load_for_dump(a.draft, a.target, a.run_target, a.device)

@@ -44,12 +44,13 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
     Problems with the wiring go to ``errors``; malformed input raises WiringError.
     """
     num_layers = check_num_layers(num_layers)
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     if ids is not None and draft is not None:
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
     if name == "vllm":
-        result = resolve_vllm(version, arch, num_layers, ids, cfg)
+        result = resolve_vllm(version, arch, num_layers, ids, cfg, eng.runner)
         return _checked_against_vllm_source(result, version, arch) if read_vllm_source else result
     if name == "trtllm":
         return resolve_trtllm(version, arch, num_layers, ids, cfg)
@@ -103,7 +104,8 @@ def served_plan(draft: str | Path | dict | Sequence[int] | None, num_layers: int
 def rule_plan(engine: str, num_layers: int, draft_config: dict, *, arch: str = "",
               ids: Sequence[int] | None = None, why: str = "") -> CapturePlan:
     """The documented rule of docs/conventions.md, for when the engine's source cannot be read."""
-    name, version = parse_engine(engine)
+    eng = parse_engine(engine)
+    name, version = eng.name, eng.version
     found, where = (list(ids), IdsAt.EXPLICIT) if ids is not None else ids_in_config(draft_config)
     if name == "vllm":
         layout = vllm_ids_to_boundaries(found) if found is not None else default_boundaries(num_layers)

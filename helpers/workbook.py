@@ -407,8 +407,8 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         if key not in known:
             problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
     try:
-        name, version = parse_engine(params.get("ENGINE_VERSION", DEFAULT_ENGINE))
-        if name == "sglang" and not version:
+        eng = parse_engine(params.get("ENGINE_VERSION", DEFAULT_ENGINE))
+        if eng.name == "sglang" and not eng.version:
             problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; "
                             f"expected e.g. {DEFAULT_ENGINE}")
     except ValueError as exc:

@@ -8,6 +8,7 @@ import pytest
 from helpers.boundaries import WiringError
 from helpers.conventions import (
     DraftConfigError,
+    Engine,
     IdsAt,
     TargetConfigError,
     check_ids,
@@ -135,8 +136,8 @@ def test_check_ids():
 
 
 def test_parse_engine():
-    assert parse_engine("sglang==0.5.9") == ("sglang", "0.5.9")
-    assert parse_engine(" VLLM ") == ("vllm", None)
+    assert parse_engine("sglang==0.5.9") == Engine("sglang", "0.5.9")
+    assert parse_engine(" VLLM ") == Engine("vllm")
     for bad in ("tensorrt", "sglang==latest"):
         with pytest.raises(BadOption):
             parse_engine(bad)
@@ -197,3 +198,15 @@ def test_trtllm_layer_outputs_and_the_post_norm_minus_one():
     assert post.layers_to_capture == [1, 15, 28, -1] and post.errors and post.served_layout == (2, 16, 29)
     ignored = resolve_trtllm(None, "LlamaForCausalLM", 32, None, NESTED)
     assert ignored.ids_used is None and any("speculative config" in w for w in ignored.warnings)
+
+
+def test_engine_is_parsed_once_and_pins_a_runner():
+    e = parse_engine("vllm==0.32.0:v1")
+    assert (e.name, e.version, e.runner, str(e)) == ("vllm", "0.32.0", "v1", "vllm==0.32.0:v1")
+    assert parse_engine(e) is e                      # a parsed value passes through, never re-parsed
+    with pytest.raises(BadOption, match="only vLLM has them"):
+        parse_engine("sglang==0.5.9:v1")
+    # the runner decides which key vLLM reads: V1 falls back to eagle_config's ids, V2 never does
+    nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
+    assert engine_ids(nested, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [2, 6, 9]
+    assert engine_ids(nested, "vllm==0.32.0:v2", arch="LlamaForCausalLM").ids is None

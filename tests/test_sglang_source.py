@@ -222,8 +222,8 @@ def test_source_at_needs_an_sglang_folder(tmp_path):
 
 
 def test_parse_engine():
-    assert conventions.parse_engine("sglang==0.5.9") == ("sglang", "0.5.9")
-    assert conventions.parse_engine("vllm") == ("vllm", None)
+    assert conventions.parse_engine("sglang==0.5.9") == conventions.Engine("sglang", "0.5.9")
+    assert conventions.parse_engine("vllm") == conventions.Engine("vllm")
     with pytest.raises(ValueError, match="unknown engine"):
         conventions.parse_engine("tgi")
 
