@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import InputError, fail
+from .errors import InputError, fail, say
 
 COMMANDS = {
     "build-default": ("helpers.build", "build the embedded target/draft pair (data/tiny-kimi)"),
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     except InputError as exc:  # the one place every command's bad input becomes one line and exit 2
         return fail(exc)
     except KeyboardInterrupt:  # Ctrl-C: stop quietly, no traceback
-        print(f"interrupted: {cmd} stopped by Ctrl-C", file=sys.stderr)
+        say(f"interrupted: {cmd} stopped by Ctrl-C")
         return 130
     except BrokenPipeError:  # `... --json | head`: the reader left, nothing to report
         return 1

@@ -18,8 +18,8 @@ from .conventions import read_draft_config, read_target_config
 from .draft import DraftFormatError, load_draft
 from .dump_diagnose import diagnose_dump
 from .dumps import FORMATS, check_new_dir, open_dump, write_dump
-from .errors import BadOption, fail, print_json, read_text_file
-from .pair import DEFAULT_DIR, text_windows
+from .errors import BadOption, BadText, fail, print_json, read_text_file
+from .pair import check_device, text_windows
 from .target import load_target
 from .target_heads import load_target_heads
 
@@ -99,6 +99,12 @@ def run_dump_diagnosis(a) -> int:
             for b in stated:
                 if b is not None and not 0 <= b <= L:
                     raise BadOption(f"--slot-boundaries {a.slot_boundaries}: boundary {b} is outside 0..{L}")
+        if dump.recorded_boundaries is not None and L is not None:
+            beyond = [b for b in dump.recorded_boundaries if not 0 <= b <= L]
+            if beyond:
+                raise BadText(f"{dump.record_source} names boundaries {list(dump.recorded_boundaries)}, but "
+                              f"the target has {L} layers (boundaries 0..{L}): {beyond} cannot be states of this "
+                              f"target; is it the target the dump was written from?")
         d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine,
                           draft_config=dcfg, arch=arch, num_layers=L, steps=a.steps,
                           max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json)
@@ -162,7 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--format", choices=FORMATS, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--text", type=Path, default=None,
-                    help="text to dump (default: heldout.txt beside the target)")
+                    help="text to dump (default: heldout.txt beside the target's folder, named on stderr; "
+                         "without one, --text is required)")
     ap.add_argument("--window", type=int, default=256, help="tokens per record")
     ap.add_argument("--records", type=int, default=12, help="records to write at most")
     a = ap.parse_args(argv)
@@ -170,28 +177,45 @@ def main(argv=None) -> int:
         if a.window < 8 or a.records < 1:
             raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window} and "
                             f"{a.records}")
+        check_device(a.device)
         bounds = parse_layout(a.boundaries)
+        if not bounds:
+            raise BadOption(f"--boundaries {a.boundaries!r} names no boundary; expected ascending integers "
+                            f"like 0,3,7,12")
         check_new_dir(a.out)                 # before the target loads
         written = write_from_text(a.target, bounds, a.format, a.out, a.text, a.window, a.records, a.device,
-                                  progress=True)
+                                  progress=True, say_text=True)
     except (FileNotFoundError, ValueError) as exc:
         return fail(exc)
     print(f"wrote {written}")
     return 0
 
 
+def dump_text_path(target_dir, text_path=None) -> tuple[Path, bool]:
+    """The text to dump and whether it was chosen for the user: ``heldout.txt`` in the folder that holds
+    the target (the layout ``build-default`` writes), never another model's text."""
+    if text_path is not None:
+        return Path(text_path), False
+    beside = Path(target_dir).parent / "heldout.txt"
+    if beside.is_file():
+        return beside, True
+    raise BadOption(f"no heldout.txt beside {target_dir} (looked for {beside}); pass --text FILE with text "
+                    f"for this target (the embedded pair's text is not used for another model)")
+
+
 def write_from_text(target_dir, boundaries, fmt, out, text_path=None, window: int = 256, records: int = 12,
-                    device: str = "cpu", progress: bool = False) -> Path:
+                    device: str = "cpu", progress: bool = False, say_text: bool = False) -> Path:
     """Tokenise held-out text into windows and dump them: the records a trainer would have saved."""
     target_dir = Path(target_dir)
-    if text_path is None:
-        for d in (target_dir.parent, DEFAULT_DIR):
-            if (d / "heldout.txt").is_file():
-                text_path = d / "heldout.txt"
-                break
-        else:
-            raise FileNotFoundError(f"no heldout.txt beside {target_dir}; pass --text FILE")
+    text_path, chosen = dump_text_path(target_dir, text_path)
+    tcfg = read_target_config(target_dir)
+    positions = tcfg.get("max_position_embeddings")
+    if isinstance(positions, int) and not isinstance(positions, bool) and window > positions:
+        raise BadOption(f"--window {window} is longer than the target's {positions} positions "
+                        f"(max_position_embeddings in {target_dir / 'config.json'}); use at most {positions}")
     text = read_text_file(text_path, "text file")
+    if chosen and say_text:
+        print(f"text: {text_path} (heldout.txt beside the target; --text FILE for another)", file=sys.stderr)
     target, tok = load_target(target_dir, device)
     windows = text_windows(tok, text, window, records, min_windows=1).to(device)
     return write_dump(target, windows, boundaries, fmt, out, progress=progress)

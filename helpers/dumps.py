@@ -24,6 +24,8 @@ import json
 import pickle
 import re
 import shutil
+import signal
+import threading
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -205,7 +207,9 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
     if fmt == "speculators-legacy":
         obj = _need(_torch_load(f), f, ("input_ids", "hidden_states"))
         states = obj["hidden_states"]
-        if (not isinstance(states, (list, tuple)) or not states
+        if isinstance(states, (list, tuple)) and not states:
+            raise DumpError(f"{f}: hidden_states is an empty list; expected k >= 1 tensors of shape [seq, H]")
+        if (not isinstance(states, (list, tuple))
                 or not all(isinstance(s, torch.Tensor) for s in states)):
             raise DumpError(f"{f}: hidden_states is {type(states).__name__}; expected a list of [seq, H] "
                             f"tensors")
@@ -218,6 +222,10 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
     if fmt == "specforge":
         obj = _need(_torch_load(f), f, ("input_ids", "aux_hidden_state", "hidden_state"))
         aux, fin = obj["aux_hidden_state"], obj["hidden_state"]
+        for name, t in (("aux_hidden_state", aux), ("hidden_state", fin)):
+            if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or not t.numel():
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise DumpError(f"{f}: {name} is {got}; expected a [1, seq, width] tensor")
         aux = aux[0] if aux.dim() == 3 else aux
         fin = fin[0] if fin.dim() == 3 else fin
         h = fin.shape[-1]
@@ -243,6 +251,9 @@ def check_record(rec: DumpRecord, num_slots: int, hidden: int) -> None:
     if rec.loss_mask is not None and rec.loss_mask.numel() != t:
         raise DumpError(f"{f}: loss_mask has {rec.loss_mask.numel()} entries for {t} tokens")
     for name, x in (("hidden states", rec.slots), ("hidden_state", rec.final_normed)):
+        if x is not None and not x.is_floating_point():
+            raise DumpError(f"{f}: its {name} are {x.dtype}; expected floating-point states (bf16, fp16 or "
+                            f"fp32), as every trainer saves them")
         if x is not None and not bool(torch.isfinite(x).all()):
             bad = int((~torch.isfinite(x)).sum())
             raise DumpError(f"{f}: {bad} non-finite values in its {name}; a record with NaN or Inf cannot be "
@@ -256,14 +267,27 @@ def _legacy_ids(root: Path) -> tuple[list[int] | None, str]:
     if not f.is_file():
         return None, ""
     try:
-        cfg = json.loads(f.read_text())
-    except ValueError as exc:
-        raise DumpError(f"{f} is not valid JSON: {exc}") from None
-    ids = ((cfg.get("hidden_states") or {}) if isinstance(cfg, dict) else {}).get("layer_ids")
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise DumpError(f"{f} is not valid JSON ({str(exc)[:120] or type(exc).__name__}); expected "
+                        f'{{"hidden_states": {{"layer_ids": [...]}}}}') from None
+    hs = cfg.get("hidden_states") if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict) or not isinstance(hs, (dict, type(None))):
+        what = type(cfg).__name__ if not isinstance(cfg, dict) else f"hidden_states {type(hs).__name__}"
+        raise DumpError(f"{f} holds a JSON {what}; expected an object like "
+                        f'{{"hidden_states": {{"layer_ids": [2, 6, 9, 11]}}}}')
+    ids = (hs or {}).get("layer_ids")
     if ids is None:
         return None, ""
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise DumpError(f"{f}: hidden_states.layer_ids is {ids!r}; expected a list of integers")
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise DumpError(f"{f}: hidden_states.layer_ids {ids} repeats {dup}; each state is one layer's "
+                        f"output, saved once")
+    if any(i < -1 for i in ids):
+        raise DumpError(f"{f}: hidden_states.layer_ids {ids} holds an id below -1; expected output-of-layer "
+                        f"ids -1 (the embedding) .. L-1")
     return ids, str(f)
 
 
@@ -279,11 +303,19 @@ def open_dump(root) -> Dump:
     cap = root / "capture.json"
     if fmt == "speculators" and cap.is_file():
         try:
-            dump.engine_capture = json.loads(cap.read_text())
-        except ValueError as exc:
-            raise DumpError(f"{cap} is not valid JSON: {exc}") from None
+            dump.engine_capture = json.loads(cap.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as exc:
+            raise DumpError(f"{cap} is not valid JSON: {str(exc)[:120]}") from None
+        if not isinstance(dump.engine_capture, dict):
+            raise DumpError(f"{cap} holds a JSON {type(dump.engine_capture).__name__}; expected the object "
+                            f"`capture` writes")
         sb = dump.engine_capture.get("slot_boundaries")
         if sb is not None:
+            if (not isinstance(sb, list) or any(not isinstance(b, int) or isinstance(b, bool) or b < 0
+                                                for b in sb)):
+                raise DumpError(f"{cap}: slot_boundaries is {sb!r}; expected a list of boundaries >= 0")
+            if len(set(sb)) != len(sb):
+                raise DumpError(f"{cap}: slot_boundaries {sb} repeats a boundary; each slot is one boundary")
             if len(sb) != k:
                 raise DumpError(f"{cap}: slot_boundaries {sb} names {len(sb)} slots; the records hold {k}")
             dump.recorded_boundaries, dump.record_source = tuple(int(b) for b in sb), f"{cap} slot_boundaries"
@@ -309,8 +341,36 @@ def open_dump(root) -> Dump:
 
 def check_new_dir(out: Path) -> None:
     """A dump goes into a new (or empty) folder: never mixed with, or over, another run's records."""
+    out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(f"{out} already exists and is not an empty folder; a dump is written into a new one")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--out {out}: {parent} is a file, so no folder can be made under it")
+            break
+
+
+class Terminated(SystemExit):
+    """SIGTERM during a write: raised so the staging folder is removed on the way out (exit 143)."""
+
+
+@contextmanager
+def _terminate_as_exception():
+    """SIGTERM's default ends the process at once, leaving a staging folder; inside this block it
+    raises instead, so cleanup runs. Only the main thread can own a signal handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signum)
+
+    saved = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
 
 
 @contextmanager
@@ -319,17 +379,18 @@ def staged_dir(out: Path):
     does not: a failure or Ctrl-C half-way through a dump leaves nothing behind."""
     check_new_dir(out)
     stage = out.parent / f".{out.name}.partial"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(parents=True)
-    try:
-        yield stage
-        if out.exists():
-            out.rmdir()
-        stage.rename(out)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with _terminate_as_exception():
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir(parents=True)
+        try:
+            yield stage
+            if out.exists():
+                out.rmdir()
+            stage.rename(out)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
 
 
 def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out,

@@ -70,9 +70,27 @@ def one_line(exc: BaseException | str) -> str:
     return " | ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def close_progress_bars() -> None:
+    """Close every live tqdm bar, which ends its line: a message printed while a bar is drawn would
+    be glued onto the bar's line, and the bar redrawn after it. A bar whose loop an exception left
+    is still open when the error is reported (its frame is held by the traceback)."""
+    std = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:  # a half-built bar: nothing of it is on screen
+            pass
+
+
+def say(line: str) -> None:
+    """One line on stderr, starting on a line of its own."""
+    close_progress_bars()
+    print(line, file=sys.stderr)
+
+
 def fail(exc: BaseException | str, code: int = 2) -> int:
     """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return."""
-    print(f"error: {one_line(exc)}", file=sys.stderr)
+    say(f"error: {one_line(exc)}")
     return code
 
 
