@@ -119,10 +119,19 @@ def safetensors_shapes(folder: Path) -> dict[str, list[int]] | None:
                 if n > 100 * 2**20:
                     raise ValueError(f"header length {n}")
                 header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error) as exc:
-            raise BadCheckpoint(f"{f} is not a readable safetensors file ({exc})") from None
-        shapes.update({k: v["shape"] for k, v in header.items()
-                       if k != "__metadata__" and isinstance(v, dict)})
+        except (OSError, ValueError, struct.error, RecursionError) as exc:
+            raise BadCheckpoint(f"{f} is not a readable safetensors file ({str(exc)[:120]})") from None
+        if not isinstance(header, dict):
+            raise BadCheckpoint(f"{f}: its header is a JSON {type(header).__name__}; expected a safetensors "
+                                f"header object")
+        for k, v in header.items():
+            shape = v.get("shape") if isinstance(v, dict) else None
+            if k != "__metadata__" and (not isinstance(shape, list) or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+                raise BadCheckpoint(f"{f}: header entry {k!r} has no shape (a list of sizes), got {shape!r}; "
+                                    f"not a readable safetensors file")
+            if k != "__metadata__":
+                shapes[k] = shape
     return shapes
 
 
@@ -164,6 +173,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
         parse_trainer(trainer)
     draft_dir = Path(draft).expanduser()
     cfg = read_draft_config(draft_dir)
+    if draft_dir.is_file():  # DIR/config.json: the folder's training.json and weights count all the same
+        draft_dir = draft_dir.parent
     tcfg = read_target_config(target if target is not None else target_config)
     arch = (tcfg.get("architectures") or [None])[0]
     if not arch:
@@ -415,7 +426,8 @@ def format_report(r: CheckReport) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = cli.parser("check", __doc__)
     cli.add_pair_args(p, device=False, paths=False,
-                      draft="the EAGLE-3 draft folder (config.json, safetensors)",
+                      draft="the EAGLE-3 draft folder (config.json, safetensors), or its config.json "
+                            "(the folder's training.json and safetensors are read either way)",
                       target="the target folder (only config.json is read)")
     p.add_argument("--target-config", help="the target's config.json alone, instead of --target")
     p.add_argument("--trainer", help="NAME[==VERSION] of the trainer that captured the features")

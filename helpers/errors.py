@@ -147,6 +147,9 @@ def read_json_file(path, what: str = "config") -> object:
     except json.JSONDecodeError as exc:
         raise BadConfig(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
                         f"expected a {what} in JSON") from None
+    except RecursionError:
+        raise BadConfig(f"{path} nests its JSON too deeply to read (thousands of levels); expected a {what} "
+                        f"in JSON") from None
 
 
 # --------------------------------------------------------------------------------------
