@@ -45,6 +45,16 @@ class TrainerRule:
     capture_file: str | None = None     # where its capture loop is, inside the wheel
     note: str = ""
     appends_final: bool = False         # boundary N is captured after the given ids, as the verifier state
+    folder: str | None = None           # the wheel's top folder, when it is not the package name
+    default_fn: str | None = None       # the function in default_file that returns the default ids
+    ascending: bool = False             # hooks fire in layer order, whatever order the ids are listed in
+    export_offset: int = 0              # the exporter writes training id + offset into the draft config
+    export_model_type: str | None = None   # ... only for draft configs of this model_type
+    read_version: str | None = None     # the release whose wheel is read when none is named
+
+    def exports_with_offset(self, model_type: str | None) -> bool:
+        return bool(self.export_offset) and (self.export_model_type is None
+                                             or model_type == self.export_model_type)
 
     def holds_for(self, version: str | None) -> bool:
         v = version_tuple(version)
@@ -103,6 +113,34 @@ TRAINERS: tuple[TrainerRule, ...] = (
                 "`if idx == len(self.layers) - 3 or idx == len(self.layers) // 2 or idx == 2` "
                 "before the layer",
                 note="the three boundaries are hard-coded; ids cannot be chosen"),
+    TrainerRule("modelopt", None, None, "output",
+                lambda n: sorted({1, max(0, n // 2 - 1), max(0, n - 4)}), False, IdsAt.EAGLE_CONFIG,
+                "NVIDIA Model Optimizer (nvidia-modelopt 0.47.0) "
+                "modelopt/torch/speculative/plugins/hf_eagle.py: "
+                "forward hooks on base_model.layers[idx] for idx in eagle_aux_hidden_state_layer_ids "
+                "(the output of layer idx), registered in layer order; default_eagle_aux_layer_ids; "
+                "export/plugins/hf_spec_configs.py writes the ids unchanged under eagle_config",
+                package="nvidia-modelopt", folder="modelopt/",
+                default_file="modelopt/torch/speculative/plugins/hf_eagle.py",
+                default_fn="default_eagle_aux_layer_ids", ascending=True, read_version="0.47.0",
+                note="ModelOpt's hooks append in layer order, so the fc slots are ascending whatever "
+                     "order the ids are written in; an id outside 0..N-1 gets no hook and the fc sees "
+                     "fewer states"),
+    TrainerRule("torchspec", None, None, "output", lambda n: [1, n // 2 - 1, n - 4], False,
+                IdsAt.EAGLE_CONFIG,
+                "TorchSpec (lightseekorg/TorchSpec @ 6f21829c, version.txt 0.1.0): "
+                "torchspec/models/target/eagle3_target_model.py hooks layers[idx] (layer outputs), "
+                "concatenated in id order; inference/engine/vllm_engine.py shifts each id +1 for vLLM's "
+                "capture ('post-layer semantics'); utils/misc.py get_default_eagle3_aux_layer_ids; "
+                "tools/convert_to_hf.py writes the training ids under eagle_config"),
+    TrainerRule("torchspec-vllm", None, None, "output", lambda n: [1, n // 2 - 1, n - 4], False,
+                IdsAt.EAGLE_CONFIG,
+                "TorchSpec (lightseekorg/TorchSpec @ 6f21829c) tools/convert_to_hf.py --export-for-vllm: "
+                "_fixup_export_config adds 1 to every id (top-level and eagle_config) when the draft's "
+                "model_type is kimi_k2, so the exported ids are vLLM boundaries; training is as `torchspec`",
+                export_offset=1, export_model_type="kimi_k2",
+                note="for kimi_k2 drafts the config's ids are the training ids + 1 (boundaries); "
+                     "for other model types the export leaves them as trained"),
     TrainerRule("trtllm", None, None, "output", lambda n: [1, n // 2 - 1, n - 4], False, IdsAt.NONE,
                 "TensorRT-LLM _torch/speculative/eagle3.py (_get_eagle3_default_capture_layers), "
                 "save_hidden_state.py (SaveHiddenStates adds -1, 'always the last post norm state'); "
@@ -169,8 +207,10 @@ def rule_for(name: str, version: str | None) -> TrainerRule:
 
 
 def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None = None, *,
-                   arch: str | None = None, read_source: bool = True) -> TrainerResult:
-    """The boundaries ``spec``'s data generation captured for ``train_ids`` (or its defaults)."""
+                   arch: str | None = None, read_source: bool = True,
+                   model_type: str | None = None) -> TrainerResult:
+    """The boundaries ``spec``'s data generation captured for ``train_ids`` (or its defaults).
+    ``model_type`` is the draft config's, for exporters whose rewrite depends on it (TorchSpec)."""
     name, version = parse_trainer(spec)
     n = check_num_layers(num_layers)
     rule = rule_for(name, version)
@@ -182,11 +222,13 @@ def trainer_layout(spec: str, num_layers: int, train_ids: Sequence[int] | None =
                         IdsAt.NONE, [], None, rule.writes_ids, rule.read_from)
     default = rule.default(n)
     if read_source and rule.package:
-        own = SPECFORGE_READ if name == "specforge-sglang" or version is None else version
+        own = (version if version is not None and name != "specforge-sglang"
+               else rule.read_version or SPECFORGE_READ)
         default = _confirm_from_source(rule, own, n, default, out)
     ids = list(train_ids) if train_ids is not None else default
     if rule.writes_ids != IdsAt.NONE:
-        out.written_ids = list(ids)
+        shift = rule.export_offset if rule.exports_with_offset(model_type) else 0
+        out.written_ids = [i + shift for i in ids]
     if rule.appends_final and (not ids or ids[-1] != n):
         ids = ids + [n]
     out.ids, out.ids_source = ids, (IdsAt.EXPLICIT if train_ids is not None else IdsAt.NONE)
@@ -231,7 +273,8 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
         if rule.name == "trtllm":
             return [POST_NORM if i == -1 else b for i, b in zip(ids, layer_outputs_to_boundaries(ids))]
         # speculators' -1 (a patched pipeline's name for the embedding) lands on boundary 0
-        return list(layer_outputs_to_boundaries(ids))
+        found = list(layer_outputs_to_boundaries(ids))
+        return sorted(set(found)) if rule.ascending else found
     # "engine": SpecForge's SGLang backend hands the ids to that SGLang release's own setter
     if not arch:
         raise BadOption("specforge-sglang captures through SGLang's setter, which depends on the target "
@@ -247,7 +290,7 @@ def _confirm_from_source(rule: TrainerRule, version: str | None, n: int, documen
     """The release's own default ids (and, where the rule says where, its capture position), or the
     documented ones with a warning when the wheel cannot be fetched."""
     try:
-        root = fetch(rule.package, version, [rule.package + "/"])
+        root = fetch(rule.package, version, [rule.folder or rule.package + "/"])
     except UnknownPackageVersion:
         raise
     except (PackageSourceError, CacheError, OSError) as exc:
@@ -255,7 +298,10 @@ def _confirm_from_source(rule: TrainerRule, version: str | None, n: int, documen
                                       f"({one_line(exc)[:200]}); "
                                       f"the documented rule is used"))
         return documented
-    found = default_ids_in(root / rule.default_file, n) if rule.default_file else None
+    if rule.default_fn:
+        found = default_ids_from_function(root / rule.default_file, rule.default_fn, n)
+    else:
+        found = default_ids_in(root / rule.default_file, n) if rule.default_file else None
     if found is None:
         out.warnings.append(f"{rule.package} {version}: no default id list found in {rule.default_file}; the "
                             f"documented default {documented} is used")
@@ -297,6 +343,37 @@ def default_ids_in(path: Path, n: int) -> tuple[list[int], int, str] | None:
         if isinstance(value, list) and all(isinstance(v, int) for v in value):
             return value, node.lineno, lines[node.lineno - 1].strip()
     return None
+
+
+_SAFE_BUILTINS = {"sorted": sorted, "max": max, "min": min, "list": list, "set": set, "range": range,
+                  "len": len, "int": int}
+
+
+def default_ids_from_function(path: Path, name: str, n: int) -> tuple[list[int], int, str] | None:
+    """``name(n)`` as the release defines it: the function alone, compiled with a few pure builtins
+    (ModelOpt's default is ``sorted({1, max(0, n // 2 - 1), max(0, n - 4)})``, which no list literal
+    shows)."""
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    fn = next((f for f in ast.walk(ast.parse(text))
+               if isinstance(f, ast.FunctionDef) and f.name == name), None)
+    if fn is None:
+        return None
+    fn.decorator_list, fn.returns = [], None
+    for a in fn.args.args:
+        a.annotation = None
+    scope: dict = {}
+    try:
+        exec(compile(ast.Module([fn], []), str(path), "exec"), {"__builtins__": _SAFE_BUILTINS}, scope)
+        value = scope[name](n)
+    except Exception:
+        return None
+    if not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+        return None
+    ret = next((r for r in ast.walk(fn) if isinstance(r, ast.Return)), fn)
+    return value, ret.lineno, lines[ret.lineno - 1].strip()
 
 
 def capture_after_layer(path: Path) -> tuple[str, int, str] | None:
