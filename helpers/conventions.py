@@ -27,6 +27,9 @@ DEFAULT_ENGINE = "sglang==0.5.9"
 DEFAULT_ENGINES = (DEFAULT_ENGINE, "sglang==0.5.23", "vllm")
 SGLANG_DRAFT_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
+# MLA drafts (Kimi-K2.x): SGLang kimi_k25_eagle3.py, vLLM deepseek_eagle3.py (V3 is vLLM's alias).
+MLA_DRAFT_ARCH = "Eagle3DeepseekV2ForCausalLM"
+MLA_DRAFT_ARCHS = (MLA_DRAFT_ARCH, "Eagle3DeepseekV3ForCausalLM")
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
 
@@ -536,3 +539,100 @@ def sglang_format_warnings(cfg: dict, knows_speculators: bool | None = None) -> 
                    "SGLang's llama_eagle3 always keeps the "
                    "raw hidden input as the residual, so it runs a different forward than training did")
     return out
+
+
+# --------------------------------------------------------------------------------------
+# Forward flags: config booleans that change the draft's forward without changing a shape (or
+# that add a small norm whose weights an engine skips when it does not build the module).
+
+FORWARD_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+LLAMA_CLASS, MLA_CLASS = "llama_eagle3", "mla"
+# (engine, draft class) -> flag -> first release read whose draft file runs it; None: no release
+# read runs it. Read from every cached release's model file (SGLang 0.5.9-0.5.23: llama_eagle3.py,
+# kimi_k25_eagle3.py; vLLM 0.17.0-0.33.0: llama_eagle3.py, deepseek_eagle3.py and, for
+# speculators-format configs, transformers_utils/configs/speculators/algos.py, which must pass the
+# flag on); docs/conventions.md "Forward flags" has the evidence. MLA drafts exist in SGLang from
+# 0.5.12 (kimi_k25_eagle3.py) and in vLLM from 0.18.0 (deepseek_eagle3.py).
+FLAG_FIRST: dict[tuple[str, str], dict[str, str | None]] = {
+    ("sglang", LLAMA_CLASS): {"norm_before_residual": None, "norm_before_fc": "0.5.17", "fc_norm": "0.5.12",
+                              "norm_output": "0.5.12"},
+    ("sglang", MLA_CLASS): {"norm_before_residual": None, "norm_before_fc": None, "fc_norm": "0.5.13",
+                            "norm_output": "0.5.13"},
+    ("vllm", LLAMA_CLASS): {"norm_before_residual": "0.10.1", "norm_before_fc": "0.18.0",
+                            "fc_norm": "0.22.0", "norm_output": "0.22.0"},
+    # deepseek_eagle3 built fc_norm from 0.22.0 but applied it only from VLLM_DS_FCN (vLLM PR #43482)
+    ("vllm", MLA_CLASS): {"norm_before_residual": "0.18.0", "norm_before_fc": None, "fc_norm": "0.23.0",
+                          "norm_output": "0.22.0"},
+}
+# vLLM maps a speculators-format config onto its own (speculators/algos.py); a flag it does not copy
+# is lost whatever the model file reads.
+VLLM_SPECULATORS_PASSES = {"norm_before_residual": "0.10.1", "norm_before_fc": "0.19.0",
+                           "fc_norm": "0.25.0", "norm_output": "0.25.0"}
+DRAFT_FILES = {("sglang", LLAMA_CLASS): "SGLang's llama_eagle3.py",
+               ("sglang", MLA_CLASS): "SGLang's kimi_k25_eagle3.py",
+               ("vllm", LLAMA_CLASS): "vLLM's llama_eagle3.py",
+               ("vllm", MLA_CLASS): "vLLM's deepseek_eagle3.py"}
+FIRST_MLA_DRAFT = {"sglang": "0.5.12", "vllm": "0.18.0"}
+FLAGS_NEWEST_READ = {"sglang": "0.5.23", "vllm": VLLM_NEWEST_READ}
+
+
+def draft_flags(cfg: dict) -> dict[str, bool]:
+    """The forward flags a draft config sets, read where engines read them: top level, the
+    speculators layer config, ``eagle_config`` (norm_before_fc), and SGLang's legacy ``use_aux_norm``
+    for fc_norm."""
+    layer = cfg.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    out = {}
+    for flag in FORWARD_FLAGS:
+        value = cfg.get(flag, layer.get(flag))
+        if flag == "norm_before_fc" and flag in nested:
+            value = nested[flag]
+        if flag == "fc_norm" and not value:
+            value = cfg.get("use_aux_norm")
+        out[flag] = bool(value)
+    return out
+
+
+def engine_draft_class(arch: str) -> str:
+    return MLA_CLASS if arch in MLA_DRAFT_ARCHS else LLAMA_CLASS
+
+
+def serves_draft_class(engine: "str | Engine", arch: str) -> tuple[bool | None, str]:
+    """Whether the release has a model class for this draft architecture at all."""
+    eng = parse_engine(engine)
+    if engine_draft_class(arch) != MLA_CLASS or eng.name not in FIRST_MLA_DRAFT:
+        known = eng.name in FIRST_MLA_DRAFT
+        return (True, "") if known else (None, f"{eng.name}'s draft classes are not recorded")
+    first = FIRST_MLA_DRAFT[eng.name]
+    if at_least(eng.version or FLAGS_NEWEST_READ[eng.name], first):
+        return True, f"{eng.name} has {arch} from {first}"
+    file = "kimi_k25_eagle3.py" if eng.name == "sglang" else "deepseek_eagle3.py"
+    return False, f"{eng} has no {arch} ({eng.name}'s {file} first ships in {first})"
+
+
+def honours_flag(engine: "str | Engine", flag: str, arch: str = SGLANG_DRAFT_ARCH,
+                 speculators_format: bool = False) -> tuple[bool | None, str]:
+    """(whether ``engine`` runs ``flag`` for a draft of class ``arch``, why). None: not recorded
+    (TRT-LLM, an unknown engine). A release newer than the newest read is given that one's rule,
+    and says so."""
+    eng = parse_engine(engine)
+    cls = engine_draft_class(arch)
+    rules = FLAG_FIRST.get((eng.name, cls))
+    if rules is None:
+        return None, f"whether {eng.name} runs {flag} is not recorded here"
+    newest = FLAGS_NEWEST_READ[eng.name]
+    version = eng.version or newest
+    where = DRAFT_FILES[(eng.name, cls)]
+    first = rules[flag]
+    newer = (f" ({eng} is newer than the releases read, up to {newest}: their rule assumed)"
+             if version_tuple(version) > version_tuple(newest) else "")
+    if first is None:
+        return False, f"{where} does not implement {flag} in any release read (up to {newest}){newer}"
+    if not at_least(version, first):
+        return False, f"{where} implements {flag} from {first}; {eng} does not"
+    if eng.name == "vllm" and speculators_format and not at_least(version, VLLM_SPECULATORS_PASSES[flag]):
+        return False, (f"vLLM's speculators config mapping (algos.py) passes {flag} on from "
+                       f"{VLLM_SPECULATORS_PASSES[flag]}; {eng} drops it before {where} sees it")
+    return True, f"{where} implements {flag} from {first}{newer}"
+

@@ -35,11 +35,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .conventions import (
+    FORWARD_FLAGS,
+    MLA_DRAFT_ARCH,
     NORM_BEFORE_RESIDUAL_ON_SGLANG,
     SGLANG_DRAFT_ARCH,
     SPECULATORS_ARCH,
     IdsAt,
-    honours_norm_before_residual,
+    draft_flags,
+    engine_draft_class,
+    honours_flag,
     ids_in_config,
     read_draft_config,
 )
@@ -56,27 +60,33 @@ class ServingMismatchWarning(UserWarning):
     """The draft loads and runs here, but an engine would run it with a different forward."""
 
 
-# speculators config flags that change the forward and that this draft does not implement:
-# loading them as if unset would evaluate a model the checkpoint is not.
-UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
-
 @contextmanager
-def run_as(draft, engine: str):
+def run_as(draft, engine):
     """Run ``draft`` the way ``engine`` runs it, for the duration of the block.
 
-    Emulating a deployment means emulating the engine's forward too, not only its wiring:
-    SGLang's llama_eagle3 has no norm_before_residual, so a draft trained with it is served
-    without it; vLLM honours it. Yields notes saying what was switched, for the reports.
+    Emulating a deployment means emulating the engine's forward too, not only its wiring: a
+    release whose draft class never reads a flag the draft was trained with (SGLang's
+    llama_eagle3 and norm_before_residual; SGLang before 0.5.17 and norm_before_fc; the MLA
+    classes and norm_before_fc) builds the module without it, so the flag is switched off here.
+    The rules are ``conventions.honours_flag``'s (docs/conventions.md, "Forward flags").
+    Yields notes saying what was switched, for the reports.
     """
-    saved = draft.cfg.norm_before_residual
+    saved = {f: getattr(draft.cfg, f) for f in FORWARD_FLAGS}
     notes = []
-    if saved and not honours_norm_before_residual(engine):
-        draft.cfg.norm_before_residual = False
-        notes.append(f"run as {engine} runs it: norm_before_residual ignored (the draft was trained with it)")
+    for flag, on in saved.items():
+        if not on:
+            continue
+        honoured, why = honours_flag(engine, flag, draft.cfg.arch)
+        if honoured is False:
+            setattr(draft.cfg, flag, False)
+            notes.append(f"run as {engine} runs it: {flag} ignored (the draft was trained with it; {why})")
+        elif honoured is None:
+            notes.append(f"{flag}: {why}; run with it, as trained")
     try:
         yield notes
     finally:
-        draft.cfg.norm_before_residual = saved
+        for flag, on in saved.items():
+            setattr(draft.cfg, flag, on)
 
 
 @dataclass
@@ -97,10 +107,37 @@ class DraftConfig:
     ids_location: str = IdsAt.EAGLE_CONFIG   # where the file held them (conventions.IdsAt)
     format: str = "sglang"
     norm_before_residual: bool = False       # residual of the hidden input taken after hidden_norm
+    # EAGLE 3.1 flags (docs/conventions.md, "Forward flags"): one RMSNorm (input_norm) over the whole
+    # fused feature before fc; one RMSNorm per slot (fc_norm.i); the post-norm state fed back.
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    arch: str = SGLANG_DRAFT_ARCH            # the config's class: decides which engine file runs it
+    # MLA attention (Eagle3DeepseekV2ForCausalLM); kv_lora_rank 0 means the Llama attention.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True
+    rope_scaling: dict | None = None
 
     @property
     def fc_in(self) -> int:
         return self.num_aux * self.target_hidden_size
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def cache_dims(self) -> tuple[int, int, int]:
+        """(kv heads, key width, value width) one cached column holds. MLA is cached expanded
+        (keys and values per head, as the un-absorbed forward computes them): equal to what the
+        engines' absorbed latent cache computes, and simple to crop."""
+        if self.mla:
+            return self.num_attention_heads, self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim
+        return self.num_key_value_heads, self.head_dim, self.head_dim
 
 
 class RMSNorm(nn.Module):
@@ -116,10 +153,11 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float):
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                        device=positions.device) / head_dim))
-    ang = positions.float()[..., None] * inv
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, inv: torch.Tensor | None = None):
+    if inv is None:
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                            device=positions.device) / head_dim))
+    ang = positions.float()[..., None] * inv.to(positions.device)
     emb = torch.cat([ang, ang], -1)
     return emb.cos(), emb.sin()
 
@@ -131,6 +169,56 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def apply_rope_interleaved(x, cos, sin):
+    """DeepSeek's default (``rope_interleave``, SGLang/vLLM ``is_neox_style=False``): dims 2i and
+    2i + 1 turn together. Written as a permutation to the half-split form and back."""
+    d = x.shape[-1]
+    perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)]).to(x.device)
+    out = apply_rope(x[..., perm], cos, sin)
+    return out[..., torch.argsort(perm)]
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_rope(cfg: DraftConfig) -> tuple[torch.Tensor, float, float]:
+    """(inverse frequencies, cos/sin factor, softmax-scale factor) of an MLA draft's rotary part.
+
+    ``rope_scaling`` of type yarn (Kimi-K2.x drafts: factor 64) is DeepSeek's YaRN as SGLang's
+    ``deepseek_yarn`` rope and ``compute_mla_mscale_scaling`` and vLLM's DeepSeek YaRN apply it:
+    frequencies blended between interpolated and extrapolated by a linear ramp over the
+    correction range, cos/sin scaled by mscale(mscale)/mscale(mscale_all_dim), the softmax
+    scale by mscale(mscale_all_dim)^2 (docs/conventions.md, "MLA drafts").
+    """
+    d, base = cfg.qk_rope_head_dim, cfg.rope_theta
+    # explicit cpu: built under load_draft's meta device, and kept out of the state dict
+    extra = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d))
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type") or rs.get("type") or "default"
+    if kind == "default":
+        return extra, 1.0, 1.0
+    if kind not in ("yarn", "deepseek_yarn"):
+        raise DraftFormatError(f"MLA draft rope_scaling type {kind!r}; expected none or yarn (as "
+                               f"DeepSeek/Kimi drafts ship)")
+    factor = float(rs["factor"])
+    orig = float(rs.get("original_max_position_embeddings", 4096))
+    fast, slow = float(rs.get("beta_fast", 32)), float(rs.get("beta_slow", 1))
+
+    def corr(rot):
+        return d * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(fast)), 0), min(math.ceil(corr(slow)), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    keep = 1.0 - ramp                      # 1: extrapolate (high frequencies), 0: interpolate
+    inv = extra / factor * (1 - keep) + extra * keep
+    m, m_all = float(rs.get("mscale", 1.0)), float(rs.get("mscale_all_dim", 0.0))
+    cos_sin = _yarn_mscale(factor, m) / _yarn_mscale(factor, m_all) * float(rs.get("attn_factor", 1.0))
+    return inv, cos_sin, _yarn_mscale(factor, m_all) ** 2 if m_all else 1.0
+
+
 class DraftKVCache:
     """Keys/values of the draft's one layer, cropped back after each speculation round.
 
@@ -140,9 +228,9 @@ class DraftKVCache:
 
     def __init__(self, cfg: DraftConfig, batch: int = 1, max_len: int = 2048, device="cpu",
                  dtype=torch.float32):
-        shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        heads, kd, vd = cfg.cache_dims
+        self.k = torch.zeros((batch, heads, max_len, kd), device=device, dtype=dtype)
+        self.v = torch.zeros((batch, heads, max_len, vd), device=device, dtype=dtype)
         self.length = 0
 
     def append(self, k, v):
@@ -159,6 +247,9 @@ class DraftKVCache:
 
 
 class DraftAttention(nn.Module):
+    """Llama attention over the 2H-wide ``cat(embeds, hidden)``; ``MLAAttention`` shares the two
+    forward paths and changes only how queries, keys and values are made."""
+
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.cfg = cfg
@@ -167,6 +258,7 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(h2, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(h2, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
 
     def qkv(self, x, positions):
         b, t, _ = x.shape
@@ -178,8 +270,11 @@ class DraftAttention(nn.Module):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _expand(self, kv):
-        rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
+        rep = self.cfg.num_attention_heads // kv.shape[1]
         return kv.repeat_interleave(rep, dim=1) if rep > 1 else kv
+
+    def _out(self, out, b, t):
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
     def forward_cached(self, x, positions, cache: DraftKVCache):
         """Decode/extend: new queries attend to every cached entry and causally to each other."""
@@ -188,8 +283,9 @@ class DraftAttention(nn.Module):
         keys, vals = cache.append(k, v)
         t = x.shape[1]
         mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        out = F.scaled_dot_product_attention(q, self._expand(keys), self._expand(vals), attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], t, -1))
+        out = F.scaled_dot_product_attention(q, self._expand(keys), self._expand(vals), attn_mask=mask,
+                                             scale=self.scale)
+        return self._out(out, x.shape[0], t)
 
     def forward_ttt(self, x, positions, past_kv: list[tuple[torch.Tensor, torch.Tensor]]):
         """Training-time test: column t of step j sees step-0 keys 0..t and its own column
@@ -197,20 +293,64 @@ class DraftAttention(nn.Module):
         q, k, v = self.qkv(x, positions)
         past_kv.append((k, v))
         if len(past_kv) == 1:  # step 0 is plain causal attention: let SDPA do it
-            out = F.scaled_dot_product_attention(q, self._expand(k), self._expand(v), is_causal=True)
-            return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+            out = F.scaled_dot_product_attention(q, self._expand(k), self._expand(v), is_causal=True,
+                                                 scale=self.scale)
+            return self._out(out, x.shape[0], x.shape[1])
         k0, v0 = self._expand(past_kv[0][0]), self._expand(past_kv[0][1])
-        scale = 1.0 / math.sqrt(self.cfg.head_dim)
         t = x.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        s0 = (q @ k0.transpose(-1, -2)) * scale
+        s0 = (q @ k0.transpose(-1, -2)) * self.scale
         s0 = s0.masked_fill(~causal, float("-inf"))
-        diag = [(q * self._expand(kj)).sum(-1, keepdim=True) * scale for kj, _ in past_kv[1:]]
+        diag = [(q * self._expand(kj)).sum(-1, keepdim=True) * self.scale for kj, _ in past_kv[1:]]
         scores = torch.cat([s0] + diag, -1).softmax(-1)
         out = scores[..., :t] @ v0
         for j, (_, vj) in enumerate(past_kv[1:]):
             out = out + scores[..., t + j:t + j + 1] * self._expand(vj)
-        return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], t, -1))
+        return self._out(out, x.shape[0], t)
+
+
+class MLAAttention(DraftAttention):
+    """DeepSeek-V2 multi-latent attention over ``cat(embeds, hidden)``, as SGLang's
+    ``kimi_k25_eagle3.Eagle3MLADecoderLayer`` and vLLM's ``deepseek_eagle3`` build it: a 2H-wide
+    query down-projection ``q_a_proj`` (or a full ``q_proj`` without ``q_lora_rank``),
+    ``kv_a_proj_with_mqa`` to the latent plus one shared rotary key, both latents RMS-normed, then
+    ``kv_b_proj`` to per-head non-rotary keys and values. Weights keep the names published
+    checkpoints use (SGLang fuses q_a/kv_a at load; the arithmetic is the same)."""
+
+    def __init__(self, cfg: DraftConfig):
+        nn.Module.__init__(self)
+        self.cfg = cfg
+        h2, nh = 2 * cfg.hidden_size, cfg.num_attention_heads
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(h2, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, nh * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(h2, nh * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h2, cfg.kv_lora_rank + cfg.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, nh * (cfg.qk_nope_head_dim + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(nh * cfg.v_head_dim, cfg.hidden_size, bias=False)
+        self.inv_freq, self.cos_sin_scale, soft = mla_rope(cfg)   # a plain attribute: no checkpoint has it
+        self.scale = qk ** -0.5 * soft
+
+    def qkv(self, x, positions):
+        b, t, _ = x.shape
+        c = self.cfg
+        nh, nope, rope = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim
+        q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if c.q_lora_rank else self.q_proj(x))
+        q = q.view(b, t, nh, nope + rope).transpose(1, 2)
+        latent = self.kv_a_proj_with_mqa(x)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent[..., :c.kv_lora_rank]))
+        kv = kv.view(b, t, nh, nope + c.v_head_dim).transpose(1, 2)
+        k_pe = latent[..., c.kv_lora_rank:].view(b, 1, t, rope)
+        cos, sin = rope_tables(positions, rope, c.rope_theta, self.inv_freq)
+        cos, sin = cos * self.cos_sin_scale, sin * self.cos_sin_scale
+        turn = apply_rope_interleaved if c.rope_interleave else apply_rope
+        q_pe, k_pe = turn(q[..., nope:], cos, sin), turn(k_pe, cos, sin)
+        k = torch.cat([kv[..., :nope], k_pe.expand(b, nh, t, rope)], -1)
+        return torch.cat([q[..., :nope], q_pe], -1), k, kv[..., nope:]
 
 
 class DraftMLP(nn.Module):
@@ -230,7 +370,7 @@ class DraftLayer(nn.Module):
         self.cfg = cfg      # shared with the draft: flipping norm_before_residual there takes effect here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
+        self.self_attn = MLAAttention(cfg) if cfg.mla else DraftAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DraftMLP(cfg)
 
@@ -251,6 +391,11 @@ class Eagle3Draft(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(cfg.fc_in, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
+                                         for _ in range(cfg.num_aux))
         self.fc = nn.Linear(cfg.fc_in, cfg.hidden_size, bias=False)
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -261,7 +406,9 @@ class Eagle3Draft(nn.Module):
     # -- the two ways in ---------------------------------------------------------------
 
     def project(self, hidden):
-        """The fused target feature goes through ``fc``; the draft's own state does not."""
+        """The fused target feature goes through ``fc`` (after ``input_norm`` / ``fc_norm`` when the
+        draft has them and the engine runs them: the module is built with them, ``cfg`` says whether
+        they run, as ``run_as`` sets it); the draft's own state does not."""
         if hidden.shape[-1] == self.cfg.hidden_size and self.cfg.fc_in != self.cfg.hidden_size:
             return hidden
         if hidden.shape[-1] != self.cfg.fc_in:
@@ -269,14 +416,51 @@ class Eagle3Draft(nn.Module):
                 f"draft fed a feature of width {hidden.shape[-1]}; its fc expects {self.cfg.fc_in} "
                 f"({self.cfg.num_aux} x {self.cfg.target_hidden_size}) or its own width "
                 f"{self.cfg.hidden_size}")
+        if self.cfg.norm_before_fc:
+            hidden = self.input_norm(hidden)
+        if self.cfg.fc_norm:
+            hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, hidden.chunk(self.cfg.num_aux, -1))], -1)
         return self.fc(hidden)
 
+    def slot_project(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        """Slot ``slot``'s share of ``project`` for one state ``x`` [..., H_target], so a layout
+        search sums shares instead of re-running ``fc`` per layout.
+
+        ``fc`` is linear, so shares add up exactly; ``fc_norm`` normalises each slot on its own, so
+        it folds into the share. ``input_norm`` divides the whole fused vector by one RMS, which no
+        single slot knows: the share then carries the slot's sum of squares as a last column (sums
+        of shares sum it too) and ``finish_projected`` divides by the RMS. Sums of shares go to
+        ``ttt_forward(..., projected=True)``."""
+        ht = self.cfg.target_hidden_size
+        w = self.fc.weight[:, slot * ht:(slot + 1) * ht]
+        if self.cfg.fc_norm:
+            x = self.fc_norm[slot](x)
+        if not self.cfg.norm_before_fc:
+            return x @ w.T
+        g = self.input_norm.weight[slot * ht:(slot + 1) * ht]
+        xf = x.float()
+        share = (xf * g.float()).to(w.dtype) @ w.T
+        return torch.cat([share, xf.pow(2).sum(-1, keepdim=True).to(w.dtype)], -1)
+
+    def finish_projected(self, h: torch.Tensor) -> torch.Tensor:
+        """A sum of ``slot_project`` shares -> what ``project`` gives for the fused feature."""
+        if not self.cfg.norm_before_fc or h.shape[-1] != self.cfg.hidden_size + 1:
+            return h
+        rms = torch.rsqrt(h[..., -1:].float() / self.cfg.fc_in + self.cfg.rms_norm_eps)
+        return (h[..., :-1].float() * rms).to(h.dtype)
+
+    def _fed_back(self, out):
+        """(logits, the state the next draft step is fed): the pre-norm layer output, or with
+        ``norm_output`` the post-norm one (SGLang and vLLM return it as the aux output)."""
+        normed = self.norm(out)
+        return self.lm_head(normed), normed if self.cfg.norm_output else out
+
     def step(self, input_ids, hidden, positions, cache: DraftKVCache):
-        """Cached forward of new columns -> (draft-vocab logits, pre-norm state to feed back)."""
+        """Cached forward of new columns -> (draft-vocab logits, state to feed back)."""
         h = self.project(hidden)
         embeds = self.embed_tokens(input_ids).to(h.dtype)
         out = self.midlayer(embeds, h, lambda x: self.midlayer.self_attn.forward_cached(x, positions, cache))
-        return self.lm_head(self.norm(out)), out
+        return self._fed_back(out)
 
     def ttt_forward(self, input_ids, fused, steps: int, projected: bool = False):
         """Teacher-forced unroll over ``steps`` draft steps; returns logits per step.
@@ -284,11 +468,11 @@ class Eagle3Draft(nn.Module):
         Step j at column t is fed token ``input_ids[t + 1 + j]`` and, for j > 0, the state
         step j-1 produced at column t. Logits of step j predict the target's next token at
         position ``t + 1 + j``; columns past the end are padded and must be masked by the caller.
-        ``projected`` says ``fused`` already went through ``fc`` (the layout search sums
+        ``projected`` says ``fused`` is a sum of ``slot_project`` shares (the layout search sums
         per-slot projections instead of re-running ``fc`` for every layout).
         """
         b, t = input_ids.shape
-        h = fused if projected else self.project(fused)
+        h = self.finish_projected(fused) if projected else self.project(fused)
         past_kv: list = []
         base = torch.arange(t, device=input_ids.device).expand(b, t)
         pad = torch.zeros(b, steps + 1, dtype=input_ids.dtype, device=input_ids.device)
@@ -297,8 +481,9 @@ class Eagle3Draft(nn.Module):
         for j in range(steps):
             embeds = self.embed_tokens(ids[:, 1 + j:1 + j + t]).to(h.dtype)
             pos = base + j
-            h = self.midlayer(embeds, h, lambda x: self.midlayer.self_attn.forward_ttt(x, pos, past_kv))
-            all_logits.append(self.lm_head(self.norm(h)))
+            out = self.midlayer(embeds, h, lambda x: self.midlayer.self_attn.forward_ttt(x, pos, past_kv))
+            logits, h = self._fed_back(out)
+            all_logits.append(logits)
         return all_logits
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -350,7 +535,7 @@ def draft_format(cfg_json: dict) -> str:
     if "eagle3" in arch.lower() or "eagle_config" in cfg_json:
         return "sglang"
     raise DraftFormatError(f"config architectures {cfg_json.get('architectures')} is not an EAGLE-3 draft "
-                           f"(expected {SGLANG_ARCH} or {SPECULATORS_ARCH})")
+                           f"(expected {SGLANG_ARCH}, {MLA_DRAFT_ARCH} or {SPECULATORS_ARCH})")
 
 
 def _flag(cfg_json: dict, layer: dict, name: str) -> bool:
@@ -364,19 +549,45 @@ def _flag(cfg_json: dict, layer: dict, name: str) -> bool:
     return value
 
 
+def _mla_fields(layer: dict) -> dict:
+    """The DeepSeek attention numbers an MLA draft config must state (as the published Kimi-K2.5
+    MLA drafts do); q_lora_rank may be null (a full q_proj, which vLLM builds and SGLang refuses)."""
+    out = {}
+    for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        value = layer.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DraftFormatError(f"MLA draft ({MLA_DRAFT_ARCH}) config {key} is {value!r}; expected a "
+                                   f"positive integer (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
+                                   f"v_head_dim)")
+        out[key] = value
+    if out["qk_rope_head_dim"] % 2:
+        raise DraftFormatError(f"MLA draft qk_rope_head_dim is {out['qk_rope_head_dim']}; rotary dims "
+                               f"come in pairs, so it must be even")
+    q = layer.get("q_lora_rank")
+    if q is not None and (not isinstance(q, int) or isinstance(q, bool) or q < 1):
+        raise DraftFormatError(f"MLA draft q_lora_rank is {q!r}; expected a positive integer or null")
+    rs = layer.get("rope_scaling") or layer.get("rope_parameters") or None
+    interleave = layer.get("rope_interleave", True)
+    return {**out, "q_lora_rank": q, "rope_interleave": bool(interleave),
+            "rope_scaling": dict(rs) if isinstance(rs, dict) else None}
+
+
 def config_from_json(cfg_json: dict) -> DraftConfig:
     fmt = draft_format(cfg_json)
     layer = _layer_cfg_from(cfg_json)
-    for name in UNSUPPORTED_FLAGS:
-        if _flag(cfg_json, layer, name):
-            raise DraftFormatError(f"config sets {name}=true; this draft implements only {name}=false, so it "
-                                   f"would run a different forward from the checkpoint's (SGLang's "
-                                   f"llama_eagle3.py has no {name} either)")
+    arch = SPECULATORS_ARCH if fmt == "speculators" else (cfg_json.get("architectures") or [SGLANG_ARCH])[0]
+    flags = draft_flags(cfg_json)
+    for name in FORWARD_FLAGS:
+        _flag(cfg_json, layer, name)                  # a non-boolean value is refused, not read as set
     h = _need(layer, "hidden_size")
     heads = _need(layer, "num_attention_heads")
     ids, where = ids_in_config(cfg_json)
     rope = layer.get("rope_parameters") or layer.get("rope_scaling") or {}
     theta = layer.get("rope_theta") or rope.get("rope_theta") or 10000.0
+    nested = cfg_json.get("eagle_config") if isinstance(cfg_json.get("eagle_config"), dict) else {}
+    nested_ids = nested.get("eagle_aux_hidden_state_layer_ids")
+    k = cfg_json.get("num_aux_hidden_states") or (len(nested_ids) if isinstance(nested_ids, list) else 3)
+    mla = _mla_fields(layer) if engine_draft_class(arch) == "mla" else {}
     return DraftConfig(
         hidden_size=h, intermediate_size=_need(layer, "intermediate_size"), num_attention_heads=heads,
         num_key_value_heads=layer.get("num_key_value_heads") or heads,
@@ -385,11 +596,10 @@ def config_from_json(cfg_json: dict) -> DraftConfig:
         draft_vocab_size=(cfg_json.get("draft_vocab_size") or layer.get("draft_vocab_size")
                           or _need(layer, "vocab_size")),
         target_hidden_size=cfg_json.get("target_hidden_size") or layer.get("target_hidden_size") or h,
-        num_aux=int(cfg_json.get("num_aux_hidden_states", 3)),
+        num_aux=int(k),
         rms_norm_eps=layer.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
         max_position_embeddings=layer.get("max_position_embeddings", 2048),
-        eagle_ids=ids, ids_location=where, format=fmt,
-        norm_before_residual=_flag(cfg_json, layer, "norm_before_residual"),
+        eagle_ids=ids, ids_location=where, format=fmt, arch=arch, **flags, **mla,
     )
 
 
@@ -404,24 +614,46 @@ def _llama_layer_json(cfg: DraftConfig) -> dict:
     }
 
 
+def _mla_layer_json(cfg: DraftConfig) -> dict:
+    """As k-l-lambda/Kimi-K2.5-Eagle3 and lightseekorg/kimi-k2.5-eagle3-mla write it: DeepSeek keys
+    on a one-layer config (``model_type`` kimi_k2)."""
+    out = {**_llama_layer_json(cfg), "model_type": "kimi_k2", "q_lora_rank": cfg.q_lora_rank,
+           "kv_lora_rank": cfg.kv_lora_rank, "qk_nope_head_dim": cfg.qk_nope_head_dim,
+           "qk_rope_head_dim": cfg.qk_rope_head_dim, "v_head_dim": cfg.v_head_dim,
+           "rope_scaling": cfg.rope_scaling, "num_key_value_heads": cfg.num_attention_heads}
+    if not cfg.rope_interleave:
+        out["rope_interleave"] = False
+    return out
+
+
 def config_to_json(cfg: DraftConfig, fmt: str, extra: dict | None = None) -> dict:
+    """The config a real tool would write for ``cfg``; forward flags only when set (as SpecForge,
+    ModelOpt and TorchSpec write them), ``num_aux_hidden_states`` when fc is not 3 slots wide
+    (engines size fc from it, then from the ids' count)."""
+    flags = {f: True for f in FORWARD_FLAGS if getattr(cfg, f)}
     if fmt == "sglang":
-        out = {"architectures": [SGLANG_ARCH], **_llama_layer_json(cfg),
+        layer = _mla_layer_json(cfg) if cfg.mla else _llama_layer_json(cfg)
+        out = {"architectures": [MLA_DRAFT_ARCH if cfg.mla else SGLANG_ARCH], **layer,
                "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size}
         if cfg.eagle_ids is not None:
             out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.eagle_ids),
                                    "use_aux_hidden_state": True}
-        if cfg.norm_before_residual:      # vLLM reads it top-level; SGLang ignores it (see load_draft)
-            out["norm_before_residual"] = True
+        out.update(flags)     # top-level, where both engines read them (norm_before_fc also nested)
     elif fmt == "speculators":
+        if cfg.mla:
+            raise ValueError(f"an MLA draft has no speculators format (speculators and vLLM's speculators "
+                             f"mapping know llama and qwen3 layers); save it as fmt='sglang' "
+                             f"({MLA_DRAFT_ARCH})")
         out = {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "eagle3",
                "transformer_layer_config": _llama_layer_json(cfg), "draft_vocab_size": cfg.draft_vocab_size,
-               "target_hidden_size": cfg.target_hidden_size, "norm_before_residual": cfg.norm_before_residual,
-               "speculators_version": "0.5.0"}
+               "target_hidden_size": cfg.target_hidden_size, **flags,
+               "norm_before_residual": cfg.norm_before_residual, "speculators_version": "0.5.0"}
         if cfg.eagle_ids is not None:
             out["eagle_aux_hidden_state_layer_ids"] = list(cfg.eagle_ids)
     else:
         raise ValueError(f"unknown draft format {fmt!r}; expected 'sglang' or 'speculators'")
+    if cfg.num_aux != 3:
+        out["num_aux_hidden_states"] = cfg.num_aux
     out.update(extra or {})
     return out
 
@@ -644,11 +876,20 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
         raise DraftFormatError(f"draft weights disagree with {path / 'config.json'}: " + "; ".join(wrong))
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
+    for key, flag in (("input_norm.weight", "norm_before_fc"), ("fc_norm.0.weight", "fc_norm")):
+        if key in unexpected or key in missing:
+            has = "holds" if key in unexpected else "lacks"
+            raise DraftFormatError(
+                f"{source} {has} {key.split('.')[0]}.* but {path / 'config.json'} "
+                f"{'does not set' if key in unexpected else 'sets'} {flag}: engines build the norm from the "
+                f"config and skip weights they did not build, so this checkpoint would be served "
+                f"{'without the norm it was trained with' if key in unexpected else 'with an untrained norm'}"
+                f"; expected the flag and the weights together")
     if missing or unexpected:
         raise DraftFormatError(
-            f"{source} does not match an EAGLE-3 draft: missing {missing}, unexpected {unexpected} (expected "
-            f"fc.weight, norm.weight, lm_head.weight, one decoder layer under midlayer.* or layers.0.*, "
-            f"optionally embed_tokens.weight, d2t, t2d)")
+            f"{source} does not match an EAGLE-3 draft{' with MLA attention' if cfg.mla else ''}: missing "
+            f"{missing}, unexpected {unexpected} (expected fc.weight, norm.weight, lm_head.weight, one "
+            f"decoder layer under midlayer.* or layers.0.*, optionally embed_tokens.weight, d2t, t2d)")
     del raw                         # the state holds the same tensors; converting one at a time frees each
     for k in list(state):
         if state[k].is_floating_point():

@@ -34,9 +34,7 @@ class SlotProjections:
         n = caps.input_ids.shape[0] if windows is None else min(windows, caps.input_ids.shape[0])
         self.draft, self.caps, self.n = draft, caps, n
         self.ids = caps.input_ids[:n]
-        w = draft.fc.weight
-        ht = draft.cfg.target_hidden_size
-        self.proj = [{b: (caps.states[b][:n].float() @ w[:, s * ht:(s + 1) * ht].T)
+        self.proj = [{b: draft.slot_project(caps.states[b][:n].float(), s)   # fc, and its norms (draft.py)
                       for b in caps.states} for s in range(draft.cfg.num_aux)]
         self.probs = caps.draft_probs[:n, 1:].float()
         self.labels = caps.target_argmax[:n, 1:]

@@ -672,12 +672,21 @@ def test_flag_in_layer_config_is_read():
     assert cfg.norm_before_residual
 
 
-@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm", "norm_output"])
-def test_unsupported_speculators_flags_are_refused(saved, target, flag):
-    """Each changes the forward; loading as if unset would evaluate another model."""
+@pytest.mark.parametrize("flag,weights", [("norm_before_fc", "input_norm"), ("fc_norm", "fc_norm")])
+def test_norm_flag_without_its_weights_is_refused(saved, target, flag, weights):
+    """An engine builds the norm from the flag and would serve it untrained (ones): refused, named."""
     _, path = saved("speculators")
     _edit_config(path, lambda c: c.update({flag: True}))
-    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError, f"{flag}=true")
+    _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftFormatError,
+                      f"lacks {weights}.* but .*config.json sets {flag}")
+
+
+def test_norm_output_loads_and_is_honoured(saved, target):
+    """norm_output adds no weight: it changes what the next step is fed (tests/test_draft_variants.py
+    checks the forward)."""
+    _, path = saved("speculators")
+    _edit_config(path, lambda c: c.update({"norm_output": True}))
+    assert load_draft(path, target=target).cfg.norm_output
 
 
 def test_non_boolean_flag_is_refused(saved, target):
