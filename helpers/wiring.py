@@ -1,7 +1,7 @@
 """Which boundaries an engine really serves to an EAGLE-3 draft: the entry point for notebooks and the CLI.
 
 SGLang is resolved by running and reading each release's own code (``helpers.sglang``); vLLM,
-whose source is not read, by its documented rule (``helpers.conventions``). This module only
+TRT-LLM and llama.cpp by the rules recorded from their sources (``helpers.conventions``). This module only
 dispatches, attaches the patch's advice to a boundary-0 hazard, falls back on the documented
 rule when no source can be fetched, and prints. See docs/architecture.md for the picture.
 """
@@ -22,6 +22,7 @@ from .conventions import (
     ids_in_config,
     parse_engine,
     read_draft_config,
+    resolve_llamacpp,
     resolve_trtllm,
     resolve_vllm,
     sglang_documented_layout,
@@ -54,6 +55,8 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
         return _checked_against_vllm_source(result, version, arch) if read_vllm_source else result
     if name == "trtllm":
         return resolve_trtllm(version, arch, num_layers, ids, cfg)
+    if name == "llamacpp":
+        return resolve_llamacpp(version, arch, num_layers, ids, cfg)
     src = source or source_for(version, root)
     if version is not None and src.version not in (version, "unknown"):
         raise WiringError(f"engine asks for sglang {version} but the source given is sglang {src.version}")
