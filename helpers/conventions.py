@@ -586,7 +586,6 @@ def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Seque
                         warnings=warnings + ["llama.cpp rule read from its sources (docs/conventions.md); "
                                              "not run"])
 
-
 def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.
 
@@ -757,4 +756,42 @@ def honours_flag(engine: "str | Engine", flag: str, arch: str = SGLANG_DRAFT_ARC
         return False, (f"vLLM's speculators config mapping (algos.py) passes {flag} on from "
                        f"{VLLM_SPECULATORS_PASSES[flag]}; {eng} drops it before {where} sees it")
     return True, f"{where} implements {flag} from {first}{newer}"
+
+
+def _later(a: str, b: str) -> str:
+    return a if version_tuple(a) >= version_tuple(b) else b
+
+
+def ignored_flag_problems(cfg: dict, engine: "str | Engine") -> list[tuple[str, str, str]]:
+    """(kind, message, fix) for each way ``engine`` runs this draft otherwise than it was trained:
+    no class for its architecture (an MLA draft on a release before kimi_k25_eagle3.py), or a forward
+    flag the draft sets that the release's draft file does not implement. norm_before_residual is
+    left to its own long-standing rule (``honours_norm_before_residual``). TensorRT-LLM's draft files
+    are not read: nothing is said for it."""
+    eng = parse_engine(engine)
+    if eng.name not in FIRST_MLA_DRAFT:
+        return []
+    arch = str((cfg.get("architectures") or [""])[0])
+    out = []
+    has, why = serves_draft_class(eng, arch)
+    if has is False:
+        out.append(("draft-class", f"{why}: it cannot load this draft (the release registers no such class)",
+                    f"serve with sglang>={FIRST_MLA_DRAFT['sglang']} or vllm>={FIRST_MLA_DRAFT['vllm']}"))
+        return out
+    cls = engine_draft_class(arch)
+    for flag, on in draft_flags(cfg).items():
+        if not on or flag == "norm_before_residual":
+            continue
+        ok, why = honours_flag(eng, flag, arch, speculators_format=is_speculators_format(cfg))
+        if ok is False:
+            spec = is_speculators_format(cfg)
+            firsts = [f"{name}>={_later(rules[flag], VLLM_SPECULATORS_PASSES[flag]) if spec else rules[flag]}"
+                      for (name, c), rules in FLAG_FIRST.items()
+                      if c == cls and rules[flag] and not (spec and name == "sglang")]
+            fix = (f"serve with {' or '.join(firsts)}, or retrain without {flag}" if firsts
+                   else f"serve with an engine that implements {flag} (none read does for this class), or "
+                        f"retrain without it")
+            out.append((flag.replace("_", "-"),
+                        f"the draft was trained with {flag}=true; {why}, so {eng} runs another forward", fix))
+    return out
 

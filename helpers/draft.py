@@ -76,7 +76,7 @@ def run_as(draft, engine):
     for flag, on in saved.items():
         if not on:
             continue
-        honoured, why = honours_flag(engine, flag, draft.cfg.arch)
+        honoured, why = honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators")
         if honoured is False:
             setattr(draft.cfg, flag, False)
             notes.append(f"run as {engine} runs it: {flag} ignored (the draft was trained with it; {why})")
@@ -946,12 +946,27 @@ def read_training_record(path: str | Path) -> dict | None:
     return record
 
 
+# A small MLA attention in the proportions of the Kimi-K2.5 MLA drafts (kv_lora_rank 512 and q_lora_rank
+# 1536 at width 7168; nope 128, rope 64, v 128 per head) and their YaRN rope (factor 64 over 4096).
+KIMI_YARN = {"type": "yarn", "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+             "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def mla_variant(hidden: int, heads: int = 4, rope_scaling: dict | None = None) -> dict:
+    """``new_draft_config`` keywords for an MLA draft of width ``hidden`` (the workbook's tiny ones)."""
+    d = hidden // heads
+    return {"arch": MLA_DRAFT_ARCH, "q_lora_rank": max(hidden // 4, 8), "kv_lora_rank": max(hidden // 8, 8),
+            "qk_nope_head_dim": d // 2, "qk_rope_head_dim": max(d // 4, 2), "v_head_dim": d // 2,
+            "rope_scaling": dict(KIMI_YARN if rope_scaling is None else rope_scaling)}
+
+
 def new_draft_config(target_cfg, draft_vocab_size: int, eagle_ids: list[int],
-                     num_aux: int = 3) -> DraftConfig:
+                     num_aux: int = 3, **variant) -> DraftConfig:
+    """``variant``: DraftConfig fields of a draft variant (forward flags, ``mla_variant(...)``)."""
     h = target_cfg.hidden_size
     return DraftConfig(hidden_size=h, intermediate_size=3 * h, num_attention_heads=4, num_key_value_heads=4,
                        head_dim=h // 4, vocab_size=target_cfg.vocab_size, draft_vocab_size=draft_vocab_size,
-                       target_hidden_size=h, num_aux=num_aux, eagle_ids=list(eagle_ids))
+                       target_hidden_size=h, num_aux=num_aux, eagle_ids=list(eagle_ids), **variant)
 
 
 def as_dict(cfg: DraftConfig) -> dict:

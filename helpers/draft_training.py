@@ -11,14 +11,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .capture import capture_boundaries, decoder_parts
-from .draft import Eagle3Draft
+from .corpus import stdlib_corpus
+from .draft import Eagle3Draft, new_draft_config, save_draft, vocab_maps
 from .evaluate import TargetCaptures, accuracy_table, step_correct, verifier_logits
+from .target import load_target, write_json
 
 
 @dataclass
@@ -181,3 +184,43 @@ def captures_from_samples(target, data: SampleSet, draft: Eagle3Draft) -> Target
     arg = torch.cat([verifier_logits(target, data.hidden_states[s:s + 16, -1].float()).argmax(-1)
                      for s in range(0, len(data), 16)])
     return TargetCaptures(data.input_ids, states, arg, len(layers))
+
+
+def train_variant_draft(target_dir, out_dir, layout: tuple[int, ...], eagle_ids: list[int], variant: dict,
+                        steps: int = 250, seq_len: int = 128, train_samples: int = 160, val_samples: int = 16,
+                        draft_vocab: int = 1024, ttt_steps: int = 3, seed: int = 0, fmt: str = "sglang",
+                        corpus_chars: int = 600_000) -> dict:
+    """A draft variant (``variant``: DraftConfig fields, e.g. ``mla_variant(H)`` or norm flags) trained
+    briefly on ``layout`` against a saved target, saved in its real checkpoint layout with a
+    ``training.json``. The recipe is ``build.build_draft``'s (standardize_data_v1 over boundaries
+    ``layout + (L,)``, TTT), shortened: minutes, not the embedded pair's quarter hour."""
+    t0 = time.perf_counter()
+    target, tok = load_target(Path(target_dir))
+    L = target.config.num_hidden_layers
+    capture = tuple(layout) + (L,)
+    corpus = stdlib_corpus(max_chars=corpus_chars)
+    train_ids = torch.tensor(tok(corpus.train_text, verbose=False)["input_ids"], dtype=torch.long)
+    held_ids = torch.tensor(tok(corpus.heldout_text, verbose=False)["input_ids"], dtype=torch.long)
+    vocab_ids = draft_vocab_from_counts(train_ids, target.config.vocab_size, draft_vocab)
+    train = generate_samples(target, train_ids, train_samples, seq_len, capture, 0.25, seed, desc="train")
+    val = generate_samples(target, held_ids, val_samples, seq_len, capture, 0.25, seed + 1, desc="val")
+    torch.manual_seed(seed)
+    cfg = new_draft_config(target.config, draft_vocab, eagle_ids, num_aux=len(layout), **variant)
+    draft = Eagle3Draft(cfg)
+    draft.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight.detach())
+    draft.d2t.copy_(vocab_maps(vocab_ids, target.config.vocab_size)[0])
+    draft.t2d.copy_(vocab_maps(vocab_ids, target.config.vocab_size)[1])
+    log = train_draft(target, draft, train, val, steps, ttt_steps, seed=seed, desc=f"variant on {layout}")
+    with torch.no_grad():                       # the precision it is saved in, so numbers reproduce
+        for prm in draft.parameters():
+            prm.copy_(prm.to(torch.bfloat16).float())
+    final = validate(target, draft, val, ttt_steps)
+    record = {"training_boundaries": list(layout), "captured_boundaries": list(capture),
+              "data_pipeline": "standardize_data_v1: draft input = cat(hidden_states[:-1])",
+              "deployed_eagle_ids": list(eagle_ids), "variant": {k: v for k, v in variant.items()},
+              "ttt_steps": ttt_steps, "seed": seed, "steps": steps, "final_val": final, "log": log.to_dict(),
+              "seconds": round(time.perf_counter() - t0, 1)}
+    save_draft(draft, out_dir, fmt)
+    write_json(Path(out_dir) / "training.json", record)
+    return record
+
