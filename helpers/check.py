@@ -28,7 +28,6 @@ from .conventions import (
     honours_norm_before_residual,
     ids_in_config,
     ignored_flag_problems,
-    ignored_flag_problems,
     is_speculators_format,
     parse_engine,
     read_draft_config,
@@ -469,8 +468,6 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
             f"the draft was trained with norm_before_residual=true; {report.engine}'s "
             f"llama_eagle3 ignores the flag and runs another forward",
             "serve with vLLM, or retrain without it"))
-    for kind, message, fix in ignored_flag_problems(cfg, engine):  # MLA class, EAGLE 3.1 flags (conventions)
-        report.problems.append(Problem(kind, message, fix))
     for kind, message, fix in ignored_flag_problems(cfg, engine):  # MLA class, EAGLE 3.1 flags (conventions)
         report.problems.append(Problem(kind, message, fix))
 
