@@ -481,10 +481,11 @@ def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequenc
 # eagle3.cpp takes exactly 3 ids. Which key the converter reads, by build read:
 #   b9093  no EAGLE-3 (no src/models/eagle3.cpp, no converter);
 #   b10001 the ids are ignored: `target_layers = [2, n // 2, n - 3]` (EAGLE-3 from llama.cpp PR #18039);
-#   b11434 the top-level key, else the default (PR #25794); eagle_config's key is never read (PR #27040
-#          proposed it and was closed unmerged).
+#   b10705, b11040, b11434 the top-level key, else the default (PR #25794); eagle_config's key is never
+#          read (PR #27040 proposed it and was closed unmerged).
 # A build between two that were read is given the earlier one's rule, with a warning.
-LLAMACPP_BUILDS_READ: dict[int, str] = {9093: "none", 10001: "defaults", 11434: "top-level"}
+LLAMACPP_BUILDS_READ: dict[int, str] = {9093: "none", 10001: "defaults", 10705: "top-level",
+                                        11040: "top-level", 11434: "top-level"}
 LLAMACPP_NEWEST_READ = max(LLAMACPP_BUILDS_READ)
 # HF target class -> llama.cpp graph (src/models/<graph>.cpp). Graphs that expose layer inputs, by build
 # read; the final boundary N only through the MTP head's state (`t_h_nextn`), which the converter's ids
@@ -502,6 +503,9 @@ LLAMACPP_GRAPH = {
 LLAMACPP_LAYER_INPUTS: dict[int, tuple[str, ...]] = {
     10001: ("gemma4", "llama", "minimax-m2", "openai-moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe",
             "qwen3next"),
+    10705: ("bailingmoe3", "deepseek4", "gemma4", "lfm2", "llama", "minimax-01", "minimax-m2", "muse-glimmer",
+            "nanbeige", "nemotron-h", "openai-moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next",
+            "qwen4exp"),
     11434: ("bailingmoe3", "deepseek4", "gemma4", "hunyuan-vl", "lfm2", "llama", "mimo2", "minimax-01",
             "minimax-m2", "muse-glimmer", "nanbeige", "nemotron-h", "openai-moe", "qwen3", "qwen35",
             "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp"),
