@@ -10,10 +10,14 @@ from helpers.errors import BadOption
 from helpers.trainers import (
     POST_NORM,
     capture_after_layer,
+    default_ids_from_function,
     default_ids_in,
     parse_trainer,
     trainer_layout,
+    training_ids_from_config,
+    writers_of,
 )
+from helpers.wiring import resolve
 from helpers.wiring_cli import main as wiring_main
 
 N = 61   # Kimi-K2.5's depth
@@ -93,3 +97,54 @@ def test_cli_trainer(capsys):
     assert "trained fc on   : (3, 7, 10)" in out and "custom_worker.py" in out
     assert wiring_main(["--trainer", "trtllm", "--layers", "12", "--train-ids", "1,5,8,-1", "--json"]) == 1
     assert wiring_main(["--train-ids", "1,2", "--layers", "12", "--arch", "X"]) == 2
+
+
+# --------------------------------------------------------------------------------------
+# ModelOpt and TorchSpec (docs/conventions.md, "Trainers").
+
+
+def test_modelopt_hooks_layer_outputs_in_layer_order():
+    r = trainer_layout("modelopt", 36, read_source=False)
+    assert r.ids == [1, 17, 32] and r.training_layout == (2, 18, 33) and r.written_ids == [1, 17, 32]
+    # hooks are registered walking the layers, so the listed order does not matter
+    assert trainer_layout("modelopt", 36, [32, 1, 17], read_source=False).training_layout == (2, 18, 33)
+    # gpt-oss-120b's long-context head: ids [1, 17, 32] are layer outputs, boundaries 2, 18, 33
+    assert trainer_layout("modelopt", 36, [1, 17, 32], read_source=False).label == "(b2, b18, b33)"
+
+
+def test_modelopt_default_is_evaluated_from_the_release_function(tmp_path: Path):
+    f = tmp_path / "hf_eagle.py"
+    f.write_text("def default_eagle_aux_layer_ids(num_layers: int) -> list[int]:\n"
+                 "    return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})\n")
+    assert default_ids_from_function(f, "default_eagle_aux_layer_ids", 61) == (
+        [1, 29, 57], 2, "return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})")
+    f.write_text("import os\ndef default_eagle_aux_layer_ids(n):\n    return os.listdir('.')\n")
+    assert default_ids_from_function(f, "default_eagle_aux_layer_ids", 61) is None   # no builtins, no imports
+
+
+def test_torchspec_keeps_id_order_and_its_vllm_export_adds_one_for_kimi():
+    assert trainer_layout("torchspec", 61, [57, 1, 29]).training_layout == (58, 2, 30)
+    r = trainer_layout("torchspec-vllm", 61, [1, 29, 57], model_type="kimi_k2")
+    assert r.training_layout == (2, 30, 58) and r.written_ids == [2, 30, 58]
+    # the exported ids are vLLM boundaries, and they are the training layout
+    served = resolve("vllm==0.33.0", "DeepseekV3ForCausalLM", 61, ids=r.written_ids)
+    assert served.served_layout == r.training_layout
+    assert training_ids_from_config("torchspec-vllm", [2, 30, 58], "kimi_k2") == [1, 29, 57]
+    # other model types are exported as trained
+    assert trainer_layout("torchspec-vllm", 36, [1, 17, 32], model_type="llama").written_ids == [1, 17, 32]
+    assert training_ids_from_config("torchspec-vllm", [1, 17, 32], "llama") == [1, 17, 32]
+
+
+def test_writers_of_a_config_format():
+    sglang_fmt = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]}}
+    assert writers_of(sglang_fmt) == ["specforge-hf", "torchspec", "modelopt"]
+    assert writers_of(sglang_fmt, "0.5.9") == ["specforge-hf", "specforge-sglang==0.5.9", "torchspec",
+                                                "modelopt"]
+    mla = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2",
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+    assert "torchspec-vllm" in writers_of(mla)
+    spec = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"}
+    assert writers_of(spec) == ["speculators==0.4.0"]
+    assert writers_of({**spec, "eagle_aux_hidden_state_layer_ids": [2, 18, 33]}) == ["speculators==0.9.0"]
+    assert writers_of({"architectures": ["LlamaForCausalLMEagle3"]}) == ["eagle", "trtllm"]
