@@ -16,7 +16,7 @@ from . import cli
 from .boundaries import layout_label, parse_layout
 from .conventions import read_draft_config, read_target_config
 from .draft import DraftFormatError, load_draft
-from .dump_diagnose import diagnose_dump
+from .dump_diagnose import RANKED_BY, diagnose_dump
 from .dumps import FORMATS, check_new_dir, open_dump, write_dump
 from .errors import BadOption, BadText, fail, print_json, read_text_file
 from .pair import check_device, text_windows
@@ -103,8 +103,8 @@ def run_dump_diagnosis(a) -> int:
             beyond = [b for b in dump.recorded_boundaries if not 0 <= b <= L]
             if beyond:
                 raise BadText(f"{dump.record_source} names boundaries {list(dump.recorded_boundaries)}, but "
-                              f"the target has {L} layers (boundaries 0..{L}): {beyond} cannot be states of this "
-                              f"target; is it the target the dump was written from?")
+                              f"the target has {L} layers (boundaries 0..{L}): {beyond} cannot be states of "
+                              f"this target; is it the target the dump was written from?")
         d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine,
                           draft_config=dcfg, arch=arch, num_layers=L, steps=a.steps,
                           max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json)
@@ -121,7 +121,7 @@ def run_dump_diagnosis(a) -> int:
 def _row_text(r: dict | None) -> str:
     if not r:
         return "not measurable from this dump"
-    return f"step-0 acc {r['acc0']:.3f}   ce {r['ce']:.3f}   sim accept length {r['sim_accept_length']:.2f}"
+    return (f"accept length {r['sim_accept_length']:.3f}   step-0 acc {r['acc0']:.3f}   ce {r['ce']:.3f}")
 
 
 def format_dump_diagnosis(d, engine: str | None) -> str:
@@ -133,14 +133,16 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
         out.append(f"   slot {s.slot}: boundary {'?' if s.boundary is None else s.boundary} ({name})   "
                    f"[{s.how}]")
     best = d.best
+    out.append(f"ranked by {RANKED_BY}, {d.steps} draft steps")
     out.append(f"best: slots {tuple(best['slots'])} = {best['label']}   {_row_text(best)}")
     cs = d.confident_set
+    r = d.ranking.loc[1] if len(d.ranking) > 1 else None
+    z = "" if r is None else f"runner-up {tuple(r['slots'])} z = {r['z_vs_best']:.1f}"
     if len(cs) > 1:
-        out.append(f"   NOT confident: {len(cs)} layouts within noise of the best: {cs[:6]}"
+        out.append(f"   NOT confident ({z}): {len(cs)} layouts within noise of the best: {cs[:6]}"
                    + (" ..." if len(cs) > 6 else ""))
-    elif len(d.ranking) > 1:
-        r = d.ranking.loc[1]
-        out.append(f"   runner-up {tuple(r['slots'])}: z = {r['z_vs_best']:.1f} (confident)")
+    elif r is not None:
+        out.append(f"   {z} (confident)")
     if d.trained_slots is not None:
         out.append(f"trained choice (the trainer's): slots {d.trained_slots} = {d.trained_layout}   "
                    f"{_row_text(d.row(d.trained_slots))}")

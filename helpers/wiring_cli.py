@@ -86,7 +86,14 @@ def format_report(r: WiringResult) -> str:
 def _other_modes(args) -> int | None:
     """--trainer, --matrix and --matrix-doc: None when the plain engine question was asked."""
     if args.matrix_doc:
-        path = write_doc(args.matrix_doc, _versions(args), progress=True)
+        doc = Path(args.matrix_doc)
+        if doc.is_dir():
+            raise BadOption(f"--matrix-doc {doc} is a folder; expected the markdown file to write, e.g. "
+                            f"{doc / 'sglang-matrix.md'}")
+        blocked = next((d for d in doc.parents if d.exists() and not d.is_dir()), None)
+        if blocked is not None:
+            raise BadOption(f"--matrix-doc {doc}: {blocked} is a file, so nothing can be written under it")
+        path = write_doc(doc, _versions(args), progress=True)
         print(f"wrote {path}")
         return 0
     if not (args.trainer or args.matrix):
@@ -105,8 +112,17 @@ def _other_modes(args) -> int | None:
         return 1 if res.errors else 0
     arch, layers = _target_arch_and_layers(args, target_cfg)
     ids = cli.parse_int_list(args.ids, "--ids") if args.ids is not None else None
-    found = runs(matrix(arch, layers, ids, draft=args.draft, versions=_versions(args),
-                        progress=not args.json))
+    versions = _versions(args)
+    found = runs(matrix(arch, layers, ids, draft=args.draft, versions=versions, progress=not args.json))
+    if found and all(r.status == "no such model class" for r in found):
+        first, last = found[0].first, found[-1].last
+        span = first if first == last else f"{first} .. {last}"
+        raise WiringError(f"--arch {arch}: no SGLang release read ({span}) registers a model class of that "
+                          f"name; expected an architecture from the target's config.json, e.g. "
+                          f"LlamaForCausalLM")
+    if not found:
+        raise WiringError("no SGLang release to read for --matrix (none listed or cached); go online once, "
+                          "or pass --versions")
     if args.json:
         print_json({"arch": arch, "num_layers": layers, "ids": ids, "runs": [r.to_dict() for r in found]},
                    indent=2)
@@ -116,7 +132,17 @@ def _other_modes(args) -> int | None:
 
 
 def _versions(args) -> list[str] | None:
-    return [v.strip() for v in args.versions.split(",") if v.strip()] if args.versions else None
+    """--versions as a list; None (every release) only when the flag is absent: an empty value is a
+    typo, and 'every release' would fetch every wheel online, or quietly cover only the cached ones."""
+    if args.versions is None:
+        return None
+    found = [v.strip() for v in args.versions.split(",") if v.strip()]
+    if not found or len(found) != len(args.versions.split(",")):
+        raise BadOption(f"--versions {args.versions!r} has an empty entry; expected releases like "
+                        f"0.5.9,0.5.23, or leave --versions out for every release")
+    for v in found:
+        ss.check_version_string(v)
+    return found
 
 
 def format_trainer(r) -> str:

@@ -160,6 +160,8 @@ def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]
                                       config=types.SimpleNamespace(num_hidden_layers=num_layers),
                                       num_layers=num_layers)
     for text in capture.post_loop_exprs:
+        if "__" in text:
+            continue  # the tree's text, evaluated here: no dunder escapes out of the empty builtins
         try:
             value = eval(compile(text, "<post-loop>", "eval"), {"__builtins__": {"len": len}},
                          {"self": stub_self, "num_layers": num_layers})

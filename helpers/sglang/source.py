@@ -317,15 +317,33 @@ def safe_read(path: Path) -> str:
         return ""
 
 
+def tree_version(root: Path) -> str | None:
+    """The release a tree says it is: its ``sglang-*.dist-info`` (a wheel's copy or an install), else
+    ``sglang/version.py`` (a git checkout); None when it says nothing."""
+    infos = sorted(Path(root).glob("sglang-*.dist-info"))
+    if infos:
+        return infos[0].name[len("sglang-"):-len(".dist-info")]
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", safe_read(Path(root) / "sglang" / "version.py"))
+    return m.group(1) if m else None
+
+
 def source_at(root: Path | str, version: str | None = None) -> SglangSource:
-    """A source rooted at an explicit folder (a test's private copy, a git checkout)."""
+    """A source rooted at an explicit folder (a test's private copy, a git checkout). A version named
+    by the caller must be the tree's own: an answer labelled with one release but computed from
+    another's code is wrong in a way nobody would notice."""
     root = Path(root)
     if not (root / "sglang").is_dir():
-        raise SglangSourceError(f"{root} has no sglang/ folder")
-    if version is None:
-        infos = sorted(root.glob("sglang-*.dist-info"))
-        version = infos[0].name[len("sglang-"):-len(".dist-info")] if infos else "unknown"
-    return SglangSource(version=version, root=root, origin="root")
+        raise SglangSourceError(f"{root} has no sglang/ folder; expected a folder holding an sglang/ tree "
+                                f"(a site-packages, an unpacked wheel or a git checkout)")
+    if not (root / "sglang" / "srt" / "models").is_dir():
+        raise SglangSourceError(f"{root / 'sglang'} has no srt/models/ folder, so it is not an SGLang source "
+                                f"tree the workbook can read")
+    own = tree_version(root)
+    if version is not None and own is not None and own != version:
+        said = "dist-info" if any(root.glob("sglang-*.dist-info")) else "sglang/version.py"
+        raise SglangSourceError(f"the tree {root} is sglang {own} (its {said}), not {version} as asked; "
+                                f"name the tree's own version, or point at a {version} tree")
+    return SglangSource(version=version or own or "unknown", root=root, origin="root")
 
 
 def get_source(version: str | None = None, *, root: Path | str | None = None,

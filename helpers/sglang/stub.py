@@ -1,14 +1,39 @@
-"""Running a version's own ``set_eagle3_layers_to_capture`` on a stub model."""
+"""Running a version's own ``set_eagle3_layers_to_capture`` on a stub model, in a sandbox.
+
+The release's own setter is the authority on its id-to-layer step, so it is run, never restated.
+But the code comes from a tree the user points at (``--sglang-root``) or a wheel off the index, and
+``check`` promises to be a static gate. So (docs/conventions.md, "How a release's code is run"):
+
+- it runs in a child process started with ``python -I`` (no user site, no PYTHON* variables), an
+  environment scrubbed to a locale, cwd ``/``, and, where the kernel allows, its own empty network
+  namespace;
+- before the first job the child installs an audit hook that refuses every write-mode open, every
+  socket, subprocess, exec/spawn/fork, file-system change (remove, rename, mkdir, chmod, ...),
+  ctypes and the import of network or process modules, and sets the file-size limit to 0;
+- only the setter (and the methods of its class it calls) is compiled from the file, never the
+  module's top-level code; a dunder name or attribute anywhere in it refuses the run; it sees
+  restricted builtins (``SAFE_BUILTINS``: no open, import, exec, eval, compile, type, globals);
+- one job has ``SETTER_TIMEOUT_S`` to answer; the child is killed after that.
+
+Children are reused: one for every cached wheel (a matrix of 69 releases costs one start), one per
+explicit tree. A child that broke a rule or timed out is discarded.
+"""
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import copy
+import json
+import os
+import selectors
+import subprocess
 import sys
 import textwrap
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..boundaries import WiringError
@@ -47,21 +72,73 @@ class _Placeholder:
         return f"<stub {self._name}>"
 
 
+class SandboxRefusal(RuntimeError):
+    """The release's code tried something the sandbox does not allow (a dunder, a write, a socket)."""
+
+
+def _no_dunder(name) -> str:
+    if not isinstance(name, str) or name.startswith("__"):
+        raise SandboxRefusal(f"attribute {name!r} refused: the sandbox allows no dunder access")
+    return name
+
+
+def _getattr(obj, name, *default):
+    return getattr(obj, _no_dunder(name), *default)
+
+
+def _setattr(obj, name, value):
+    return setattr(obj, _no_dunder(name), value)
+
+
+def _hasattr(obj, name):
+    return hasattr(obj, _no_dunder(name))
+
+
+# What a setter may call: everything the setters of 0.4.4.post2 .. 0.5.23 use (int, list, setattr,
+# hasattr, len, set, sorted, max, all, any, enumerate, tuple and a few exceptions), plus the plain
+# value builtins. No open, __import__, exec, eval, compile, type, vars, globals, breakpoint, input.
+SAFE_BUILTINS: dict[str, Any] = {
+    **{k: getattr(builtins, k) for k in (
+        "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
+        "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "range", "repr",
+        "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip", "None", "True", "False",
+        "Exception", "ValueError", "TypeError", "KeyError", "IndexError", "AttributeError", "RuntimeError",
+        "NotImplementedError", "AssertionError", "StopIteration", "ZeroDivisionError")},
+    "getattr": _getattr, "setattr": _setattr, "hasattr": _hasattr,
+}
+
+
 class _Globals(dict):
-    """Module globals for an extracted function: builtins, typing, else placeholders."""
+    """Module globals for an extracted function: restricted builtins, typing, else placeholders."""
 
     def __init__(self, log: list[str]):
         super().__init__()
         self._log = log
+        self["__builtins__"] = SAFE_BUILTINS
         self.update({k: getattr(typing, k) for k in ("Optional", "List", "Dict", "Tuple", "Union", "Any")})
 
     def __missing__(self, key):
-        if key == "__builtins__":
+        if key.startswith("__"):
             raise KeyError(key)
-        if hasattr(builtins, key):
-            return getattr(builtins, key)
+        if key in SAFE_BUILTINS:
+            return SAFE_BUILTINS[key]
         self._log.append(f"global {key}")
         return _Placeholder(key, self._log)
+
+
+def _refuse_dunders(node: ast.AST, path: str) -> None:
+    """The escape routes out of restricted builtins all go through dunders (``().__class__``,
+    ``f.__globals__``, ``__import__``); no setter of any release uses one."""
+    for n in ast.walk(node):
+        name = (n.attr if isinstance(n, ast.Attribute) else n.id if isinstance(n, ast.Name)
+                else n.name if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node
+                else None)
+        if isinstance(name, str) and name.startswith("__"):
+            raise SandboxRefusal(f"{path}:{getattr(n, 'lineno', '?')} uses {name!r}: the sandbox runs no "
+                                 f"code that touches dunder names")
+        if isinstance(n, (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
+            raise SandboxRefusal(f"{path}:{n.lineno} `{ast.unparse(n)}`: the sandbox runs no imports or "
+                                 f"global statements")
 
 
 @dataclass
@@ -122,6 +199,7 @@ def _compile_method(ctx: _StubContext, owner: ClassRef, fn: ast.FunctionDef):
     a = node.args
     for arg in a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]:
         arg.annotation = None
+    _refuse_dunders(node, str(owner.path))
     module = ast.Module(body=[node], type_ignores=[])
     code = compile(module, str(owner.path), "exec")
     namespace = _Globals(ctx.log)
@@ -144,8 +222,25 @@ class SetterRun:
 
 
 def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int] | None,
-               target_config: dict | None = None) -> SetterRun:
-    """Call the version's own ``set_eagle3_layers_to_capture(ids)`` on a stub of ``arch``.
+                target_config: dict | None = None) -> SetterRun:
+    """Call the version's own ``set_eagle3_layers_to_capture(ids)`` on a stub of ``arch``, in the
+    sandbox child (module docstring). Same answer as running it here, without the risk."""
+    job = {"version": src.version, "root": str(src.root), "origin": src.origin, "arch": arch,
+           "num_layers": int(num_layers), "ids": None if ids is None else [int(i) for i in ids],
+           "target_config": json.loads(json.dumps(target_config or {}, default=str))}
+    key = "cache" if src.origin == "cache" else f"tree:{Path(src.root).resolve()}"
+    reply = _call_worker(key, job)
+    if "run" not in reply:
+        return SetterRun(None, None, [], [], reply.get("error") or "the sandbox gave no answer")
+    d = reply["run"]
+    d["executed"] = [SourceLine(**x) for x in d["executed"]]
+    return SetterRun(**d)
+
+
+def _run_setter_here(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int] | None,
+                     target_config: dict | None = None) -> SetterRun:
+    """Call the version's own ``set_eagle3_layers_to_capture(ids)`` on a stub of ``arch``, in this
+    process: what the sandbox child does for each job.
 
     A single-stage pipeline is modelled (first and last rank); the config carries
     ``num_hidden_layers`` plus whatever the target's config.json provides.
@@ -189,8 +284,12 @@ def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int]
             setter(list(ids) if ids is not None else None)
         else:
             setter()
+    except SandboxRefusal as exc:
+        error = f"SandboxRefusal: {exc}"
     except Exception as exc:  # the version's code rejected the stub or the ids
         error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PermissionError) and "sandbox" in str(exc):
+            error = f"SandboxRefusal: {exc}"
     finally:
         sys.settrace(old)
     executed = _executed_lines(src, ctx.traced)
@@ -231,7 +330,9 @@ def exec_capture_site(site: CaptureSite, i: int, hidden_states: Any, residual: A
                           CaptureStyle.INLINE_HIDDEN_ONLY):
         raise WiringError(f"the capture at {site.file}:{site.line} is {site.style}; only inline sites "
                           f"execute")
-    code = compile(textwrap.dedent(site.source), site.path, "exec")
+    tree = ast.parse(textwrap.dedent(site.source))
+    _refuse_dunders(tree, site.path)
+    code = compile(tree, site.path, "exec")
     log: list[str] = []
     namespace = _Globals(log)
     aux: list = []
@@ -242,3 +343,152 @@ def exec_capture_site(site: CaptureSite, i: int, hidden_states: Any, residual: A
                      aux_hidden_states=aux)
     exec(code, namespace)
     return aux
+
+
+# --------------------------------------------------------------------------------------
+# The sandbox child: one process per cache or tree, spoken to in JSON lines.
+
+SETTER_TIMEOUT_S = 60.0      # one setter run takes milliseconds; a minute means it hangs
+_MEMORY_LIMIT = 4 * 2**30    # address space of the child: a setter cannot exhaust the machine
+_REPO = Path(__file__).resolve().parents[2]
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from helpers.sglang.stub import _child_main; _child_main()")
+
+# Audit events the child refuses once locked (https://docs.python.org/3/library/audit_events.html).
+_REFUSED_EVENTS = (
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+    "subprocess.Popen", "pty.spawn", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
+    "os.link", "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.lchmod", "os.mkfifo", "os.mknod",
+    "os.putenv", "os.unsetenv", "os.chdir", "os.chroot", "shutil.", "socket.", "ctypes.", "webbrowser.",
+    "urllib.Request", "http.client.", "ftplib.", "smtplib.", "poplib.", "imaplib.", "telnetlib.",
+    "mmap.__new__", "fcntl.", "resource.setrlimit", "sys.addaudithook")
+_REFUSED_MODULES = {
+    "ctypes", "_ctypes", "socket", "_socket", "ssl", "_ssl", "http", "urllib", "ftplib", "smtplib", "poplib",
+    "imaplib", "telnetlib", "xmlrpc", "multiprocessing", "_multiprocessing", "_posixsubprocess", "pty",
+    "mmap", "fcntl", "webbrowser", "asyncio", "concurrent", "select", "selectors", "signal", "_signal",
+    "resource",
+    "pickle", "_pickle", "marshal", "shelve"}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open":
+        mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int)
+                                                                           and flags & _WRITE_FLAGS):
+            raise PermissionError(f"sandbox: refused to open {args[0]!r} for writing")
+        return
+    if event == "import":
+        if str(args[0]).split(".")[0] in _REFUSED_MODULES:
+            raise PermissionError(f"sandbox: refused to import {args[0]}")
+        return
+    if event.startswith(_REFUSED_EVENTS):
+        raise PermissionError(f"sandbox: refused {event}")
+
+
+def _lock_down() -> list[str]:
+    """Everything the child gives up before it reads the first job; returns what it managed."""
+    import resource
+    import signal
+
+    done = []
+    try:  # an empty network namespace: no interface but a down loopback (Linux, unprivileged userns)
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000 | 0x40000000) == 0:   # CLONE_NEWUSER | CLONE_NEWNET
+            done.append("network namespace")
+    except (OSError, AttributeError):
+        pass
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG, not a kill
+    for limit, value in ((resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_AS, _MEMORY_LIMIT)):
+        try:
+            resource.setrlimit(limit, (value, value))
+            done.append(f"rlimit {limit}")
+        except (ValueError, OSError):
+            pass
+    sys.addaudithook(_audit)
+    done.append("audit hook")
+    return done
+
+
+def _child_main() -> None:
+    """Read one job per line from stdin, answer one JSON line per job on stdout."""
+    out = sys.stdout
+    locks = _lock_down()
+    for line in sys.stdin:
+        try:
+            job = json.loads(line)
+            src = SglangSource(version=job["version"], root=Path(job["root"]), origin=job["origin"])
+            run = _run_setter_here(src, job["arch"], job["num_layers"], job["ids"], job["target_config"])
+            reply = {"run": asdict(run), "locks": locks}
+        except BaseException as exc:  # noqa: BLE001 - whatever happens, the parent gets one line
+            reply = {"error": f"the sandboxed setter run failed: {type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def _scrubbed_env() -> dict[str, str]:
+    """No proxies, tokens, credentials or PYTHON* variables: only a locale."""
+    return {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+
+
+class _Worker:
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", _CHILD, str(_REPO)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=_scrubbed_env(), cwd="/", start_new_session=True)
+        self.buffer = b""
+
+    def call(self, job: dict, timeout: float) -> dict:
+        try:
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return {"error": f"the sandbox process exited (status {self.proc.poll()}) before the job"}
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self.buffer:
+                if not sel.select(timeout):
+                    self.close()
+                    return {"error": f"the release's {SETTER} did not return within {timeout:g} s in the "
+                                     f"sandbox; it was stopped"}
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return {"error": f"the sandbox process exited (status {self.proc.wait()}) during the job"}
+                self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+_WORKERS: dict[str, _Worker] = {}
+
+
+def _call_worker(key: str, job: dict) -> dict:
+    worker = _WORKERS.get(key)
+    if worker is None or worker.proc.poll() is not None:
+        worker = _WORKERS[key] = _Worker()
+    reply = worker.call(job, SETTER_TIMEOUT_S)
+    if "run" not in reply or "sandbox:" in str((reply.get("run") or {}).get("error")):
+        worker.close()            # a child that broke a rule, hung or died serves no further job
+        _WORKERS.pop(key, None)
+    return reply
+
+
+@atexit.register
+def close_sandboxes() -> None:
+    """Stop every sandbox child (they also exit on their own when this process's pipe closes)."""
+    while _WORKERS:
+        _WORKERS.popitem()[1].close()
