@@ -1,8 +1,29 @@
 """Shared fixtures: tiny random Hugging Face causal LMs built from a fixed seed."""
 from __future__ import annotations
 
+import math
+import os
+
 import pytest
 import torch
+
+# Waits on subprocesses, servers and browsers are wall-clock budgets, and a busy machine (CI on a
+# developer's box, the suite run beside another) stretches them all alike. .ci/run sets this factor
+# from the load it finds (os.getloadavg over the cores); a quiet machine runs at 1.
+TIMEOUT_FACTOR_ENV = "WORKBOOK_TEST_TIMEOUT_FACTOR"
+
+
+def timeout_factor() -> float:
+    try:
+        value = float(os.environ.get(TIMEOUT_FACTOR_ENV, "1") or 1)
+    except ValueError:
+        value = 1.0
+    return value if math.isfinite(value) and value >= 1 else 1.0
+
+
+def scaled(seconds: float) -> float:
+    """A test's wall-clock budget on this machine: ``seconds`` on a quiet one, longer under load."""
+    return seconds * timeout_factor()
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "deepseek_v3")
 

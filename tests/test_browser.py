@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from _pairs import tiny_default
+from conftest import scaled
 
 from helpers.workbook import REPO, SMALL, run_workbook
 
@@ -44,6 +45,7 @@ def _free_port() -> int:
 
 
 def _get(url: str, timeout: float = 5):
+    timeout = scaled(timeout)
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read() or b"null")
 
@@ -87,8 +89,8 @@ def lab(tmp_path):
                 _get(f"{base}/api/status", 2)
                 break
             except OSError:
-                if time.monotonic() - t0 > 180:
-                    pytest.fail(f"JupyterLab did not answer in 180 s:\n"
+                if time.monotonic() - t0 > scaled(180):
+                    pytest.fail(f"JupyterLab did not answer in {scaled(180):.0f} s:\n"
                                 f"{(tmp_path / 'lab.log').read_text()[-3000:]}")
                 time.sleep(0.5)
         yield base
@@ -96,10 +98,10 @@ def lab(tmp_path):
         # SIGTERM: jupyter_server shuts its kernels down (they run in sessions of their own) and exits
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            proc.wait(timeout=scaled(10))
         log.close()
 
 
@@ -129,20 +131,20 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
     shots.mkdir()
     timings = {}
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(scaled(60_000))
     page.goto(f"{lab}/lab/tree/notebooks/{NB}.ipynb")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell")
     # the notebook's kernelspec must be the one setup registered in .venv: no kernel picker appears
     page.wait_for_function("""() => {
         const k = window.jupyterapp && window.jupyterapp.serviceManager.sessions;
         return k && [...k.running()].some(s => s.kernel && s.kernel.name === 'eagle3-workbook'); }""")
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=scaled(60_000))
     t0 = time.monotonic()
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    page.wait_for_selector(".jupyter-widgets button:has-text('add to comparison')", timeout=300_000)
-    page.wait_for_selector("table.layout-comparison", timeout=60_000)
+    page.wait_for_selector(".jupyter-widgets button:has-text('add to comparison')", timeout=scaled(300_000))
+    page.wait_for_selector("table.layout-comparison", timeout=scaled(60_000))
     timings["run_all_to_widget_s"] = round(time.monotonic() - t0, 1)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=scaled(120_000))
     errors = page.eval_on_selector_all(
         ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
         "els => els.map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))")

@@ -6,13 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(*args):
     return subprocess.run([sys.executable, "-m", "helpers", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=scaled(300))
 
 
 def test_usage_lists_every_command():

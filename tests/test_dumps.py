@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from _pairs import tiny_default, tiny_dump
+from conftest import scaled
 from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,7 +20,7 @@ BOUNDS = (0, 3, 7, 10, 12)          # the trained (0, 3, 7) and the served (3, 7
 
 def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "helpers", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=scaled(600))
 
 
 def tree_hash(path: Path) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _pairs import tiny_default, tiny_dump
+from conftest import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = (3, 7, 10)      # what SGLang 0.5.9 captures for ids [2, 6, 9] on the tiny DeepSeek target
@@ -78,7 +79,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
                         str(base / "target"), "--text", str(base / "heldout.txt"), "--out", str(out),
                         "--window", "128", "--records", "3", "--layer-ids", "2,6,9", "--reference",
                         str(tiny_dump("speculators-legacy"))],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+                       cwd=REPO, capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stderr
     assert (seen and seen[0]["return_hidden_states"] is True
             and seen[0]["sampling_params"]["max_new_tokens"] == 1)
@@ -89,7 +90,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
     # and diagnose reads the capture like any dump: the running tiny target names each slot
     d = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--draft", str(base / "draft"), "--data",
                         str(out), "--target", str(base / "target"), "--json"], cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=scaled(600))
     assert d.returncode == 0, d.stderr
     res = json.loads(d.stdout)
     assert res["slot_boundaries"] == list(SERVED) and res["served_slots"] == [0, 1, 2]

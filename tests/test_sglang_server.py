@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import scaled
 
 from helpers.prompts import read_prompts
 from helpers.sglang import server as ss
@@ -301,14 +302,14 @@ def fake(tmp_path):
 
 def _start(spec, tmp_path, **kw):
     kw.setdefault("poll_interval", 0.1)
-    kw.setdefault("grace_s", 3.0)
-    kw.setdefault("startup_timeout", 15)
+    kw.setdefault("grace_s", scaled(3.0))
+    kw.setdefault("startup_timeout", scaled(15))
     return ss.SGLangServer(spec, log_path=tmp_path / f"{spec.port}.log", **kw)
 
 
 def _all_gone(leader: int, pid_file: Path) -> bool:
     workers = json.loads(pid_file.read_text()) if pid_file.exists() else []
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + scaled(2)
     while time.monotonic() < deadline and any(_alive(p) for p in [leader, *workers]):
         time.sleep(0.05)
     return not any(_alive(p) for p in [leader, *workers])
@@ -363,7 +364,7 @@ def test_early_crash_raises_with_log_tail(tmp_path):
 def test_startup_timeout_stops_server(tmp_path):
     cmd = [sys.executable, "-c", "import time; print('compiling', flush=True); time.sleep(60)"]
     spec = ss.ServerSpec(target="unused", port=ss.find_free_port(), command=cmd)
-    server = _start(spec, tmp_path, startup_timeout=1.0)
+    server = _start(spec, tmp_path, startup_timeout=scaled(1.0))
     with pytest.raises(ss.ServerStartError, match="not healthy") as err:
         server.start()
     assert "compiling" in str(err.value) and server.proc is None
@@ -377,11 +378,11 @@ def test_atexit_stops_a_server_left_running(fake, tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         from helpers.sglang import server as ss
         spec = ss.ServerSpec(target="unused", port={spec.port}, command={spec.command!r})
-        server = ss.SGLangServer(spec, poll_interval=0.1, grace_s=3.0, startup_timeout=15)
+        server = ss.SGLangServer(spec, poll_interval=0.1, grace_s={scaled(3.0)}, startup_timeout={scaled(15)})
         server.start()
         open({str(leader_file)!r}, "w").write(str(server.proc.pid))
     ''')
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=scaled(30))
     assert _all_gone(int(leader_file.read_text()), pid_file)
 
 
