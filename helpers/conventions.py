@@ -141,6 +141,12 @@ def read_draft_config(draft: str | Path | dict) -> dict:
     if not isinstance(cfg, dict):
         raise DraftConfigError(f"{path} holds a JSON {type(cfg).__name__}; "
                                f"expected an object (a draft config)")
+    nested = cfg.get("eagle_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise DraftConfigError(f"{path}: eagle_config is a JSON {type(nested).__name__} ({str(nested)[:60]});"
+                               f" "
+                               f"expected an object like {{\"{IDS_KEY}\": [2, 6, 9]}} (SGLang reads its keys "
+                               f"and would fail to load this draft)")
     archs = [str(a) for a in cfg.get("architectures") or []]
     if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
             "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
