@@ -10,6 +10,7 @@ and states are random.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,18 @@ def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 1843
     }
 
 
+def check_workdir(wd: Path) -> None:
+    """--workdir must be a folder this user can write: the temporary draft and dump go under it."""
+    blocked = next((d for d in (wd, *wd.parents) if d.exists() and not d.is_dir()), None)
+    if blocked is not None:
+        raise BadOption(f"--workdir {wd}: {blocked} is a file; expected a folder for the temporary draft and "
+                        f"dump")
+    if not wd.is_dir():
+        raise BadOption(f"--workdir {wd} does not exist; expected an existing folder with ~3 GB free")
+    if not os.access(wd, os.W_OK | os.X_OK):
+        raise BadOption(f"--workdir {wd} is not writable by this user; expected a folder with ~3 GB free")
+
+
 def main(argv=None) -> int:
     ap = cli.parser("scale-check", __doc__)
     ap.add_argument("--hidden", type=int, default=7168)
@@ -152,6 +165,8 @@ def main(argv=None) -> int:
     try:
         if min(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps) < 1 or a.hidden % 128:
             raise BadOption("sizes must be positive and --hidden a multiple of the 128-wide heads")
+        if a.workdir is not None:
+            check_workdir(Path(a.workdir))
         out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device,
                           a.workdir)
     except (ValueError, RuntimeError) as exc:

@@ -385,6 +385,9 @@ def _draft_width(draft) -> int | None:
         return None
 
 
+PATH_PARAMS = ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA", "REPORTS_DIR")
+
+
 def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     """Everything that can be checked before a kernel starts, so a typo fails in a second
     instead of inside notebook 02 after the old reports were overwritten."""
@@ -476,6 +479,9 @@ def main(argv=None) -> int:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
+        if k in PATH_PARAMS:     # a path is text as written: TARGET=123 names a folder '123', not a number
+            params[k] = v
+            continue
         try:
             params[k] = json.loads(v)
         except json.JSONDecodeError:

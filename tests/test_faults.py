@@ -534,3 +534,568 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys):
 # 1, failing notebook 1, Ctrl-C 1, --out a file 1.
 PATCH_KILLS = 2 * (6 + 4)
 BAD_INPUTS = 2 + 1 + 2 + 1 + 4 + 2 + 3 + 1 + 6 + len(_bad_cases()) + PATCH_KILLS + 1 + 1 + 1 + 1 + 1
+
+
+# ======================================================================================
+# Issues #20 and #22: the faults a careless or hostile user still found, and the silent wrong
+# answers. Each: the exit status, one line naming the file or value, nothing written or left.
+
+import socket  # noqa: E402
+import threading  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+from conftest import scaled  # noqa: E402
+
+
+def error_after_bar(err: str) -> str:
+    """The one 'error:' line of a command that had drawn a progress bar: on a line of its own (not
+    glued onto a bar frame), the last thing on stderr (no bar redrawn after it), no traceback."""
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
+    errs = [ln for ln in lines if "error:" in ln]
+    assert len(errs) == 1 and errs[0].startswith("error: ") and lines[-1] == errs[0], lines
+    return errs[0]
+
+
+def _quiet(tmp_path: Path, before: dict) -> None:
+    """Nothing written and nothing left behind under tmp_path (staging folders included)."""
+    assert tree_hash(tmp_path) == before
+    assert not [p for p in tmp_path.rglob("*") if ".partial" in p.name or p.name.endswith(".tmp")]
+
+
+class _Fake:
+    """A server on 127.0.0.1 that misbehaves in one chosen way per request."""
+
+    def __init__(self):
+        self.mode, self.seen = "ok", []
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.seen.append(body)
+                n = len(body["input_ids"])
+                if fake.mode == "hang":
+                    time.sleep(scaled(30))
+                    return
+                if fake.mode == "garbage":
+                    self.wfile.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+                    return
+                row = [float("nan") if fake.mode == "nan" else 0.5] * 3 * fake.hidden
+                rows = json.dumps({"meta_info": {"hidden_states": [[row] * n]}})
+                data = {"ok": rows, "nan": rows,
+                        "text": "<html>hello</html>", "list": "[1, 2, 3]"}[fake.mode].encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def fake_server(pair):
+    f = _Fake()
+    f.hidden = json.loads((pair / "target" / "config.json").read_text())["hidden_size"]
+    yield f
+    f.server.shutdown()
+
+
+def _capture(pair, tmp_path, url, *extra):
+    return ["capture", "--engine-url", url, "--tokenizer", str(pair / "target"), "--text",
+            str(pair / "heldout.txt"), "--out", str(tmp_path / "cap"), "--window", "16", "--records", "2",
+            *extra]
+
+
+def _refused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]      # closed on exit: nothing listens there
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("refused", "cannot reach the engine at http://127.0.0.1:"),
+    ("garbage", "did not answer as an HTTP server"),
+    ("hang", "within 0.5 s (--timeout)"),
+    ("text", "a body that is not JSON (it starts '<html>hello</html>')"),
+    ("list", "answered a JSON list; expected an object with meta_info.hidden_states"),
+    ("nan", "non-finite values (NaN or Inf; first in row 0)"),
+])
+def test_capture_against_a_misbehaving_server(mode, expected, pair, fake_server, tmp_path, capsys):
+    url = f"http://127.0.0.1:{_refused_port()}" if mode == "refused" else fake_server.url
+    fake_server.mode = mode
+    before = tree_hash(tmp_path)
+    t0 = time.monotonic()
+    code, out, err = run(capsys, *_capture(pair, tmp_path, url, "--timeout", "0.5"))
+    line = error_after_bar(err)
+    assert code == 2 and expected in line, line
+    assert url in line or mode in ("list", "nan")  # the URL (with /generate) names the server
+    assert time.monotonic() - t0 < scaled(20)      # --timeout bounds the hang, not 600 s
+    _quiet(tmp_path, before)
+
+
+def test_capture_timeout_default_is_60_s():
+    from helpers.engine_capture import DEFAULT_TIMEOUT_S
+    assert DEFAULT_TIMEOUT_S == 60.0
+
+
+def test_capture_takes_negative_layer_ids_and_checks_reference_first(pair, fake_server, tmp_path, capsys):
+    fake_server.mode, fake_server.seen[:] = "ok", []
+    code, out, err = run(capsys, *_capture(pair, tmp_path, fake_server.url, "--layer-ids", "-1,2,6"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "cap" / "capture.json").read_text())["layer_ids"] == [-1, 2, 6]
+    before = tree_hash(tmp_path)
+    seen = len(fake_server.seen)
+    code, out, err = run(capsys, *_capture(pair, tmp_path / "x", fake_server.url, "--reference",
+                                           str(tmp_path / "no-such-dump")))
+    assert code == 2 and "no dump at" in one_error_line(err) and str(tmp_path / "no-such-dump") in err
+    assert len(fake_server.seen) == seen          # refused before a single request
+    _quiet(tmp_path, before)
+
+
+def test_capture_tokenizer_without_hidden_size(pair, broken, fake_server, tmp_path, capsys):
+    target = broken("target")
+    cfg = json.loads((target / "config.json").read_text())
+    del cfg["hidden_size"]
+    (target / "config.json").write_text(json.dumps(cfg))
+    before = tree_hash(tmp_path)
+    argv = _capture(pair, tmp_path, fake_server.url)
+    argv[argv.index("--tokenizer") + 1] = str(target)
+    code, _, err = run(capsys, *argv)
+    line = one_error_line(err)
+    assert code == 2 and "no integer hidden_size" in line and str(target) in line
+    _quiet(tmp_path, before)
+
+
+# --------------------------------------------------------------------------------------
+# dump
+
+
+def _dump(pair, out, *extra):
+    return ["dump", "--target", str(pair / "target"), "--boundaries", "0,3,7,12", "--format", "speculators",
+            "--out", str(out), "--window", "16", "--records", "2", *extra]
+
+
+@pytest.mark.parametrize("case", ["cuda", "empty-boundaries", "out-under-file", "window", "no-text"])
+def test_dump_refuses(case, pair, broken, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    argv = _dump(pair, tmp_path / "out")
+    if case == "cuda":
+        if torch.cuda.is_available():
+            pytest.skip("this torch build has CUDA")
+        argv += ["--device", "cuda"]
+        expected = "sees no CUDA device"
+    elif case == "empty-boundaries":
+        argv[argv.index("--boundaries") + 1] = ""
+        expected = "--boundaries '' names no boundary"
+    elif case == "out-under-file":
+        argv[argv.index("--out") + 1] = str(tmp_path / "afile" / "out")
+        expected = f"{tmp_path / 'afile'} is a file"
+    elif case == "window":
+        argv[argv.index("--window") + 1] = "2048"
+        expected = "--window 2048 is longer than the target's 1024 positions"
+    else:
+        target = broken("target")               # a target with no heldout.txt beside it
+        argv[argv.index("--target") + 1] = str(target)
+        expected = "no heldout.txt beside"
+    before = tree_hash(tmp_path)
+    code, out, err = run(capsys, *argv)
+    line = one_error_line(err)
+    assert code == 2 and expected in line and out == "", line
+    _quiet(tmp_path, before)
+
+
+def test_dump_says_which_text_it_uses(pair, tmp_path, capsys):
+    code, out, err = run(capsys, *_dump(pair, tmp_path / "out"))
+    assert code == 0, err
+    assert f"text: {pair / 'heldout.txt'} (heldout.txt beside the target" in err
+
+
+def test_sigterm_removes_the_staging_folder(tmp_path):
+    from helpers.dumps import staged_dir
+
+    out = tmp_path / "dump"
+    with pytest.raises(SystemExit) as exc:
+        with staged_dir(out) as stage:
+            (stage / "hs_0.safetensors").write_bytes(b"half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(scaled(5))                # the handler raises long before this ends
+    assert exc.value.code == 143 and list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# --------------------------------------------------------------------------------------
+# diagnose --data on broken dumps
+
+
+def _legacy_copy(tmp_path) -> Path:
+    from _pairs import tiny_dump
+
+    d = tmp_path / "dump"
+    shutil.copytree(tiny_dump("speculators-legacy"), d)
+    return d
+
+
+def _spec_copy(tmp_path) -> Path:
+    from _pairs import tiny_dump
+
+    d = tmp_path / "dump"
+    shutil.copytree(tiny_dump("speculators"), d)
+    return d
+
+
+def _edit_pt(f: Path, change) -> None:
+    obj = torch.load(f, weights_only=True)
+    change(obj)
+    torch.save(obj, f)
+
+
+def _edit_st(f: Path, change) -> None:
+    w = load_file(str(f))
+    change(w)
+    save_file(w, str(f))
+
+
+DUMP_CASES = {
+    "lengths disagree": ("legacy", lambda d: _edit_pt(d / "data_1.pt", lambda o: o.update(
+        input_ids=o["input_ids"][:-3])), "data_1.pt: 125 token ids for 128 positions"),
+    "empty hidden_states": ("legacy", lambda d: _edit_pt(d / "data_0.pt", lambda o: o.update(
+        hidden_states=[])), "data_0.pt: hidden_states is an empty list"),
+    "data_config.json a list": ("legacy", lambda d: (d / "data_config.json").write_text("[1, 2]"),
+                                "data_config.json holds a JSON list"),
+    "data_config.json hidden_states a list": ("legacy", lambda d: (d / "data_config.json").write_text(
+        '{"hidden_states": [2, 6]}'), "data_config.json holds a JSON hidden_states list"),
+    "data_config.json not JSON": ("legacy", lambda d: (d / "data_config.json").write_text("{"),
+                                  "data_config.json is not valid JSON"),
+    "int32 hidden states": ("spec", lambda d: _edit_st(d / "hs_2.safetensors", lambda w: w.update(
+        hidden_states=(w["hidden_states"].float() * 100).to(torch.int32))),
+        "hs_2.safetensors: its hidden states are torch.int32; expected floating-point"),
+    "NaN hidden states": ("spec", lambda d: _edit_st(d / "hs_3.safetensors", lambda w: w[
+        "hidden_states"].view(-1)[:5].fill_(float("nan"))), "hs_3.safetensors: 5 non-finite values"),
+    "layer id 40 on 12 layers": ("legacy", lambda d: (d / "data_config.json").write_text(json.dumps(
+        {"hidden_states": {"layer_ids": [-1, 2, 6, 9, 39]}})),
+        "the target has 12 layers (boundaries 0..12): [40]"),
+    "duplicated layer ids": ("legacy", lambda d: (d / "data_config.json").write_text(json.dumps(
+        {"hidden_states": {"layer_ids": [-1, 2, 2, 9, 11]}})), "layer_ids [-1, 2, 2, 9, 11] repeats [2]"),
+}
+
+
+@pytest.mark.parametrize("name", list(DUMP_CASES))
+def test_broken_dump_is_one_line_naming_the_file(name, pair, tmp_path, capsys):
+    kind, breaker, expected = DUMP_CASES[name]
+    d = _legacy_copy(tmp_path) if kind == "legacy" else _spec_copy(tmp_path)
+    breaker(d)
+    before = tree_hash(tmp_path)
+    # text mode, so the progress bar is drawn: the error must still be a line of its own
+    code, out, err = run(capsys, "diagnose", "--data", str(d), "--draft", str(pair / "draft"), "--target",
+                         str(pair / "target"), "--steps", "2")
+    line = error_after_bar(err)
+    assert code == 2 and expected in line and str(d) in line, line
+    _quiet(tmp_path, before)
+
+
+# --------------------------------------------------------------------------------------
+# check
+
+
+def _deep(n: int = 100_000) -> str:
+    return "[" * n + "]" * n
+
+
+def test_check_faults(pair, broken, tmp_path, capsys):
+    base = ["check", "--engine", "sglang==0.5.9", "--target", str(pair / "target")]
+    d = broken("draft")
+    cases = []
+    (d / "config.json").write_text("[1, 2, 3]")
+    cases.append((d, "config.json holds a JSON list"))
+    d2 = tmp_path / "deep"
+    shutil.copytree(pair / "draft", d2)
+    (d2 / "config.json").write_text('{"a": ' + _deep() + "}")
+    cases.append((d2, "nests its JSON too deeply"))
+    d3 = tmp_path / "noshape"
+    shutil.copytree(pair / "draft", d3)
+    raw = (d3 / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    key = next(k for k in header if k != "__metadata__")
+    del header[key]["shape"]
+    text = json.dumps(header).encode()
+    text += b" " * (n - len(text)) if len(text) <= n else b""
+    (d3 / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+    cases.append((d3, f"header entry {key!r} has no shape"))
+    before = tree_hash(tmp_path)
+    for draft, expected in cases:
+        code, out, err = run(capsys, *base, "--draft", str(draft))
+        line = one_error_line(err)
+        assert code == 2 and expected in line and str(draft) in line and out == "", line
+    _quiet(tmp_path, before)
+
+
+def test_check_draft_config_path_reads_the_folder(pair, tmp_path, capsys):
+    draft = pair / "draft"
+    assert (draft / "training.json").is_file()
+    base = ["check", "--engine", "sglang==0.5.9", "--target", str(pair / "target"), "--json"]
+    c1, o1, _ = run(capsys, *base, "--draft", str(draft))
+    c2, o2, _ = run(capsys, *base, "--draft", str(draft / "config.json"))
+    r1, r2 = json.loads(o1), json.loads(o2)
+    assert c1 == c2 and r1["verdict"] == r2["verdict"] and r2["training_layout"] == r1["training_layout"]
+    assert r2["training_source"].startswith("training.json")
+
+
+def test_eagle_config_as_a_list_is_refused(pair, broken, capsys):
+    d = broken("draft")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["eagle_config"] = [2, 6, 9]
+    (d / "config.json").write_text(json.dumps(cfg))
+    before = tree_hash(d)
+    code, out, err = run(capsys, "check", "--engine", "sglang==0.5.9", "--target", str(pair / "target"),
+                         "--draft", str(d))
+    line = one_error_line(err)
+    assert code == 2 and "eagle_config is a JSON list" in line and str(d) in line
+    assert tree_hash(d) == before
+
+
+# --------------------------------------------------------------------------------------
+# wiring, SGLang trees, patch-sglang
+
+
+@pytest.fixture(scope="module")
+def tree_0523(tmp_path_factory) -> Path:
+    """A private copy of a release's tree whose dist-info says 0.5.23."""
+    try:
+        src = ss.fetch_sglang("0.5.23")
+    except ss.IndexUnreachableError as exc:
+        pytest.skip(f"PyPI unreachable, cannot fetch sglang 0.5.23: {exc}")
+    dest = tmp_path_factory.mktemp("t0523") / "site"
+    shutil.copytree(src.root, dest, ignore=shutil.ignore_patterns(".complete"))
+    return dest
+
+
+def test_tree_version_is_compared_with_the_engine(tree_0523, pair, capsys):
+    before = tree_hash(tree_0523)
+    for argv in (["wiring", "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM", "--layers", "12",
+                  "--ids", "2,6,9", "--sglang-root", str(tree_0523)],
+                 ["check", "--engine", "sglang==0.5.9", "--target", str(pair / "target"), "--draft",
+                  str(pair / "draft"), "--sglang-root", str(tree_0523)],
+                 ["patch-sglang", "apply", "--version", "0.5.9", "--root", str(tree_0523)]):
+        code, out, err = run(capsys, *argv)
+        line = one_error_line(err)
+        assert code == 2 and "is sglang 0.5.23 (its dist-info), not 0.5.9 as asked" in line, line
+    code, out, err = run(capsys, "wiring", "--engine", "sglang==0.5.23", "--arch", "LlamaForCausalLM",
+                         "--layers", "12", "--ids", "2,6,9", "--sglang-root", str(tree_0523))
+    assert code == 0 and "sglang==0.5.23" in out
+    assert tree_hash(tree_0523) == before
+
+
+def test_trees_that_are_not_sglang(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    (empty / "sglang").mkdir(parents=True)
+    (tmp_path / "nothing").mkdir()
+    before = tree_hash(tmp_path)
+    for root, expected in ((tmp_path / "nothing", "has no sglang/ folder"),
+                           (empty, "has no srt/models/ folder")):
+        for argv in (["wiring", "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM", "--layers", "12",
+                      "--sglang-root", str(root)],
+                     ["patch-sglang", "apply", "--version", "0.5.9", "--root", str(root)]):
+            code, out, err = run(capsys, *argv)
+            line = one_error_line(err)
+            assert code == 2 and expected in line and str(root) in line, line
+    _quiet(tmp_path, before)
+
+
+def test_matrix_faults(tmp_path, capsys):
+    (tmp_path / "docdir").mkdir()
+    before = tree_hash(tmp_path)
+    cases = [
+        (["--matrix", "--arch", "NoSuchForCausalLM", "--layers", "12", "--versions", "0.5.9"],
+         "--arch NoSuchForCausalLM: no SGLang release read (0.5.9) registers"),
+        (["--matrix", "--arch", "LlamaForCausalLM", "--layers", "12", "--versions", ""],
+         "--versions '' has an empty entry"),
+        (["--matrix", "--arch", "LlamaForCausalLM", "--layers", "12", "--versions", "0.5.9,"],
+         "--versions '0.5.9,' has an empty entry"),
+        (["--matrix-doc", str(tmp_path / "docdir"), "--versions", "0.5.9"],
+         f"--matrix-doc {tmp_path / 'docdir'} is a folder"),
+    ]
+    for argv, expected in cases:
+        code, out, err = run(capsys, "wiring", *argv)
+        assert code == 2 and expected in one_error_line(err), err
+    _quiet(tmp_path, before)
+    assert not (tmp_path / "docdir.tmp").exists()
+
+
+# --------------------------------------------------------------------------------------
+# The sandbox: a planted tree's setter, and the locked child itself
+
+
+def _planted(tmp_path: Path, body: str) -> Path:
+    """0.5.9's Llama file with the setter's body replaced by ``body``."""
+    src = ss.fetch_sglang("0.5.9")
+    root = tmp_path / "planted"
+    shutil.copytree(src.root, root, ignore=shutil.ignore_patterns(".complete"))
+    f = root / "sglang/srt/models/llama.py"
+    text = f.read_text()
+    i = text.index("    def set_eagle3_layers_to_capture")
+    j = text.index("\n    def ", i + 10) if "\n    def " in text[i + 10:] else text.index("\nclass ", i)
+    f.write_text(text[:i] + "    def set_eagle3_layers_to_capture(self, layer_ids=None):\n"
+                 + textwrap.indent(textwrap.dedent(body), " " * 8) + text[j:])
+    return root
+
+
+ESCAPES = {
+    "open": "open({out!r}, 'w').write('owned')\nself.model.layers_to_capture = [3]",
+    "import": "import os\nos.system('touch {out}')\nself.model.layers_to_capture = [3]",
+    "dunder escape": ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'Popen'][0]"
+                      "(['touch', {out!r}])\nself.model.layers_to_capture = [3]"),
+    "getattr escape": "g = getattr(self, '__class__')\nself.model.layers_to_capture = [3]",
+    "socket": ("s = getattr(getattr(self, 'x'), 'socket')\nself.model.layers_to_capture = [3]\n"
+               "eval(\"__import__('socket').create_connection(('127.0.0.1', {port}))\")"),
+}
+
+import textwrap  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_planted_tree_cannot_write_or_connect(name, tmp_path, capsys):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    out = tmp_path / "owned"
+    root = _planted(tmp_path, ESCAPES[name].format(out=str(out), port=listener.getsockname()[1]))
+    code, stdout, err = run(capsys, "wiring", "--engine", "sglang==0.5.9", "--arch", "LlamaForCausalLM",
+                            "--layers", "12", "--ids", "2,6,9", "--sglang-root", str(root), "--json")
+    assert "Traceback" not in err and code in (0, 1)
+    assert not out.exists()
+    with pytest.raises(OSError):
+        listener.accept()[0].close()            # nobody connected
+    listener.close()
+    res = json.loads(stdout)
+    if name in ("dunder escape", "getattr escape", "import"):
+        assert any("Sandbox" in e or "sandbox" in e for e in res["errors"]), res["errors"]
+
+
+def test_locked_child_refuses_writes_sockets_and_processes(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    script = textwrap.dedent(f"""
+        import sys, os, subprocess, socket
+        sys.path.insert(0, {str(REPO)!r})
+        from helpers.sglang.stub import _lock_down
+        _lock_down()
+        tries = {{
+            "open-w": lambda: open({str(tmp_path / 'a')!r}, "w"),
+            "os.open": lambda: os.open({str(tmp_path / 'b')!r}, os.O_CREAT | os.O_WRONLY),
+            "mkdir": lambda: os.mkdir({str(tmp_path / 'c')!r}),
+            "socket": lambda: socket.create_connection(("127.0.0.1", {listener.getsockname()[1]}), timeout=1),
+            "popen": lambda: subprocess.run(["touch", {str(tmp_path / 'd')!r}]),
+            "system": lambda: os.system("touch {tmp_path / 'e'}"),
+            "import ctypes": lambda: __import__("ctypes"),
+        }}
+        for name, f in tries.items():
+            try:
+                f()
+                print(name, "ALLOWED")
+            except (PermissionError, OSError) as exc:
+                print(name, "refused", type(exc).__name__)
+        print(open({str(REPO / 'README.md')!r}).read(5))
+    """)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    r = subprocess.run([sys.executable, "-I", "-B", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=scaled(60))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len([ln for ln in lines if ln.endswith(("PermissionError", "OSError"))]) == 7, lines
+    assert not any("ALLOWED" in ln for ln in lines) and lines[-1] == "# EAG"    # reading still works
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with pytest.raises(OSError):
+        listener.accept()[0].close()
+    listener.close()
+
+
+def test_sandboxed_setter_gives_the_release_answer():
+    from helpers.sglang import stub
+
+    src = ss.fetch_sglang("0.5.9")
+    here = stub._run_setter_here(src, "LlamaForCausalLM", 12, [2, 6, 9])
+    there = stub.run_setter(src, "LlamaForCausalLM", 12, [2, 6, 9])
+    assert there.layers_to_capture == here.layers_to_capture == [3, 7, 10]
+    assert there.executed == here.executed and there.error is None
+
+
+# --------------------------------------------------------------------------------------
+# Pickles: every load is weights_only, so a planted record that would run code is one line.
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/eagle3-wb-pwned",))
+
+
+def test_planted_pickles_are_refused(pair, tmp_path, capsys):
+    marker = Path("/tmp/eagle3-wb-pwned")
+    marker.unlink(missing_ok=True)
+    evil = {"input_ids": torch.arange(8), "hidden_states": [torch.zeros(8, 4)], "x": _Payload()}
+    cases = {}
+    d = tmp_path / "pt"
+    d.mkdir()
+    torch.save(evil, d / "data_0.pt")
+    cases["pt"] = (["diagnose", "--data", str(d), "--draft", str(pair / "draft")], d / "data_0.pt")
+    d = tmp_path / "ckpt" / "rows_0-5000"
+    d.mkdir(parents=True)
+    torch.save(evil, d / "data_0.ckpt")
+    cases["ckpt"] = (["diagnose", "--data", str(d.parent), "--draft", str(pair / "draft")], d / "data_0.ckpt")
+    d = tmp_path / "gz" / "rows_0-5000"
+    d.mkdir(parents=True)
+    import gzip
+    import io
+    buf = io.BytesIO()
+    torch.save(evil, buf)
+    (d / "data_0.ckpt.gz").write_bytes(gzip.compress(buf.getvalue()))
+    cases["ckpt.gz"] = (["diagnose", "--data", str(d.parent), "--draft", str(pair / "draft")],
+                        d / "data_0.ckpt.gz")
+    draft = tmp_path / "bin-draft"
+    shutil.copytree(pair / "draft", draft)
+    w = load_file(str(draft / "model.safetensors"))
+    (draft / "model.safetensors").unlink()
+    torch.save({**w, "x": _Payload()}, draft / "pytorch_model.bin")
+    cases["bin"] = (["bench", "--target", str(pair / "target"), "--draft", str(draft), "--repeats", "1"],
+                    draft / "pytorch_model.bin")
+    before = tree_hash(tmp_path)
+    for name, (argv, f) in cases.items():
+        code, out, err = run(capsys, *argv)
+        line = one_error_line(err)
+        assert code == 2 and str(f) in line, (name, line)
+        assert not marker.exists(), name
+    assert tree_hash(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------
+# Others
+
+
+def test_run_workbook_param_of_the_wrong_type(tmp_path, capsys):
+    code, _, err = run(capsys, "run-workbook", "--out", str(tmp_path / "r"), "-p", "TARGET=123")
+    assert "Traceback" not in err and code == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "TARGET" in lines[0] and "123" in lines[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_scale_check_bad_workdir(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    before = tree_hash(tmp_path)
+    for wd, expected in ((tmp_path / "afile", "is a file"), (tmp_path / "afile" / "sub", "is a file"),
+                         (Path("/proc/no/such"), "/proc/no/such")):
+        code, _, err = run(capsys, "scale-check", "--workdir", str(wd), "--hidden", "128", "--vocab", "64",
+                           "--intermediate", "64", "--tokens", "8", "--records", "1")
+        line = one_error_line(err)
+        assert code == 2 and "--workdir" in line and expected in line, line
+    _quiet(tmp_path, before)
