@@ -22,8 +22,16 @@ from tqdm.auto import tqdm
 from .boundaries import WiringError, WiringResult, layout_label
 from .conventions import (
     LLAMACPP_BUILDS_READ,
+    VLLM_CAPTURE,
+    VLLM_FC_FROM_CONFIG,
     VLLM_FIRST_EAGLE3,
+    VLLM_NEWEST_READ,
+    VLLM_READS_TOP_LEVEL,
+    VLLM_V1_READS_NESTED,
+    VLLM_V2_DEFAULT,
     Engine,
+    IdsAt,
+    ids_in_config,
     resolve_llamacpp,
     resolve_vllm,
     version_tuple,
@@ -359,6 +367,18 @@ def _merge(spans: list[tuple[str, str, int, MatrixRow]]) -> list[Run]:
     return out
 
 
+def _stored_case(target: dict | None, num_layers: int, draft: dict) -> dict | None:
+    """The committed case this draft is, when SGLang's only input from it is the nested id list (or
+    none) and the depth is the stored one: then every release's outcome is already known."""
+    if target is None or num_layers != target["num_layers"]:
+        return None
+    ids, where = ids_in_config(draft)
+    nested = draft.get("eagle_config") if isinstance(draft.get("eagle_config"), dict) else {}
+    if where == IdsAt.TOP_LEVEL or nested.get("use_aux_hidden_state", True) is False:
+        return None
+    return next((c for c in target["cases"] if c["ids"] == ids), None)
+
+
 def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_config: dict | None = None,
                            data: dict | None = None) -> Drift:
     """Every SGLang release's outcome for this draft: one release per class when ``arch`` is in the
@@ -366,6 +386,13 @@ def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_confi
     started = time.perf_counter()
     data = data if data is not None else load_release_data()
     target = (data or {}).get("targets", {}).get(arch)
+    case = _stored_case(target, num_layers, draft)
+    if case is not None:
+        found = [Run(r["first"], r["last"], r["releases"], r["status"], r["layers_to_capture"],
+                     tuple(r["served"]), r.get("example", "")) for r in case["runs"]]
+        return Drift("SGLang", found, f"{arch}: the stored case '{case['title']}' of data/releases.json "
+                     f"({data['date']}, {len(data['sglang_releases'])} releases)",
+                     round(time.perf_counter() - started, 3))
     if target is not None:
         reps = [c["last"] for c in target["classes"]]
         rows = {r.version: r for r in matrix(arch, num_layers, draft=draft, versions=reps, progress=False,
@@ -399,12 +426,22 @@ def vllm_status(r: WiringResult) -> str:
     return "served"
 
 
+def vllm_rule_versions() -> list[str]:
+    """The releases where a recorded vLLM rule changes: enough to show every run when the committed
+    release list is absent."""
+    found = {VLLM_FIRST_EAGLE3, VLLM_READS_TOP_LEVEL, VLLM_V1_READS_NESTED, VLLM_FC_FROM_CONFIG,
+             VLLM_NEWEST_READ}
+    found |= {first for first, _ in VLLM_V2_DEFAULT}
+    found |= {v for row in VLLM_CAPTURE.values() for v in row[:2] if v}
+    return sorted(found, key=version_tuple)
+
+
 def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | None = None,
                          data: dict | None = None) -> Drift:
     """Every vLLM release's rule (conventions.VLLM_*) applied to this draft, in runs."""
     started = time.perf_counter()
     data = data if data is not None else load_release_data()
-    versions = (data or {}).get("vllm_releases") or []
+    versions = (data or {}).get("vllm_releases") or vllm_rule_versions()
     spans = []
     for v in versions:
         r = resolve_vllm(v, arch, num_layers, None, draft, runner)

@@ -242,3 +242,106 @@ def test_kimi_k25_wrapper_reads_its_depth_from_text_config(tmp_path, version, se
     r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=served), f"sglang=={version}", target=target)
     assert r.num_layers == 61 and r.served_layout == served and kinds <= _kinds(r)
     assert r.exit_code == (1 if kinds else 0)
+
+
+# --------------------------------------------------------------------------------------
+# Release drift, trainer candidates, topology, llama.cpp (issue 19; docs/conventions.md).
+
+
+def _kimi_k25(tmp: Path) -> Path:
+    target = tmp / "kimi-k2.5-wrapper"
+    target.mkdir(exist_ok=True)
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {"num_hidden_layers": 61, "hidden_size": H, "vocab_size": 1000}}))
+    return target
+
+
+def test_release_drift_names_the_sglang_release_that_changes_the_layout(tmp_path):
+    d = _draft(tmp_path, "d", nested=[2, 30, 58])
+    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    runs = [(e["first"], e["last"], e["served_layout"]) for e in r.served_across_releases]
+    assert ("0.5.4.post2", "0.5.12.post1", [3, 31, 59]) in runs
+    assert runs[-1] == ("0.5.13", "0.5.23", [2, 30, 58])
+    assert r.release_drift == "SGLang: from 0.5.13 this draft is served (2, 30, 58)"
+    assert "data/releases.json" in r.releases_from      # a cached architecture: one release per class
+    newest = check(d, "sglang==0.5.23", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    assert newest.release_drift.startswith("SGLang: up to 0.5.12.post1 this draft was served (3, 31, 59)")
+    last = json.loads(json.dumps(newest.to_dict()))["served_across_releases"][-1]
+    assert last["served_layout"] == [2, 30, 58]
+
+
+def test_release_drift_through_the_kimi_wrapper(tmp_path):
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), "sglang==0.5.9", target=_kimi_k25(tmp_path))
+    said = {e["first"]: e for e in r.served_across_releases}
+    assert said["0.5.9"]["served_layout"] is None and "no EAGLE-3 capture" in said["0.5.9"]["note"]
+    assert said["0.5.10"]["served_layout"] == [3, 31, 59] and said["0.5.13"]["served_layout"] == [2, 30, 58]
+    assert "from 0.5.10 this draft is served (3, 31, 59)" in r.release_drift
+
+
+def test_vllm_drift_from_the_runner_default(tmp_path):
+    # nested ids only: V1 reads them from 0.22.0; the V2 runner (DeepSeek's default from 0.24.0) never does
+    d = _draft(tmp_path, "d", nested=[2, 30, 58])
+    r = check(d, "vllm==0.22.0", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    by = {(e["first"], e["last"]): e for e in r.served_across_releases}
+    assert any(e["served_layout"] == [2, 30, 58] and e["first"] == "0.22.0" for e in by.values()), by
+    assert "from 0.24.0 this draft is served (2, 30, 58) (ids ignored, defaults served)" in r.release_drift
+
+
+def test_candidates_when_no_trainer_is_recorded(tmp_path):
+    d = _draft(tmp_path, "d", nested=[2, 30, 58])
+    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    got = {c["trainer"]: (c["training_layout"], c["served_agrees"]) for c in r.candidates}
+    assert got["specforge-hf"] == ([3, 31, 59], True) and got["modelopt"] == ([3, 31, 59], True)
+    assert got["specforge-sglang==0.5.9"] == ([3, 31, 59], True)
+    assert "torchspec-vllm" not in got                     # a llama-type draft: the export leaves its ids
+    assert r.exit_code == 1 and r.verdict.startswith("UNKNOWN")
+    mla = _draft(tmp_path, "mla", nested=[2, 30, 58], extra={"architectures": ["Eagle3DeepseekV2ForCausalLM"],
+                                                              "model_type": "kimi_k2"})
+    later = check(mla, "sglang==0.5.23", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    got = {c["trainer"]: (c["training_layout"], c["served_agrees"]) for c in later.candidates}
+    assert got["torchspec-vllm"] == ([2, 30, 58], True) and got["torchspec"] == ([3, 31, 59], False)
+    assert check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61),
+                 trainer="specforge-hf").candidates == []
+
+
+def test_candidates_for_a_speculators_config(tmp_path):
+    d = _draft(tmp_path, "s", speculators=True, top=[2, 16, 29])
+    r = check(d, "vllm==0.33.0", target=_target(tmp_path, "LlamaForCausalLM", 32))
+    assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in r.candidates] == [
+        ("speculators==0.9.0", [2, 16, 29], True)]
+
+
+def test_pipeline_stages_drop_captures_with_the_fix(tmp_path):
+    d = _draft(tmp_path, "d", nested=[1, 29, 57], record=(2, 30, 58))
+    t = _target(tmp_path, "DeepseekV3ForCausalLM", 61)
+    assert check(d, "sglang==0.5.23", target=t).ok
+    r = check(d, "sglang==0.5.23", target=t, tp=4, pp=2)
+    topo = [p for p in r.problems if p.kind == "topology"]
+    assert topo and r.exit_code == 1 and r.topology["stages"] == [(0, 30), (30, 61)]
+    assert "returns early unless pp_group.is_last_rank" in topo[0].message
+    assert "SGLANG_PP_LAYER_PARTITION=1,60" in topo[0].fix and "--tp 8 --pp 1" in topo[0].fix
+    # vLLM 0.32.0's V2 runner relays aux states for Llama; V1 drops them
+    dl = _draft(tmp_path, "l", top=[2, 16, 29], record=(2, 16, 29))
+    tl = _target(tmp_path, "LlamaForCausalLM", 32)
+    assert not any(p.kind == "topology" for p in check(dl, "vllm==0.32.0", target=tl, pp=2).problems)
+    v1 = check(dl, "vllm==0.32.0:v1", target=tl, pp=2)
+    assert any(p.kind == "topology" and "PR #45985" in p.message for p in v1.problems)
+    with pytest.raises(InputError, match="--pp 0"):
+        check(dl, "vllm==0.32.0", target=tl, pp=0)
+
+
+def test_llamacpp_reads_the_top_level_key_from_its_builds(tmp_path):
+    t = _target(tmp_path, "LlamaForCausalLM", 32)
+    top = _draft(tmp_path, "top", top=[1, 15, 28], record=(1, 15, 28))
+    new = check(top, "llamacpp==11434", target=t)
+    assert new.ok
+    old = check(top, "llamacpp==10001", target=t)
+    assert old.served_layout == (2, 16, 29) and "layout-mismatch" in _kinds(old)
+    nested = check(_draft(tmp_path, "n", nested=[1, 15, 28], record=(1, 15, 28)), "llamacpp==11434", target=t)
+    assert nested.served_layout == (2, 16, 29)
+    assert any("ignores the draft's eagle_config" in n for n in nested.notes)
+    runs = [(e["first"], e["served_layout"]) for e in new.to_dict()["served_across_releases"]]
+    assert runs == [("9093", None), ("10001", [2, 16, 29]), ("10705", [1, 15, 28])]
+    kimi = check(top, "llamacpp", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    assert kimi.served_layout == () and "engine-cannot-capture" in _kinds(kimi)
