@@ -398,8 +398,11 @@ def _lock_down() -> list[str]:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(0x10000000 | 0x40000000) == 0:   # CLONE_NEWUSER | CLONE_NEWNET
             done.append("network namespace")
+        del libc, ctypes
     except (OSError, AttributeError):
         pass
+    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]          # so a later import of it is an audited (refused) one
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG, not a kill
     for limit, value in ((resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0),
                          (resource.RLIMIT_AS, _MEMORY_LIMIT)):
