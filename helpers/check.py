@@ -547,7 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--algorithm", default="EAGLE3",
                    help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
     p.add_argument("--sglang-root",
-                   help="an sglang/ tree to read instead of the cached release (a patched copy)")
+                   help="an sglang/ tree to read instead of the cached release (a patched copy); its "
+                        "setter runs sandboxed (child process, no network, no writes, restricted builtins: "
+                        "docs/conventions.md)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the target is served with")
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline-parallel size: captures on a non-last stage may never reach the draft")

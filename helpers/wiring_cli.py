@@ -33,7 +33,9 @@ def _parser():
                       draft="draft checkpoint folder (or its config.json)")
     cli.add_pair_args(p, draft=None, device=False, paths=False,
                       target="target folder: arch and num_hidden_layers from its config.json")
-    p.add_argument("--sglang-root", help="folder holding an sglang/ tree to read instead of the cache")
+    p.add_argument("--sglang-root", help="folder holding an sglang/ tree to read instead of the cache; its "
+                   "setter runs sandboxed (child process, no network, no writes, restricted builtins: "
+                   "docs/conventions.md)")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: fetch the release's wheel (370 MB, once) and check the rule against its own "
                         "files")
