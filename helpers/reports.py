@@ -75,6 +75,7 @@ class BaselineStep:
     problems: list[str]
     served: dict | None
     seed_break_even_tau: float
+    live: dict | None = _optional()        # the deployed wiring on the real engine (ENGINE="vllm")
 
 
 @dataclass
@@ -169,6 +170,7 @@ class Summary:
     details: dict
     isolate: dict | None = _optional("02_isolate")
     layouts: dict | None = _optional("03_layouts")
+    live: list[dict] | None = _optional()  # each wiring on the real engine, its reference figures beside it
 
 
 Record = TypeVar("Record")

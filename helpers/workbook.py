@@ -29,6 +29,7 @@ from .errors import BadOption, InputError
 from .lab import SMALL
 from .pair import DEFAULT_DIR, MAX_STEPS, check_device
 from .reports import ORDER, Summary, read_summary
+from .vllm.install import EngineUnavailable, find_vllm
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
@@ -445,6 +446,20 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     return problems
 
 
+def _backend(choice: str) -> str:
+    """``--engine auto``: the real engine where this host has it; the line says which ran and why."""
+    if choice != "auto":
+        return choice
+    try:
+        install = find_vllm()
+    except EngineUnavailable as exc:
+        print(f"[engine] reference engine: {exc}", file=sys.stderr)
+        return "reference"
+    print(f"[engine] vLLM {install.version} ({install.dist}, {install.venv}) serves the pair; the reference "
+          f"engine runs beside it", file=sys.stderr)
+    return "vllm"
+
+
 def main(argv=None) -> int:
     ap = cli.parser("run-workbook", __doc__)
     ap.add_argument("--out", type=Path, default=REPO / "reports")
@@ -452,8 +467,11 @@ def main(argv=None) -> int:
     ap.add_argument("--retrained-draft", default=None)
     ap.add_argument("--training-layout", default=None,
                     help="a,b,c; default: the draft's record, else inferred")
-    ap.add_argument("--engine", default="reference", choices=["reference", "sglang"],
-                    help="reference: this workbook's engine; sglang: a live server (GPU host)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "vllm", "sglang"],
+                    help="the engine that runs: vllm (the real engine in .venv-vllm, which bash "
+                         "workbook.sh sets up), reference (this workbook's), sglang (a live server on a GPU host); auto: vllm "
+                         "when it is installed, else reference (said in one line). The reference engine "
+                         "always runs beside a live one, fed the layout the rules predict")
     ap.add_argument("--engine-version", default=DEFAULT_ENGINE,
                     help="whose wiring rules decide the served layout: sglang==VERSION or vllm")
     ap.add_argument("--prompts", default=None)
@@ -474,7 +492,7 @@ def main(argv=None) -> int:
                      ("DATA", a.data)]:
         if val is not None:
             params[key] = val
-    params.update(ENGINE=a.engine, ENGINE_VERSION=a.engine_version, DEVICE=a.device)
+    params.update(ENGINE=_backend(a.engine), ENGINE_VERSION=a.engine_version, DEVICE=a.device)
     for p in a.param:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
