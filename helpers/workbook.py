@@ -469,9 +469,9 @@ def main(argv=None) -> int:
                     help="a,b,c; default: the draft's record, else inferred")
     ap.add_argument("--engine", default="auto", choices=["auto", "reference", "vllm", "sglang"],
                     help="the engine that runs: vllm (the real engine in .venv-vllm, which bash "
-                         "workbook.sh sets up), reference (this workbook's), sglang (a live server on a GPU host); auto: vllm "
-                         "when it is installed, else reference (said in one line). The reference engine "
-                         "always runs beside a live one, fed the layout the rules predict")
+                         "workbook.sh sets up), reference (this workbook's), sglang (a live server on a GPU "
+                         "host); auto: vllm when it is installed, else reference (said in one line). The "
+                         "reference engine always runs beside a live one, fed the layout the rules predict")
     ap.add_argument("--engine-version", default=DEFAULT_ENGINE,
                     help="whose wiring rules decide the served layout: sglang==VERSION or vllm")
     ap.add_argument("--prompts", default=None)
