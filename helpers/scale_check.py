@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from . import cli
-from .conventions import SGLANG_DRAFT_ARCH as SGLANG_ARCH
+from .draft import KIMI_YARN, MLA_DRAFT_ARCH, DraftConfig, Eagle3Draft, config_to_json
 from .errors import BadOption, fail, print_json
 
 SCORER = r"""
@@ -50,26 +50,29 @@ print("SCALE" + json.dumps(out))
 """
 
 
+# Draft variants at Kimi width (docs/conventions.md "Forward flags"): the MLA numbers are those of the
+# published Kimi-K2.5 MLA drafts (k-l-lambda/Kimi-K2.5-Eagle3, lightseekorg/kimi-k2.5-eagle3-mla).
+KIMI_MLA = {"arch": MLA_DRAFT_ARCH, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "rope_scaling": dict(KIMI_YARN)}
+VARIANTS = {"plain": {}, "mla": KIMI_MLA, "norm_before_fc": {"norm_before_fc": True},
+            "fc_norm": {"fc_norm": True}, "norm_output": {"norm_output": True},
+            "eagle31_mla": {**KIMI_MLA, "fc_norm": True, "norm_output": True}}
+
+
 def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, head_dim: int = 128,
-                       kv_heads: int = 8, num_aux: int = 3, seed: int = 0) -> int:
-    """An SGLang-format draft with its own embedding and a full draft vocabulary; returns its
-    parameter count."""
+                       kv_heads: int = 8, num_aux: int = 3, seed: int = 0, variant: str = "plain") -> int:
+    """An SGLang-format draft of ``variant`` (VARIANTS) with its own embedding and a full draft
+    vocabulary, in the checkpoint layout ``draft.save_draft`` writes; returns its parameter count."""
     g = torch.Generator().manual_seed(seed)
     heads = hidden // head_dim
-    kv_heads = min(kv_heads, heads)
-    shapes = {
-        "embed_tokens.weight": (vocab, hidden), "fc.weight": (hidden, num_aux * hidden),
-        "midlayer.input_layernorm.weight": (hidden,), "midlayer.hidden_norm.weight": (hidden,),
-        "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "midlayer.post_attention_layernorm.weight": (hidden,),
-        "midlayer.mlp.gate_proj.weight": (intermediate, hidden),
-        "midlayer.mlp.up_proj.weight": (intermediate, hidden),
-        "midlayer.mlp.down_proj.weight": (hidden, intermediate), "norm.weight": (hidden,),
-        "lm_head.weight": (vocab, hidden),
-    }
+    ids = [2, 30, 58] if num_aux == 3 else [2 + i * 28 for i in range(num_aux)]
+    cfg = DraftConfig(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads,
+                      num_key_value_heads=min(kv_heads, heads), head_dim=head_dim, vocab_size=vocab,
+                      draft_vocab_size=vocab, target_hidden_size=hidden, num_aux=num_aux, eagle_ids=ids,
+                      max_position_embeddings=8192, **VARIANTS[variant])
+    with torch.device("meta"):      # shapes only: the weights are filled below, in bf16
+        state = Eagle3Draft(cfg).state_dict()
+    shapes = {k: tuple(v.shape) for k, v in state.items() if k not in ("d2t", "t2d")}
     tensors = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
@@ -82,12 +85,7 @@ def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, he
             tensors[name] = t
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
-    cfg = {"architectures": [SGLANG_ARCH], "model_type": "llama", "hidden_size": hidden,
-           "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-           "head_dim": head_dim, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": vocab,
-           "draft_vocab_size": vocab, "target_hidden_size": hidden, "max_position_embeddings": 8192,
-           "torch_dtype": "bfloat16", "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config_to_json(cfg, "sglang"), indent=2) + "\n")
     return sum(t.numel() for t in tensors.values())
 
 
@@ -106,11 +104,14 @@ def write_random_dump(out: Path, hidden: int, vocab: int, slots: int = 4, record
 
 
 def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 18432, tokens: int = 512,
-                records: int = 2, slots: int = 4, steps: int = 1, device: str = "cpu", workdir=None) -> dict:
+                records: int = 2, slots: int = 4, steps: int = 1, device: str = "cpu", workdir=None,
+                variant: str = "plain", num_aux: int = 3) -> dict:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
-        params = write_random_draft(tmp / "draft", hidden, vocab, intermediate)
+        slots = max(slots, num_aux + 1)
+        params = write_random_draft(tmp / "draft", hidden, vocab, intermediate, num_aux=num_aux,
+                                    variant=variant)
         record_bytes = write_random_dump(tmp / "dump", hidden, vocab, slots, records, tokens)
         written_s = time.perf_counter() - t0
         r = subprocess.run([sys.executable, "-c", SCORER, str(tmp / "draft"), str(tmp / "dump"), str(steps),
@@ -123,7 +124,8 @@ def scale_check(hidden: int = 7168, vocab: int = 32000, intermediate: int = 1843
     weights_fp32 = params * 4
     total_tokens = m["tokens_streamed"]
     return {
-        "device": device, "hidden": hidden, "fc": f"{3 * hidden} -> {hidden}", "draft_vocab": vocab,
+        "device": device, "variant": variant, "hidden": hidden, "fc": f"{num_aux * hidden} -> {hidden}",
+        "draft_vocab": vocab,
         "intermediate": intermediate, "draft_params": params, "draft_bytes_bf16": params * 2,
         "draft_bytes_fp32": weights_fp32, "record_bytes": record_bytes, "records": records,
         "tokens": total_tokens, "slots": slots, "steps": steps, "layouts": m["layouts"],
@@ -158,17 +160,21 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=512, help="tokens per record")
     ap.add_argument("--records", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--variant", default="plain", choices=sorted(VARIANTS),
+                    help="draft variant: MLA attention (Kimi-K2.5's numbers), a forward flag, or both")
+    ap.add_argument("--num-aux", type=int, default=3, help="target states the draft's fc takes")
     cli.add_pair_args(ap, target=None, draft=None, engine=None, json=False)
     ap.add_argument("--workdir", default=None,
                     help="where the temporary draft and dump go (needs ~3 GB at 7168)")
     a = ap.parse_args(argv)
     try:
-        if min(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps) < 1 or a.hidden % 128:
+        sizes = (a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps, a.num_aux)
+        if min(sizes) < 1 or a.hidden % 128:
             raise BadOption("sizes must be positive and --hidden a multiple of the 128-wide heads")
         if a.workdir is not None:
             check_workdir(Path(a.workdir))
         out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device,
-                          a.workdir)
+                          a.workdir, a.variant, a.num_aux)
     except (ValueError, RuntimeError) as exc:
         return fail(exc)
     print_json(out, indent=2)

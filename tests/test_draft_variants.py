@@ -461,3 +461,13 @@ def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
         d = diagnose(pair, caps, engine, steps=2, progress=False)
         assert len(d.best_layout) == 2 and d.search.evaluations >= 13 * 12
         assert any(dropped in n for n in d.served_notes), d.served_notes
+
+
+@pytest.mark.parametrize("variant,k", [("eagle31_mla", 3), ("norm_before_fc", 2)])
+def test_scale_check_runs_variants(variant, k):
+    """scale-check writes the variant in its checkpoint layout and scores it in a fresh process."""
+    from helpers.scale_check import scale_check
+
+    out = scale_check(hidden=256, vocab=300, intermediate=256, tokens=24, records=1, variant=variant, num_aux=k)
+    assert out["variant"] == variant and out["layouts"] == math.perm(max(4, k + 1), k)
+    assert out["fc"] == f"{k * 256} -> 256"
