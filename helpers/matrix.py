@@ -345,8 +345,10 @@ _NOT_SERVED = {"no such model class", "no EAGLE-3 capture", "load fails (setter 
                "features are not boundaries"}
 
 
-def _outcome(r: Run) -> tuple:
-    return (tuple(r.served) if r.status not in _NOT_SERVED else None, r.status)
+def _outcome(r: Run) -> tuple | None:
+    """What the draft gets: the layout, or None when nothing is served (a run whose reason differs
+    but whose layout is the same serves the draft the same)."""
+    return tuple(r.served) if r.status not in _NOT_SERVED and r.served else None
 
 
 def _said(r: Run) -> str:
