@@ -468,6 +468,7 @@ def test_scale_check_runs_variants(variant, k):
     """scale-check writes the variant in its checkpoint layout and scores it in a fresh process."""
     from helpers.scale_check import scale_check
 
-    out = scale_check(hidden=256, vocab=300, intermediate=256, tokens=24, records=1, variant=variant, num_aux=k)
+    out = scale_check(hidden=256, vocab=300, intermediate=256, tokens=24, records=1, variant=variant,
+                      num_aux=k)
     assert out["variant"] == variant and out["layouts"] == math.perm(max(4, k + 1), k)
     assert out["fc"] == f"{k * 256} -> 256"
