@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .boundaries import Layout, WiringError, layout_label
-from .conventions import IdsAt, check_num_layers, layer_outputs_to_boundaries, version_tuple
+from .conventions import (
+    IdsAt,
+    check_num_layers,
+    ids_in_config,
+    is_speculators_format,
+    layer_outputs_to_boundaries,
+    version_tuple,
+)
 from .errors import BadOption, CacheError, one_line, warn_once
 from .wheels import PackageSourceError, UnknownPackageVersion, fetch
 from .wiring import resolve
@@ -197,6 +204,43 @@ def parse_trainer(spec: str) -> tuple[str, str | None]:
                         "give the SGLang release it ran on, "
                         "e.g. specforge-sglang==0.5.9")
     return name, version
+
+
+# Which trainers export which draft config format, keyed by where the config keeps its ids: the
+# candidates ``check`` lists when no trainer is named (docs/conventions.md, "Trainers").
+SPECULATORS_WRITERS = {IdsAt.NONE: ("speculators==0.4.0",), IdsAt.TOP_LEVEL: ("speculators==0.9.0",),
+                       IdsAt.EAGLE_CONFIG: ()}
+SGLANG_FORMAT_WRITERS = {IdsAt.EAGLE_CONFIG: ("specforge-hf", "specforge-sglang", "torchspec",
+                                              "torchspec-vllm", "modelopt"),
+                         IdsAt.TOP_LEVEL: ("speculators==0.9.0",),
+                         IdsAt.NONE: ("eagle", "trtllm")}
+
+
+def writers_of(cfg: dict, sglang_version: str | None = None) -> list[str]:
+    """Trainer specs that write a draft config of this format with its ids where this one has them.
+    SpecForge's SGLang backend is listed at ``sglang_version`` (the release it would have captured
+    on, taken to be the one named) and only then; TorchSpec's vLLM export only for kimi_k2 drafts,
+    the one model type it rewrites."""
+    _, where = ids_in_config(cfg)
+    table = SPECULATORS_WRITERS if is_speculators_format(cfg) else SGLANG_FORMAT_WRITERS
+    out = []
+    for spec in table[where]:
+        if spec == "specforge-sglang":
+            if sglang_version:
+                out.append(f"specforge-sglang=={sglang_version}")
+            continue
+        rule = rule_for(*parse_trainer(spec)) if "==" in spec else next(r for r in TRAINERS if r.name == spec)
+        if rule.export_offset and not rule.exports_with_offset(cfg.get("model_type")):
+            continue
+        out.append(spec)
+    return out
+
+
+def training_ids_from_config(spec: str, ids: Sequence[int], model_type: str | None) -> list[int]:
+    """The ids the trainer ran with, from those its exporter wrote (TorchSpec's vLLM export adds 1)."""
+    rule = rule_for(*parse_trainer(spec))
+    shift = rule.export_offset if rule.exports_with_offset(model_type) else 0
+    return [i - shift for i in ids]
 
 
 def rule_for(name: str, version: str | None) -> TrainerRule:
