@@ -14,7 +14,15 @@ from .boundaries import layout_label
 from .draft import run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import check_finite, fail, print_json, read_text_file
-from .evaluate import EvalInputError, evaluate_layout
+from .evaluate import (
+    MIN_BLOCKS,
+    RANKED_BY,
+    EvalInputError,
+    WiringVerdict,
+    evaluate_layout,
+    layout_fix,
+    paired_test,
+)
 from .layout_search import SearchResult, search
 from .pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 
@@ -36,7 +44,10 @@ class Diagnosis:
     best_full_acc: list[float]
     served_full_acc: list[float] | None
     served_errors: list[str] = field(default_factory=list)
-    ranked_by: str = ""
+    ranked_by: str = RANKED_BY
+    wiring: WiringVerdict | None = None     # does served equal trained, and what the difference costs
+    best_accept: float | None = None        # accepted tokens per verify step: the ranking's measure
+    served_accept: float | None = None      # the same, under the engine's forward
 
     @property
     def trained_layout(self) -> tuple[int, ...]:
@@ -49,11 +60,10 @@ class Diagnosis:
         return self.search.confident_set
 
     @property
-    def mismatch(self) -> bool:
-        """Only a served layout significantly worse than the best is a wiring bug: one within noise of
-        it is consistent with training, whatever the best's label (neighbouring boundaries of a
-        residual stream can be near-interchangeable)."""
-        return bool(self.served_errors) or tuple(self.served_layout) not in self.confident_set
+    def mismatch(self) -> bool | None:
+        """The served layout differs from the training layout: by rule when a record names it, from
+        the confidence set when it is inferred (None: served is in the set, but so are others)."""
+        return self.wiring.mismatch if self.wiring else bool(self.served_errors) or None
 
     @property
     def record_disagrees(self) -> bool:
@@ -62,39 +72,38 @@ class Diagnosis:
 
     @property
     def verdict(self) -> str:
-        if self.served_errors:
-            return "the engine cannot feed this draft: " + "; ".join(self.served_errors)
-        if self.mismatch:
-            return ("MISMATCH: the served wiring scores significantly worse than the layout the draft was "
-                    "trained on")
-        if len(self.confident_set) > 1:
-            return (f"served wiring consistent with training: within noise of the best "
-                    f"({len(self.confident_set)} layouts cannot be told apart on this text)")
-        return "wiring matches: the served layout is the best"
+        return self.wiring.line if self.wiring else "no verdict"
 
     def to_dict(self) -> dict:
         return {
             "best_layout": list(self.best_layout),
             "best_label": layout_label(self.best_layout, self.num_layers),
+            "best_accept_length": self.best_accept,
             "best_acc": self.best_acc, "best_ce": self.best_ce, "best_full_acc": self.best_full_acc,
             "served_layout": list(self.served_layout),
             "served_label": layout_label(self.served_layout, self.num_layers),
+            "served_accept_length": self.served_accept,
             "served_acc": self.served_acc, "served_ce": self.served_ce,
             "served_full_acc": self.served_full_acc,
             "served_source": self.served_source, "served_notes": self.served_notes,
             "served_errors": self.served_errors,
             "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
             "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
-            "mismatch": self.mismatch, "verdict": self.verdict,
+            **(self.wiring.to_dict() if self.wiring else {"mismatch": self.mismatch, "cost": None,
+                                                          "significant": None, "verdict": self.verdict}),
             "confident_set": [list(l) for l in self.confident_set], "ranked_by": self.ranked_by,
-            "margin": self.search.margin_ce, "margin_acc": self.search.margin_acc,
-            "z": self.search.z, "confident": self.search.confident, "search_seconds": self.search.seconds,
+            "steps": self.steps, "margin": self.search.margin, "margin_ce": self.search.margin_ce,
+            "margin_acc": self.search.margin_acc, "z": self.search.z, "blocks": self.search.blocks,
+            "confident": self.search.confident, "search_seconds": self.search.seconds,
             "search_mode": self.search.mode, "evaluations": self.search.evaluations,
             "ranking": self.search.to_dict(top=10)["ranking"],
         }
 
 
-def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> Diagnosis:
+def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_per_s: float | None = None
+             ) -> Diagnosis:
+    """``rounds_per_s``: a bench's verify steps per second (tok/s over accept length), to give the cost
+    in tok/s too."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     served = pair.served(engine)  # first: a bad engine string should not wait for the search
@@ -102,8 +111,8 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
     named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout)
              if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
     # named layouts get the final measure too
-    res = search(pair.draft, caps, progress=progress, include=named)
-    rank_ce = {tuple(r["layout"]): float(r["ce"]) for r in res.ranking.to_dict("records")}
+    res = search(pair.draft, caps, progress=progress, include=named, steps=steps)
+    rows = {tuple(r["layout"]): r for r in res.ranking.to_dict("records")}
     best = evaluate_layout(pair.draft, caps, res.best, steps)
     srv = None
     notes = [*served.warnings, *served.notes]
@@ -116,11 +125,30 @@ def diagnose(pair, caps, engine: str, steps: int = 3, progress: bool = True) -> 
                  res.margin_ce)
     if srv is not None:
         check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
-    ranked_by = str(res.ranking.loc[0, "scored_by"]) if "scored_by" in res.ranking else "step-0 ce"
-    return Diagnosis(res.best, best.acc0, round(rank_ce[tuple(res.best)], 4), served.layout, srv and srv.acc0,
-                     None if srv is None else round(rank_ce.get(tuple(served.layout), srv.ce), 4),
-                     served.source, notes, pair.recorded_layout, res, pair.num_layers, steps, best.full_acc,
-                     srv and srv.full_acc, errors, ranked_by=f"{ranked_by} (ce columns); accuracy beside it")
+    recorded = pair.recorded_layout
+    trained = tuple(recorded) if recorded else tuple(res.best)
+    cost = None
+    if srv is not None:
+        ref = best if trained == tuple(res.best) else evaluate_layout(pair.draft, caps, trained, steps)
+        cost = paired_test(ref.blocks(), srv.blocks())
+    wiring = WiringVerdict(tuple(served.layout) if served.layout else None, trained, bool(recorded),
+                           "training record" if recorded else "inferred by the layout search",
+                           res.confident_set, cost,
+                           layout_fix(trained, served.layout, engine, pair.arch, pair.num_layers),
+                           list(errors), rounds_per_s=rounds_per_s)
+    return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
+
+
+def _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring) -> Diagnosis:
+    served_row = rows.get(tuple(served.layout))
+    served_ce = None if srv is None else round(float(served_row["ce"]) if served_row else srv.ce, 4)
+    return Diagnosis(res.best, best.acc0, round(float(rows[tuple(res.best)]["ce"]), 4), served.layout,
+                     srv and srv.acc0, served_ce, served.source, notes, pair.recorded_layout, res,
+                     pair.num_layers, steps, best.full_acc, srv and srv.full_acc, errors,
+                     ranked_by=f"{RANKED_BY}, {steps} draft steps; ce (mean over the steps) and step-0 "
+                               f"accuracy beside it",
+                     wiring=wiring, best_accept=round(best.sim_accept_length, 4),
+                     served_accept=None if srv is None else round(srv.sim_accept_length, 4))
 
 
 def main(argv=None) -> int:
@@ -165,11 +193,16 @@ def main(argv=None) -> int:
         print_json(d.to_dict())
         return 0
     L = d.num_layers
-    print(f"trained on (most likely): {layout_label(d.best_layout, L)} = {d.best_layout}   "
+    print(f"ranked by {d.ranked_by}")
+    print(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length {d.best_accept:.3f}   "
           f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
-    print(f"   runner-up {d.search.runner_up}: margin {d.search.margin_ce:.3f} nats/token, z = "
-          f"{d.search.z:.1f} "
-          f"({'confident' if d.search.confident else 'NOT confident: evaluate on more text'})")
+    sr = d.search
+    if sr.runner_up is not None:
+        why = ("confident" if sr.confident else
+               f"NOT confident: {sr.blocks} blocks are too few, evaluate on more text"
+               if sr.blocks < MIN_BLOCKS else "NOT confident: evaluate on more text")
+        print(f"   runner-up {sr.runner_up}: {sr.margin:.3f} accepted tokens per step behind, z = {sr.z:.1f} "
+              f"over {sr.blocks} blocks of tokens ({why})")
     if len(d.confident_set) > 1:
         print(f"   within noise of the best: {d.confident_set}")
     if d.served_errors:
@@ -179,7 +212,8 @@ def main(argv=None) -> int:
             print(f"   error: {e}")
     else:
         print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
-              f"step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   [{d.served_source}]")
+              f"accept length {d.served_accept:.3f}   step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   "
+              f"[{d.served_source}]")
     for n in d.served_notes:
         print(f"   note: {n}")
     if d.recorded_layout:

@@ -18,7 +18,7 @@ from .conventions import read_draft_config, read_target_config
 from .draft import DraftFormatError, load_draft
 from .dump_diagnose import RANKED_BY, diagnose_dump
 from .dumps import FORMATS, check_new_dir, open_dump, write_dump
-from .errors import BadOption, BadText, fail, print_json, read_text_file
+from .errors import BadOption, BadText, fail, print_json, read_json_file, read_text_file
 from .pair import check_device, text_windows
 from .target import load_target
 from .target_heads import load_target_heads
@@ -107,7 +107,8 @@ def run_dump_diagnosis(a) -> int:
                               f"this target; is it the target the dump was written from?")
         d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine,
                           draft_config=dcfg, arch=arch, num_layers=L, steps=a.steps,
-                          max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json)
+                          max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json,
+                          recorded=_recorded(Path(a.draft)))
         d.notes = notes + d.notes
     except (FileNotFoundError, ValueError) as exc:   # InputError is a ValueError
         return fail(exc)
@@ -116,6 +117,16 @@ def run_dump_diagnosis(a) -> int:
         return 0
     print(format_dump_diagnosis(d, a.engine))
     return 0
+
+
+def _recorded(draft_dir: Path) -> tuple[int, ...] | None:
+    """The draft's training record's layout (training.json), which settles the training layout by rule."""
+    path = draft_dir / "training.json"
+    rec = read_json_file(path, "training record") if path.is_file() else None
+    tb = rec.get("training_boundaries") if isinstance(rec, dict) else None
+    if isinstance(tb, list) and tb and all(isinstance(b, int) and not isinstance(b, bool) for b in tb):
+        return tuple(tb)
+    return None
 
 
 def _row_text(r: dict | None) -> str:

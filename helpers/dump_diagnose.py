@@ -7,15 +7,16 @@ and head), scores every ordered choice of slots the draft's ``fc`` can take, and
 best, the trained choice and what the engine serves. Work is streamed record by record, so
 memory is the draft plus one record.
 
-Ranking uses one measure -- the draft's cross-entropy averaged over its draft steps, against
-the target's distribution when the final state gives logits, else the dump's next tokens --
-and a layout counts as the answer only when no other is within noise of it (a paired test
-over blocks of tokens). docs/dumps.md explains the choices.
+Ranking uses one measure, the one an engine rewards: the expected accepted tokens per verify
+step under greedy verification (the simulated accept length, kept per token), against the
+target's greedy tokens when the final state gives logits, else the dump's next tokens. A layout
+counts as the answer only when no other is within noise of it, by a paired test over blocks of
+tokens on that same measure; cross-entropy (over the draft steps) and step-0 accuracy are
+reported beside it. docs/dumps.md explains the choices.
 """
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -29,11 +30,17 @@ from .capture import decoder_parts, run_and_capture
 from .draft import run_as
 from .dumps import Dump
 from .errors import BadCheckpoint, BadOption, BadText
-from .evaluate import accuracy_table
+from .evaluate import (
+    RANKED_BY,
+    PairedTest,
+    WiringVerdict,
+    accepted_run,
+    accuracy_table,
+    layout_fix,
+    paired_test,
+    token_blocks,
+)
 from .wiring import served_plan
-
-Z_NOISE = 3.0          # a layout within this paired z of the best is "within noise" of it
-BLOCK = 64             # tokens per block of the paired test: neighbouring tokens are not independent
 
 
 @dataclass
@@ -164,6 +171,7 @@ class _Acc:
     masks: list = field(default_factory=list)     # per record: [n] bool, columns whose labels exist
     # per record: [n] bool, columns whose labels the draft vocab holds
     ce_masks: list = field(default_factory=list)
+    accepted: list = field(default_factory=list)  # per record: [n] tokens one verify step keeps
 
 
 def _labels(rec, draft, heads, final_slot, target=None, chunk: int = 512):
@@ -202,6 +210,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
                   activation_bytes: int = 512 * 2**20, target=None) -> dict:
     """Stream the dump once; for every layout (in slot indices) the per-token cross-entropy
     (mean over ``steps``) and per-step hits, plus what the labels were."""
+    ht = draft.cfg.target_hidden_size
     w = draft.fc.weight
     inv = None
     accs = {lay: _Acc() for lay in layouts}
@@ -234,7 +243,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
                 ce_ok &= inv[lab[1 + j:1 + j + n].clamp(min=0)] >= 0
         used = sorted({(s, b) for lay in layouts for s, b in enumerate(lay)})
         dev = w.device                 # records stream from disk to the draft's device, one at a time
-        proj = {(s, b): draft.slot_project(rec.slots[:, b].to(dev).float(), s) for s, b in used}
+        proj = {(s, b): rec.slots[:, b].to(dev).float() @ w[:, s * ht:(s + 1) * ht].T for s, b in used}
         ids = rec.token_ids[None].to(dev)
         lab_d = lab.to(dev)
         probs_d = probs.to(dev) if soft else None
@@ -258,12 +267,14 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
                     ce += -logq.gather(-1, d.clamp(min=0)[None, :, None].expand(len(chunk), n, 1))[..., 0]
                 hit.append((draft.to_target_ids(lg.argmax(-1)) == tgt[None]).cpu())
             ce = ce.cpu()
+            kept = accepted_run(hit)
             for i, lay in enumerate(chunk):
                 a = accs[lay]
                 a.ce.append(ce[i] / steps)
                 a.hits.append([hj[i] for hj in hit])
                 a.masks.append(col_ok)
                 a.ce_masks.append(ce_ok)
+                a.accepted.append(kept[i])
         tokens += int(col_ok.sum())
         records += 1
         bar.update(1)
@@ -278,38 +289,27 @@ def _summary(a: _Acc, steps: int) -> dict:
     ce = torch.cat(a.ce)[torch.cat(a.ce_masks)]
     correct = [torch.cat([h[j] for h in a.hits])[None] for j in range(steps)]
     full, cond, se = accuracy_table(correct, mask[None])
-    total, run = 1.0, 1.0
-    for c in cond:
-        run *= c
-        total += run
+    kept = torch.cat(a.accepted)[mask]
     if not bool(torch.isfinite(ce).all()):
         raise BadCheckpoint("the draft's scores are not finite (NaN or Inf): its weights or the dump's "
                             "states cannot be trusted")
-    return {"ce": float(ce.mean()), "acc0": full[0], "full_acc": [round(x, 4) for x in full],
-            "cond_acc": [round(x, 4) for x in cond], "sim_accept_length": round(total, 3),
+    return {"sim_accept_length": float(kept.mean()) if kept.numel() else float("nan"), "ce": float(ce.mean()),
+            "acc0": full[0], "full_acc": [round(x, 4) for x in full], "cond_acc": [round(x, 4) for x in cond],
             "acc_se": round(se, 4)}
 
 
-def _block_means(a: _Acc) -> torch.Tensor:
-    """Per-record token blocks' mean cross-entropy: the unit of the paired test."""
-    out = []
-    for ce, m in zip(a.ce, a.ce_masks):
-        v = ce[m]
-        for i in range(0, v.numel(), BLOCK):
-            out.append(v[i:i + BLOCK].mean())
-    return torch.stack(out)
+def _blocks(a: _Acc) -> torch.Tensor:
+    """Per-record token blocks' mean accepted tokens: the unit of the paired test."""
+    return token_blocks(a.accepted, a.masks)
 
 
-def paired_z(a: _Acc, b: _Acc) -> float:
-    """z of mean(ce_a - ce_b) over token blocks; positive: a is worse than b."""
-    d = _block_means(a) - _block_means(b)
-    if d.numel() < 2:
-        return float("inf") if float(d.mean()) > 0 else 0.0
-    sd = float(d.std())
-    return float(d.mean()) / (sd / math.sqrt(d.numel()) + 1e-12)
+def paired(a: _Acc, b: _Acc) -> PairedTest:
+    """``a`` minus ``b`` in accepted tokens per verify step, over the same token blocks."""
+    return paired_test(_blocks(a), _blocks(b))
 
 
 def rank(scored: dict, slot_boundaries, num_layers: int | None) -> pd.DataFrame:
+    """Sorted by accepted tokens per verify step (ties: lower ce); each row tested against the best."""
     accs, steps = scored["accs"], scored["steps"]
     rows = []
     for lay, a in accs.items():
@@ -319,11 +319,12 @@ def rank(scored: dict, slot_boundaries, num_layers: int | None) -> pd.DataFrame:
                      "label": layout_label(bounds, num_layers) if known and num_layers else
                      "(" + ", ".join("?" if b is None else str(b) for b in bounds) + ")",
                      **_summary(a, steps)})
-    df = pd.DataFrame(rows).sort_values(["ce", "acc0"], ascending=[True, False]).reset_index(drop=True)
+    df = pd.DataFrame(rows).sort_values(["sim_accept_length", "ce"], ascending=[False, True])
+    df = df.reset_index(drop=True)
     best = accs[df.loc[0, "slots"]]
-    df["z_vs_best"] = [0.0 if i == 0 else round(paired_z(accs[s], best), 2)
-                       for i, s in enumerate(df["slots"])]
-    df["within_noise"] = df["z_vs_best"] < Z_NOISE
+    tests = [paired(best, accs[s]) for s in df["slots"]]
+    df["z_vs_best"] = [0.0 if i == 0 else round(t.z, 2) for i, t in enumerate(tests)]
+    df["within_noise"] = [i == 0 or not t.significant for i, t in enumerate(tests)]
     df.insert(0, "rank", range(1, len(df) + 1))
     return df
 
@@ -350,6 +351,7 @@ class DumpDiagnosis:
     num_layers: int | None
     seconds: float
     notes: list[str] = field(default_factory=list)
+    wiring: WiringVerdict | None = None   # the two questions: does served equal trained, and what it costs
 
     def row(self, slots) -> dict | None:
         if slots is None:
@@ -374,19 +376,6 @@ class DumpDiagnosis:
         return self.served_engine_row or self.row(self.served_slots)
 
     @property
-    def mismatch(self) -> bool | None:
-        """True only when the served wiring is significantly worse than the best; None when the
-        served boundaries are not all in the dump and nothing else settles it."""
-        if self.served_errors:
-            return True
-        if self.served_slots is not None:
-            return tuple(self.served_slots) not in self.confident_set
-        trained = self.trained_layout
-        if trained is not None and self.served_layout is not None:
-            return tuple(trained) != tuple(self.served_layout)
-        return None
-
-    @property
     def trained_layout(self) -> tuple[int, ...] | None:
         if self.trained_slots is None:
             return None
@@ -394,23 +383,14 @@ class DumpDiagnosis:
         return b if all(x is not None for x in b) else None
 
     @property
+    def mismatch(self) -> bool | None:
+        """The served layout differs from the training layout (by the format's rule when the trainer's
+        slot choice is known; else from the confidence set); None when it cannot be decided."""
+        return self.wiring.mismatch if self.wiring else None
+
+    @property
     def verdict(self) -> str:
-        if self.served_errors:
-            return "the engine cannot feed this draft: " + "; ".join(self.served_errors)
-        m = self.mismatch
-        if m is None:
-            return ("served boundaries not all in the dump and the trained layout is unknown: "
-                    "no verdict (dump the served boundaries too, or name the slots)")
-        if self.served_slots is None:
-            return (f"MISMATCH: the engine serves {self.served_layout}, the draft was trained on "
-                    f"{self.trained_layout}"
-                    if m else "the served layout is the trained one")
-        if m:
-            return "MISMATCH: the served wiring scores significantly worse than the best layout in the dump"
-        if len(self.confident_set) > 1:
-            return (f"served wiring consistent with training: it is within noise of the best "
-                    f"({len(self.confident_set)} layouts cannot be told apart on these tokens)")
-        return "served wiring matches: it is the best layout in the dump"
+        return self.wiring.line if self.wiring else "no verdict"
 
     def comparison(self) -> pd.DataFrame:
         """Trained, served and best side by side, in the columns ``compare_layouts`` uses, so the
@@ -425,7 +405,7 @@ class DumpDiagnosis:
             label = (layout_label(layout, self.num_layers) if self.num_layers and None not in layout
                      else "slots " + str(tuple(slots)))
             row = {"wiring": f"{name} {label}", "layout": layout, "label": label, "slots": tuple(slots),
-                   "ce": round(r["ce"], 4), "sim_accept_length": r["sim_accept_length"],
+                   "ce": round(r["ce"], 4), "sim_accept_length": round(r["sim_accept_length"], 3),
                    "tokens": self.tokens}
             for j in range(self.steps):
                 row[f"full_acc_{j}"] = r["full_acc"][j]
@@ -442,6 +422,7 @@ class DumpDiagnosis:
             r["slots"] = list(r["slots"])
             r["layout"] = list(r["layout"]) if r["layout"] is not None else None
             r["within_noise"] = bool(r["within_noise"])
+            r["sim_accept_length"], r["ce"] = round(r["sim_accept_length"], 4), round(r["ce"], 4)
             ranking.append(r)
         return {
             "data_format": self.dump.format, "data": str(self.dump.root), "records": self.records,
@@ -460,10 +441,15 @@ class DumpDiagnosis:
             "served_source": self.served_source, "served_errors": self.served_errors,
             "served_acc": served["acc0"] if served else None, "served_ce": served["ce"] if served else None,
             "served_full_acc": served["full_acc"] if served else None,
-            "confident": len(self.confident_set) == 1,
+            "ranked_by": RANKED_BY, "best_accept_length": round(best["sim_accept_length"], 4),
+            "trained_accept_length": round(trained["sim_accept_length"], 4) if trained else None,
+            "served_accept_length": round(served["sim_accept_length"], 4) if served else None,
+            "confident": len(self.confident_set) == 1 and len(self.ranking) > 1,
             "confident_set": [list(s) for s in self.confident_set],
             "z_runner_up": float(self.ranking["z_vs_best"].iloc[1]) if len(self.ranking) > 1 else None,
-            "mismatch": self.mismatch, "verdict": self.verdict, "seconds": self.seconds,
+            **(self.wiring.to_dict() if self.wiring else {"mismatch": None, "cost": None, "significant": None,
+                                                          "verdict": self.verdict}),
+            "seconds": self.seconds,
             "layouts_scored": len(self.ranking), "ranking": ranking, "notes": self.notes,
         }
 
@@ -479,7 +465,9 @@ def candidate_slots(num_slots: int, width: int, extra=()) -> list[tuple[int, ...
 def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, engine: str | None = None,
                   draft_config: dict | None = None, arch: str | None = None, num_layers: int | None = None,
                   steps: int = 3, max_records: int | None = None, max_tokens: int | None = None,
-                  progress: bool = True) -> DumpDiagnosis:
+                  progress: bool = True, recorded=None) -> DumpDiagnosis:
+    """``recorded``: the draft's training record (training.json ``training_boundaries``), which names
+    the training layout when the dump's own slot choice does not fit the draft."""
     t0 = time.perf_counter()
     k_fc = draft.cfg.num_aux
     if dump.hidden != draft.cfg.target_hidden_size:
@@ -501,6 +489,21 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
                      f"({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) gives "
                      f"{len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it "
                      f"was trained from, or holds extra states")
+    trained_source = ""
+    if trained is not None:
+        rule = "all aux slots" if dump.format == "specforge" else "hidden_states[:-1]"
+        trained_source = f"the {dump.format} format's slot choice, {rule}"
+        got = tuple(bounds[s] for s in trained)
+        if recorded is not None and None not in got and got != tuple(recorded):
+            notes.append(f"the draft's training record says {tuple(recorded)}; the dump's slot choice holds "
+                         f"{got}")
+    elif recorded is not None:
+        where = {b: s for s, b in enumerate(bounds) if b is not None}
+        if all(b in where for b in recorded) and len(recorded) == k_fc:
+            trained, trained_source = tuple(where[b] for b in recorded), "training record"
+        else:
+            notes.append(f"the draft's training record says {tuple(recorded)}, not all (known to be) in the "
+                         f"dump's slots {bounds}")
     served_layout, served_slots, served_source, served_errors = None, None, "", []
     if engine and draft_config is not None and arch and L is not None:
         plan = served_plan(draft_config, L, arch, engine)
@@ -526,17 +529,46 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
                            target=target)
     ranking = rank(scored, bounds, L)
     engine_row = None
+    served_acc = scored["accs"].get(served_slots) if served_slots is not None else None
     if served_slots is not None and engine:
         with run_as(draft, engine) as engine_notes:
             if engine_notes:
                 again = score_layouts(draft, dump, [served_slots], steps, heads, final_slot, max_records,
                                       max_tokens, False, target=target)
-                engine_row = _summary(again["accs"][served_slots], steps)
+                served_acc = again["accs"][served_slots]
+                engine_row = _summary(served_acc, steps)
                 notes += engine_notes
     has_final = final_slot is not None or dump.format == "specforge"
     labels = ("the dump's next tokens" if not scored["soft"] else
               "target distribution (final state through the target's norm and head)" if has_final else
               "target distribution (the target run on the dump's tokens)")
-    return DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
-                         served_layout, served_slots, served_source, served_errors, engine_row, L,
-                         round(time.perf_counter() - t0, 2), notes)
+    d = DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
+                      served_layout, served_slots, served_source, served_errors, engine_row, L,
+                      round(time.perf_counter() - t0, 2), notes)
+    d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source)
+    return d
+
+
+def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
+            source: str) -> WiringVerdict:
+    """Both questions from the dump: equality by the format's slot choice when it fits the draft (else
+    from the confidence set), the cost as trained (or best) minus served on the same token blocks."""
+    known = d.trained_layout is not None
+    if known:
+        trained_slots, trained = d.trained_slots, d.trained_layout
+    else:
+        trained_slots, trained = d.best["slots"], d.best["layout"]
+        source = "inferred: the best layout in the dump"
+    bounds = d.slot_boundaries
+    confident = [tuple(bounds[s] for s in cs) for cs in d.confident_set
+                 if all(bounds[s] is not None for s in cs)]
+    cost, note = None, ""
+    if served_acc is not None and trained_slots is not None:
+        cost = paired(accs[tuple(trained_slots)], served_acc)
+    elif d.served_layout is not None and not d.served_errors:
+        note = (f"its cost cannot be measured from this dump: the served boundaries {d.served_layout} are "
+                f"not all (known to be) in its slots {bounds}")
+    fix = layout_fix(trained, d.served_layout, engine, arch, d.num_layers) if trained else None
+    return WiringVerdict(tuple(d.served_layout) if d.served_layout is not None else None,
+                         tuple(trained) if trained is not None else None, known, source, confident, cost, fix,
+                         list(d.served_errors), note)

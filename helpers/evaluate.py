@@ -5,23 +5,114 @@ evaluation afterwards is just the draft run on a different concatenation of thos
 captures. Metrics follow speculators: ``full_acc_k`` (steps 0..k all right),
 ``cond_acc_k`` (step k right given 0..k-1 were), plus SpecForge's simulated accept length
 ``1 + a0 + a0*a1 + ...`` and a likelihood score (cross-entropy of the draft against the
-target's own distribution) that ranks layouts more stably than top-1 accuracy.
+target's own distribution).
+
+Layouts are ranked by the simulated accept length, kept per token: at each position, one
+token (the verifier's own) plus the leading run of draft steps whose top token equals the
+target's greedy token there. That is what greedy verification accepts, so it is what an engine
+rewards; cross-entropy over all steps lets the later steps, where every layout is poor, outweigh
+a clear step-0 gap (docs/dumps.md, "Ranking"). The paired test that says whether two layouts
+can be told apart runs on that same per-token count, over blocks of tokens.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .boundaries import check_layout
+from .boundaries import WiringError, check_layout
 from .capture import capture_boundaries, decoder_parts
+from .conventions import parse_engine
 from .errors import InputError
+from .wiring import ids_for_layout, resolve
 
 
 class EvalInputError(InputError):
     """Text too short, or a layout the draft cannot take."""
+
+
+Z_NOISE = 3.0      # two layouts closer than this many standard errors are within noise of each other
+BLOCK = 64         # tokens per block of the paired test: neighbouring tokens are not independent
+MIN_BLOCKS = 8     # fewer blocks than this: no claim of confidence, whatever z says
+RANKED_BY = "expected accepted tokens per verify step (greedy verification, simulated accept length)"
+
+
+def accepted_run(correct: list[torch.Tensor]) -> torch.Tensor:
+    """Per column, 1 + the leading run of correct draft steps: the tokens one verify step keeps
+    under greedy verification (the verifier's own token plus the accepted draft tokens).
+    Columns past the last step's labels are cut off, as in ``accuracy_table``."""
+    n = correct[-1].shape[-1]
+    run = torch.ones_like(correct[0][..., :n], dtype=torch.bool)
+    total = torch.ones(run.shape, dtype=torch.float32, device=run.device)
+    for c in correct:
+        run = run & c[..., :n].bool()
+        total += run
+    return total
+
+
+def token_blocks(values: torch.Tensor | list[torch.Tensor], masks=None) -> torch.Tensor:
+    """Means over blocks of about ``BLOCK`` consecutive tokens, within each row (window or record)
+    and never across rows: the paired test's units. Each row is cut into pieces that differ in
+    length by at most one token, so every block weighs about the same."""
+    rows = list(values) if not isinstance(values, torch.Tensor) or values.dim() > 1 else [values]
+    out = []
+    for i, v in enumerate(rows):
+        v = v.float().flatten()
+        if masks is not None:
+            v = v[masks[i].flatten().bool()]
+        if v.numel():
+            out += [p.mean() for p in torch.tensor_split(v, max(1, round(v.numel() / BLOCK)))]
+    return torch.stack(out) if out else torch.zeros(0)
+
+
+@dataclass
+class PairedTest:
+    """``a`` minus ``b`` in the ranking's measure, block by block."""
+
+    difference: float     # mean of a - b (accepted tokens per verify step)
+    se: float             # its standard error over blocks (floored: see ``paired_test``)
+    z: float              # difference / se: bounded, always a number
+    blocks: int
+
+    @property
+    def enough(self) -> bool:
+        return self.blocks >= MIN_BLOCKS
+
+    @property
+    def significant(self) -> bool:
+        """The test separates them: enough blocks, and ``|z|`` at least ``Z_NOISE``."""
+        return self.enough and abs(self.z) >= Z_NOISE
+
+    @property
+    def half_width(self) -> float:
+        """The interval's half width, ``Z_NOISE`` standard errors: significant exactly when the
+        interval excludes zero, so the interval and the verdict never disagree."""
+        return Z_NOISE * self.se
+
+    def to_dict(self) -> dict:
+        return {"difference": round(self.difference, 4), "half_width": round(self.half_width, 4),
+                "interval": [round(self.difference - self.half_width, 4),
+                             round(self.difference + self.half_width, 4)],
+                "se": round(self.se, 4), "z": round(self.z, 2), "blocks": self.blocks,
+                "units": "accepted tokens per verify step", "significant": self.significant}
+
+
+def paired_test(a_blocks: torch.Tensor, b_blocks: torch.Tensor) -> PairedTest:
+    """Paired z of ``a - b`` over blocks. The standard deviation is floored at ``1 / BLOCK``, the
+    step one token makes in a block's mean: a degenerate sample (one block, or identical
+    differences) then gives a large but finite z instead of infinity, and with fewer than
+    ``MIN_BLOCKS`` blocks nothing is called significant at all."""
+    d = (a_blocks.float() - b_blocks.float()).flatten()
+    nb = int(d.numel())
+    if nb == 0:
+        return PairedTest(0.0, 0.0, 0.0, 0)
+    sd = float(d.std()) if nb > 1 else 0.0
+    se = max(sd, 1.0 / BLOCK) / math.sqrt(nb)
+    mean = float(d.mean())
+    return PairedTest(mean, se, mean / se, nb)
 
 
 @dataclass
@@ -91,6 +182,13 @@ class LayoutScore:
     tokens: int
     acc_se: float = 0.0       # standard error of step-0 accuracy
     extra: dict = field(default_factory=dict)
+    accepted: torch.Tensor | None = field(default=None, repr=False)   # [N, n] per-token accepted_run
+
+    def blocks(self) -> torch.Tensor:
+        """This score's paired-test units (``token_blocks`` of the per-token accepted counts)."""
+        if self.accepted is None:
+            raise ValueError(f"the score of {self.layout} kept no per-token counts")
+        return token_blocks(self.accepted)
 
     @property
     def acc0(self) -> float:
@@ -178,4 +276,138 @@ def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: 
     full, cond, se = accuracy_table(correct)
     tokens = int(correct[-1].numel())
     return LayoutScore(tuple(layout), steps, [round(x, 4) for x in full], [round(x, 4) for x in cond],
-                       round(ce_sum / ce_n, 4) if ce_n else float("nan"), tokens, round(se, 4))
+                       round(ce_sum / ce_n, 4) if ce_n else float("nan"), tokens, round(se, 4),
+                       accepted=accepted_run(correct))
+
+
+# --------------------------------------------------------------------------------------
+# The verdict: two questions kept apart
+
+
+def layout_fix(trained, served, engine, arch: str | None, num_layers: int | None) -> str | None:
+    """The shortest way to serve ``trained``: the ids to write (and where), else the patch or a
+    retraining; ``check`` lists every way out with its conditions."""
+    if trained is None or served is None or not arch or num_layers is None or engine is None:
+        return None
+    eng = parse_engine(engine)
+    where = {"sglang": "eagle_config", "vllm": "the top-level key"}.get(
+        eng.name, "eagle3_layers_to_capture of the speculative config")
+    try:
+        ids = ids_for_layout(trained, arch, num_layers, eng)
+    except (WiringError, ValueError):
+        ids = None
+    retrain = f"retrain the draft on {tuple(served)}"
+    if ids is None and eng.name == "sglang":
+        for candidate in ([b - 1 for b in sorted(trained)], sorted(trained)):
+            try:
+                r = resolve(eng, arch, num_layers, ids=candidate)
+            except (WiringError, ValueError):
+                continue
+            patch = [e.split("(fix: ", 1)[1].rstrip(")") for e in r.errors if "patch-sglang apply" in e]
+            if r.served_layout == tuple(sorted(trained)) and patch and len(patch) == len(r.errors):
+                return f"patch SGLang ({patch[0]}), then ids {candidate} in {where}, or {retrain}"
+    if ids is None:
+        return (f"no ids make {eng} serve {tuple(trained)}: `python -m helpers check` lists the ways out, or "
+                f"{retrain}")
+    head = ("permute the fc columns (helpers.fixes.reorder_fc), then write " if tuple(sorted(trained)) !=
+            tuple(trained) else "")
+    return f"{head}ids {ids} in {where}, or {retrain}"
+
+
+@dataclass
+class WiringVerdict:
+    """Does the served wiring equal the trained one, and what does the difference cost?
+
+    The first is decided by rule when the training layout is known (a record, a trainer's rule,
+    a dump format's slot choice): layouts that differ are a mismatch whatever they score, because
+    a neighbour that is nearly interchangeable on one weak target costs far more on a deeper or
+    stronger one. Only when the training layout is inferred does the ranking's confidence set
+    decide it. The second is measured: trained minus served in accepted tokens per verify step,
+    with its interval and whether the paired test separates them."""
+
+    served: tuple[int, ...] | None
+    trained: tuple[int, ...] | None
+    trained_known: bool                  # by rule; False: inferred from the ranking
+    trained_source: str
+    confident_set: list[tuple[int, ...]]
+    cost: PairedTest | None              # trained - served (positive: served accepts fewer tokens)
+    fix: str | None = None
+    errors: list[str] = field(default_factory=list)
+    cost_note: str = ""                  # why there is no cost, when there is none
+    rounds_per_s: float | None = None    # a bench's verify steps per second: the cost in tok/s
+
+    @property
+    def mismatch(self) -> bool | None:
+        """The served layout differs from the training layout; None when that cannot be decided."""
+        if self.errors:
+            return True
+        if self.served is None or self.trained is None:
+            return None
+        if self.trained_known:
+            return tuple(self.served) != tuple(self.trained)
+        cs = [tuple(c) for c in self.confident_set]
+        if tuple(self.served) not in cs:
+            return True
+        return False if cs == [tuple(self.served)] else None
+
+    @property
+    def significant(self) -> bool | None:
+        return None if self.cost is None else self.cost.significant
+
+    def cost_text(self) -> str:
+        c = self.cost
+        if c is None:
+            return self.cost_note
+        verb = "costs" if c.difference >= 0 else "gains"
+        sig = ("significant" if c.significant else
+               "not significant" if c.enough else f"not significant: {c.blocks} blocks of tokens, too few")
+        text = (f"on this text it {verb} {abs(c.difference):.2f} ± {c.half_width:.2f} accepted tokens per "
+                f"step ({sig})")
+        if self.rounds_per_s:
+            text += (f", about {abs(c.difference) * self.rounds_per_s:.1f} ± "
+                     f"{c.half_width * self.rounds_per_s:.1f} tok/s at the bench's {self.rounds_per_s:.1f} "
+                     f"verify steps per second")
+        return text
+
+    @property
+    def line(self) -> str:
+        if self.errors:
+            return "MISMATCH: the engine cannot feed this draft: " + "; ".join(self.errors)
+        m, srv, trn = self.mismatch, self.served, self.trained
+        if srv is None:
+            return ("no verdict: the served layout was not resolved or is not known in these states; "
+                    + (f"the draft was trained on {tuple(trn)} ({self.trained_source})" if trn else
+                       "neither is the training layout"))
+        cost = self.cost_text()
+        tail = "; ".join(p for p in (cost, f"fix: {self.fix}" if self.fix and m else "") if p)
+        if self.trained_known:
+            if m:
+                return f"MISMATCH: served {tuple(srv)} ≠ trained {tuple(trn)} ({self.trained_source}); {tail}"
+            same = f"OK: served {tuple(srv)} = trained {tuple(trn)} ({self.trained_source})"
+            return same + (f"; under the engine's forward {cost}" if self.cost and self.cost.difference
+                           else "")
+        others = [c for c in self.confident_set if tuple(c) != tuple(srv)]
+        inferred = "the training layout is inferred (no record or rule names it)"
+        if m:
+            return (f"MISMATCH: served {tuple(srv)} is outside the confidence set "
+                    f"({_short(self.confident_set)}; {inferred}); {tail}")
+        if m is None:
+            return (f"UNDECIDED: served {tuple(srv)} is in the confidence set, but so are others "
+                    f"({_short(others)}); {inferred}: record it (training.json) or name the trainer "
+                    f"(`check --trainer`), or evaluate on more text" + (f"; {cost}" if cost else ""))
+        return f"OK: served {tuple(srv)} is the only layout in the confidence set ({inferred})"
+
+    def to_dict(self) -> dict:
+        cost = self.cost.to_dict() if self.cost else None
+        if cost and self.rounds_per_s:
+            cost["tok_s"] = {"difference": round(self.cost.difference * self.rounds_per_s, 2),
+                             "half_width": round(self.cost.half_width * self.rounds_per_s, 2),
+                             "rounds_per_s": round(self.rounds_per_s, 3)}
+        return {"mismatch": self.mismatch, "cost": cost, "significant": self.significant,
+                "trained_known": self.trained_known, "trained_source": self.trained_source,
+                "fix": self.fix if self.mismatch else None, "verdict": self.line}
+
+
+def _short(layouts, n: int = 4) -> str:
+    ls = [tuple(x) for x in layouts]
+    return ", ".join(map(str, ls[:n])) + (f" and {len(ls) - n} more" if len(ls) > n else "")

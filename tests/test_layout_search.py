@@ -40,7 +40,8 @@ def test_full_search_recovers_training_layout(pair, caps, layout):
     res = full_search(draft, caps, windows=6, progress=False)
     assert res.evaluations == math.perm(13, 3)
     assert res.best == layout, res.ranking.head(5)
-    assert res.margin_ce > 0
+    top = res.ranking["sim_accept_length"]
+    assert res.margin >= 0 and top[0] >= top[1]
 
 
 def test_coordinate_search_finds_it_cheaper(pair, caps):
@@ -107,8 +108,11 @@ def test_diagnose_cli_json(capsys):
     assert rc == 0
     assert out["best_layout"] == [0, 3, 7]
     assert out["served_layout"] == [3, 7, 10]
-    assert out["best_acc"] > out["served_acc"] and out["margin"] > 0 and out["ranking"]
-    assert out["trained_layout"] == [0, 3, 7] and out["mismatch"] and not out["record_disagrees"]
+    assert out["best_acc"] > out["served_acc"] and out["margin"] >= 0 and out["ranking"]
+    assert out["trained_layout"] == [0, 3, 7] and out["mismatch"] is True and not out["record_disagrees"]
+    assert out["ranked_by"].startswith("expected accepted tokens") and out["significant"] is True
+    assert out["cost"]["difference"] > out["cost"]["half_width"] > 0
+    assert out["verdict"].startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record)")
 
 
 def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp_path):
@@ -178,29 +182,40 @@ def test_widget_callbacks(pair, caps):
     assert f"{ex.last.full_acc[0]:.3f}" in ex.out.value
 
 
-def test_verdict_reads_the_confidence_set():
-    """A served layout within noise of the best is consistent with training, not a mismatch; one outside
-    it is a mismatch; the reported ce is the ranking's own measure."""
+def test_verdict_keeps_the_two_questions_apart():
+    """A served layout within noise of the best is still a mismatch when the record names another
+    layout; with no record, it is undecided while the confidence set holds others too."""
     import pandas as pd
 
     from helpers.diagnose import Diagnosis
+    from helpers.evaluate import PairedTest, WiringVerdict
     from helpers.layout_search import SearchResult
 
     ranking = pd.DataFrame({"rank": [1, 2, 3], "layout": [(3, 5, 7), (2, 5, 7), (0, 1, 2)],
-                            "ce": [4.0662, 4.0678, 5.2], "acc0": [0.41, 0.42, 0.2],
-                            "scored_by": ["2-step ce, all tokens"] * 3, "z_vs_best": [0.0, 0.65, 40.0]})
-    res = SearchResult(ranking, (3, 5, 7), (2, 5, 7), 0.0016, -0.01, 0.65, "full+rerank", 990, 1.0, 2800)
+                            "sim_accept_length": [1.92, 1.91, 1.2], "ce": [4.0662, 4.0678, 5.2],
+                            "acc0": [0.41, 0.42, 0.2], "scored_by": ["accepted tokens"] * 3,
+                            "z_vs_best": [0.0, 0.65, 40.0], "within_noise": [True, True, False]})
+    res = SearchResult(ranking, (3, 5, 7), (2, 5, 7), 0.0016, -0.01, 0.65, "full+rerank", 990, 1.0, 2800,
+                       margin=0.01, steps=3, blocks=44)
     assert res.confident_set == [(3, 5, 7), (2, 5, 7)] and not res.confident
 
-    def diag(served):
-        return Diagnosis((3, 5, 7), 0.41, 4.0662, served, 0.42, 4.0678, "rule", [], None, res, 10, 3, [0.41],
-                         [0.42])
+    def diag(served, recorded):
+        trained = recorded or (3, 5, 7)
+        w = WiringVerdict(served, trained, bool(recorded), "training record" if recorded else "inferred",
+                          res.confident_set, PairedTest(0.01, 0.02, 0.5, 44), "ids [..]")
+        return Diagnosis((3, 5, 7), 0.41, 4.0662, served, 0.42, 4.0678, "rule", [], recorded, res, 10, 3,
+                         [0.41], [0.42], wiring=w)
 
-    ok = diag((2, 5, 7))
-    assert (not ok.mismatch and "consistent" in ok.verdict
-            and ok.to_dict()["confident_set"] == [[3, 5, 7], [2, 5, 7]])
-    bad = diag((0, 1, 2))
-    assert bad.mismatch and bad.verdict.startswith("MISMATCH")
+    near = diag((2, 5, 7), None)
+    assert near.mismatch is None and near.verdict.startswith("UNDECIDED")
+    assert "consistent" not in near.verdict
+    d = near.to_dict()
+    assert d["confident_set"] == [[3, 5, 7], [2, 5, 7]] and d["significant"] is False
+    recorded = diag((2, 5, 7), (3, 5, 7))
+    assert recorded.mismatch is True and recorded.verdict.startswith("MISMATCH: served (2, 5, 7) ≠ trained")
+    assert "not significant" in recorded.verdict
+    bad = diag((0, 1, 2), None)
+    assert bad.mismatch is True and bad.verdict.startswith("MISMATCH")
 
 
 def test_coordinate_search_cost_grows_linearly_with_boundaries():
