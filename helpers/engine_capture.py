@@ -34,6 +34,7 @@ from .conventions import read_target_config
 from .dumps import check_new_dir, open_dump, staged_dir
 from .errors import BadConfig, BadOption, BadText, InputError, fail, one_line, print_json, read_text_file
 from .pair import text_windows
+from .vllm import capture as vllm_capture
 
 DEFAULT_TIMEOUT_S = 60.0   # per request: one prefill of one window, which a serving engine answers in seconds
 
@@ -185,6 +186,10 @@ def match_slots(captured, reference, max_records: int = 4) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(x in ("--backend=vllm",) for x in argv) or any(
+            x == "--backend" and i + 1 < len(argv) and argv[i + 1] == "vllm" for i, x in enumerate(argv)):
+        return vllm_capture.main(argv)      # the real engine's own extraction, on this host
     ap = cli.parser("capture", __doc__)
     ap.add_argument("--engine-url", required=True,
                     help="a running SGLang server, e.g. http://127.0.0.1:30000")

@@ -60,6 +60,9 @@ class LaunchSpec:
     max_model_len: int = 1024
     fixes: tuple[str, ...] = ()
     dtype: str = "float32"
+    extract_ids: tuple[int, ...] | None = None   # hidden-state extraction (the speculators >= 0.5 dump path)
+    storage: Path | None = None                  # where extraction writes one safetensors file per request
+    device: str = "cpu"
 
     def llm_kwargs(self) -> dict:
         target = str(Path(self.target).resolve())      # the worker runs in its log folder
@@ -69,10 +72,23 @@ class LaunchSpec:
         if self.draft is not None:
             kw["speculative_config"] = {"method": "eagle3", "model": str(Path(self.draft).resolve()),
                                         "num_speculative_tokens": int(self.steps)}
+        if self.extract_ids is not None:
+            kw["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                        "draft_model_config": {"hf_config": {
+                                            "eagle_aux_hidden_state_layer_ids": list(self.extract_ids)}}}
+            connector = ({"kv_connector": "CpuHiddenStatesConnector",
+                          "kv_connector_module_path": "helpers.vllm.connector"} if self.device == "cpu"
+                         else {"kv_connector": "ExampleHiddenStatesConnector"})
+            kw["kv_transfer_config"] = connector | {
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": str(Path(self.storage).resolve()),
+                                              "use_synchronization_lock": False}}
         return kw
 
     @property
     def label(self) -> str:
+        if self.extract_ids is not None:
+            return f"{self.target.name}, extracting ids {list(self.extract_ids)}"
         return f"{self.target.name}" + (f" + {self.draft.name} (k={self.steps})" if self.draft else "")
 
 
@@ -129,7 +145,7 @@ class VllmEngine:
         _LIVE.add(self)
         started = time.perf_counter()
         bar = tqdm(total=None, desc=f"starting vLLM ({self.spec.label})", disable=not progress,
-                   bar_format="{desc}: {elapsed}", mininterval=1.0)
+                   bar_format="{desc}: {elapsed}", mininterval=5.0)
         try:
             while True:
                 ready, _, _ = select.select([self._reply], [], [], 1.0)
