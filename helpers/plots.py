@@ -62,16 +62,19 @@ def slot_heatmap(sweep: pd.DataFrame, num_layers: int, value: str = "acc0", base
 
 
 def ranking_bars(ranking: pd.DataFrame, top: int = 15, highlight: dict | None = None):
-    """The best layouts by cross-entropy; ``highlight`` maps a layout to a name (served, trained)."""
+    """The best layouts by the ranking's measure (accepted tokens per verify step; cross-entropy for a
+    ranking that has no such column); ``highlight`` maps a layout to a name (served, trained)."""
     head = ranking.head(top).iloc[::-1]
+    col = "sim_accept_length" if "sim_accept_length" in head else "ce"
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(head) + 1))
     names = {tuple(k): v for k, v in (highlight or {}).items()}
     colors = ["#d9534f" if tuple(l) in names and names[tuple(l)] == "served" else
               "#2f6fde" if tuple(l) in names else "#9aa5b1" for l in head["layout"]]
     ax.barh(head["label"] + [f"  [{names[tuple(l)]}]" if tuple(l) in names else "" for l in head["layout"]],
-            head["ce"], color=colors)
-    ax.set_xlabel("draft cross-entropy vs target (nats/token, lower = better)")
-    ax.set_xlim(head["ce"].min() * 0.98, head["ce"].max() * 1.01)
+            head[col], color=colors)
+    ax.set_xlabel("expected accepted tokens per verify step (higher = better)" if col != "ce" else
+                  "draft cross-entropy vs target (nats/token, lower = better)")
+    ax.set_xlim(head[col].min() * 0.98, head[col].max() * 1.01)
     ax.set_title(f"Top {len(head)} of {len(ranking)} layouts")
     fig.tight_layout()
     return fig

@@ -91,6 +91,7 @@ class IsolateStep:
     tokens: int
     source: str                      # "target capture" or "dump"
     dump: dict | None = _optional()  # the dump diagnosis, when the test ran from a trainer's dump
+    wiring: dict | None = _optional()  # the verdict: mismatch (by rule), cost, significant, verdict line
 
 
 @dataclass
@@ -116,6 +117,12 @@ class LayoutsStep:
     served_rank: int | None
     heatmap: list[dict]
     permutations: list[dict]
+    margin_ce: float | None = _optional()   # beside the ranking: ce margin of the runner-up (nats)
+    confident: bool | None = _optional()
+    ranked_by: str | None = _optional()      # the ranking's measure (accepted tokens per verify step)
+    steps: int | None = _optional()
+    blocks: int | None = _optional()         # paired-test blocks behind z
+    wiring: dict | None = _optional()        # the verdict: mismatch, cost, significant, verdict line
 
 
 @dataclass
