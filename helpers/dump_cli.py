@@ -155,7 +155,8 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
     elif r is not None:
         out.append(f"   {z} (confident)")
     if d.trained_slots is not None:
-        out.append(f"trained choice (the trainer's): slots {d.trained_slots} = {d.trained_layout}   "
+        src = d.wiring.trained_source if d.wiring and d.wiring.trained_known else "the trainer's"
+        out.append(f"trained ({src}): slots {d.trained_slots} = {d.trained_layout}   "
                    f"{_row_text(d.row(d.trained_slots))}")
     if engine:
         if d.served_errors:
