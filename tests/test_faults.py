@@ -721,13 +721,14 @@ def test_sigterm_removes_the_staging_folder(tmp_path):
     from helpers.dumps import staged_dir
 
     out = tmp_path / "dump"
+    earlier = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exc:
         with staged_dir(out) as stage:
             (stage / "hs_0.safetensors").write_bytes(b"half")
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(scaled(5))                # the handler raises long before this ends
     assert exc.value.code == 143 and list(tmp_path.iterdir()) == []
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == earlier          # the handler is put back
 
 
 # --------------------------------------------------------------------------------------
