@@ -453,10 +453,10 @@ def _backend(choice: str) -> str:
     try:
         install = find_vllm()
     except EngineUnavailable as exc:
-        print(f"[engine] reference engine: {exc}", file=sys.stderr)
+        print(f"[engine] reference engine: {exc}")
         return "reference"
     print(f"[engine] vLLM {install.version} ({install.dist}, {install.venv}) serves the pair; the reference "
-          f"engine runs beside it", file=sys.stderr)
+          f"engine runs beside it")
     return "vllm"
 
 
@@ -492,7 +492,8 @@ def main(argv=None) -> int:
                      ("DATA", a.data)]:
         if val is not None:
             params[key] = val
-    params.update(ENGINE=_backend(a.engine), ENGINE_VERSION=a.engine_version, DEVICE=a.device)
+    params.update(ENGINE="reference" if a.engine == "auto" else a.engine, ENGINE_VERSION=a.engine_version,
+                  DEVICE=a.device)
     for p in a.param:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
@@ -513,6 +514,9 @@ def main(argv=None) -> int:
         print("nothing was run and nothing under --out was touched", file=sys.stderr)
         return 2
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
+    measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
+    if a.engine == "auto" and measures and not any(p.startswith("ENGINE=") for p in a.param):
+        params["ENGINE"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key):
             params[key] = str(Path(params[key]).resolve())

@@ -227,3 +227,28 @@ def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
     assert cap["measured_boundaries"] == [2, 6, 9] == cap["predicted_layout"]
     assert all(m["max_abs_diff"] < 1e-3 for m in cap["slot_matches"])
     assert sorted(p.name for p in out.iterdir()) == ["capture.json", "hs_0.safetensors", "hs_1.safetensors"]
+
+
+@pytest.mark.live
+def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
+    """ENGINE="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
+    it; the accept lengths agree and every speculative output equals vLLM's own baseline's."""
+    from helpers import reports
+    from helpers.lab import SMALL
+    from helpers.workbook import run_workbook
+    out = tmp_path / "reports"
+    params = {**SMALL, "ENGINE": "vllm", "MAX_NEW_TOKENS": 16}
+    runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
+                        render=False, progress=False)
+    assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]
+    base = reports.read_step(out, reports.BaselineStep)
+    assert base.plan["layout"] == [2, 6, 9] and base.live["backend"] == f"vllm=={install.version}"
+    live = {r["wiring"]: r for r in reports.read_summary(out).live}
+    assert set(live) == {"deployed", "fix A", "fix B"}
+    layouts = [live[w]["served_layout"] for w in ("deployed", "fix A", "fix B")]
+    assert layouts == [[2, 6, 9], [0, 3, 7], [3, 7, 10]]
+    for r in live.values():
+        assert r["lossless"] and abs(r["tau_gap"]) <= 0.1, r
+    assert any(f["fix"] == "boundary0" and f["state"] == "applied" for f in live["fix A"]["fixes"])
+    fixed = min(live["fix A"]["accept_length"], live["fix B"]["accept_length"])
+    assert live["deployed"]["accept_length"] < fixed
