@@ -213,7 +213,9 @@ SPECULATORS_WRITERS = {IdsAt.NONE: ("speculators==0.4.0",), IdsAt.TOP_LEVEL: ("s
 SGLANG_FORMAT_WRITERS = {IdsAt.EAGLE_CONFIG: ("specforge-hf", "specforge-sglang", "torchspec",
                                               "torchspec-vllm", "modelopt"),
                          IdsAt.TOP_LEVEL: ("speculators==0.9.0",),
-                         IdsAt.NONE: ("eagle", "trtllm")}
+                         # SpecForge and TorchSpec ship draft configs with no ids (SpecForge configs/*.json,
+                         # TorchSpec configs/draft_models/) and then train on their defaults
+                         IdsAt.NONE: ("specforge-hf", "specforge-sglang", "torchspec", "eagle", "trtllm")}
 
 
 def writers_of(cfg: dict, sglang_version: str | None = None) -> list[str]:

@@ -147,4 +147,5 @@ def test_writers_of_a_config_format():
     spec = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"}
     assert writers_of(spec) == ["speculators==0.4.0"]
     assert writers_of({**spec, "eagle_aux_hidden_state_layer_ids": [2, 18, 33]}) == ["speculators==0.9.0"]
-    assert writers_of({"architectures": ["LlamaForCausalLMEagle3"]}) == ["eagle", "trtllm"]
+    assert writers_of({"architectures": ["LlamaForCausalLMEagle3"]}) == ["specforge-hf", "torchspec", "eagle",
+                                                                         "trtllm"]
