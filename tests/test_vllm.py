@@ -193,26 +193,30 @@ def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(i
 
 @pytest.mark.live
 def test_perfect_draft_is_accepted_at_every_position(install, tmp_path):
-    """A control: target and draft whose logits are all zero both pick token 0, so every proposal is
-    accepted and vLLM's own counters must say k per round."""
-    from _pairs import tiny_llama
+    """A control on a Llama target and the stock wheel (no plugin fix): target and draft whose logits
+    are all zero both pick token 0, so every proposal is accepted and vLLM's own counters must say k
+    of k per round. Random weights elsewhere: the control is about counting, not about features."""
     from safetensors.torch import load_file, save_file
-    src = tiny_llama()
+    from transformers import LlamaForCausalLM
+
+    from helpers.target import target_config
     t, d = tmp_path / "target", tmp_path / "draft"
-    shutil.copytree(src / "target", t)
-    shutil.copytree(src / "draft", d)
-    for folder in (t, d):
-        f = folder / "model.safetensors"
-        w = load_file(str(f))
-        for k in list(w):
-            if k.endswith("lm_head.weight"):
-                w[k] = torch.zeros_like(w[k])
-            if k.endswith("d2t"):
-                w[k][0] = 0                        # draft token 0 is target token 0
-        save_file(w, str(f), metadata={"format": "pt"})
-    row, = live_bench(install, t, [LiveWiring("perfect", d, ())], [[5, 9, 11, 3, 7, 2, 8, 4]], steps=3,
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(target_config("llama", 4096, 12, hidden=256))
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    model.save_pretrained(t)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TARGET / f, t / f)
+    shutil.copytree(PAIR / "draft", d)
+    w = load_file(str(d / "model.safetensors"))
+    w["lm_head.weight"] = torch.zeros_like(w["lm_head.weight"])
+    w["d2t"][0] = 0                                    # draft token 0 is target token 0
+    save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+    assert fixes_for(json.loads((t / "config.json").read_text()), (2, 6, 9), install) == ()
+    row, = live_bench(install, t, [LiveWiring("perfect", d, (2, 6, 9))], [[5, 9, 11, 3, 7, 2, 8, 4]], steps=3,
                       max_new_tokens=24, repeats=1, progress=False, log_dir=tmp_path / "logs")
-    assert row.lossless
+    assert row.lossless and row.fixes == []
     assert row.accept_length == pytest.approx(4.0) and row.accepted_per_position == [1.0, 1.0, 1.0]
 
 
