@@ -81,6 +81,9 @@ class CheckReport:
     # trainer conventions that write this config format, when the trainer is not recorded
     candidates: list[dict] = field(default_factory=list)
     topology: dict | None = None
+    # what the engine itself captured (``capture --backend vllm`` wrote it into the dump's capture.json)
+    measured_layout: tuple[int | None, ...] | None = None
+    measured_source: str = ""
 
     @property
     def agree(self) -> bool | None:
@@ -180,7 +183,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
-          across_releases: bool = True) -> CheckReport:
+          across_releases: bool = True, measured: str | Path | None = None) -> CheckReport:
     """``across_releases``: also every release of the engine (committed data, or resolved now);
     ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
     started = time.perf_counter()
@@ -236,6 +239,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
             "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
     _topology(report, eng, arch, n, tp, pp, root)
     report.notes += [w for w in served.warnings if "placeholders" not in w]
+    if measured is not None:
+        _measured(report, Path(measured))
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -290,6 +295,28 @@ def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: 
             f"before the last stage, and {what} ({topo.evidence})", topo.fix))
     elif pp > 1:
         report.notes.append(f"--pp {pp}: {topo.evidence}")
+
+
+def _measured(report: CheckReport, dump: Path) -> None:
+    """The served layout as measured: each slot of an engine-written dump matched to a boundary of the
+    workbook's own capture. A measurement that disagrees with the rules is a blocking problem: the
+    prediction, not the engine, is then wrong for this deployment."""
+    cap = dump / "capture.json"
+    rec = read_json_file(cap, "capture record")
+    got = rec.get("measured_boundaries") if isinstance(rec, dict) else None
+    if not isinstance(got, list) or not all(b is None or isinstance(b, int) for b in got):
+        raise BadConfig(f"{cap} has no measured_boundaries list; expected a dump written by "
+                        f"`capture --backend vllm` (which measures its slots)")
+    report.measured_layout = tuple(got)
+    report.measured_source = f"{cap} ({rec.get('engine', 'an engine')}, ids {rec.get('layer_ids')})"
+    if list(got) == sorted(report.served_layout):
+        report.notes.append(f"measured: {rec.get('engine', 'the engine')} captured {tuple(got)}, the layout "
+                            f"predicted ({report.served_source})")
+    else:
+        report.problems.append(Problem(
+            "measured-differs", f"measured {tuple(got)} by {report.measured_source}, but the rules predict "
+            f"{tuple(report.served_layout)}", "trust the measurement: rerun check with --engine naming the "
+            "release that wrote the dump, and report the rule that predicted otherwise"))
 
 
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
@@ -495,8 +522,10 @@ def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
 def format_report(r: CheckReport) -> str:
     lines = [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
              f"  trained on : {r._label(r.training_layout)}   [{r.training_source}]",
-             f"  served     : {r._label(r.served_layout)}   [{r.served_source}]",
-             f"  verdict    : {r.verdict}"]
+             f"  served     : {r._label(r.served_layout)}   [{r.served_source}]"]
+    if r.measured_layout is not None:
+        lines.append(f"  measured   : {tuple(r.measured_layout)}   [{r.measured_source}]")
+    lines.append(f"  verdict    : {r.verdict}")
     for i, p in enumerate(r.problems, 1):
         lines.append(f"  {i}. [{p.kind}{'' if p.blocking else ', advisory'}] {p.message}")
         lines.append(f"     fix: {p.fix}")
@@ -553,6 +582,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size the target is served with")
     p.add_argument("--pp", type=int, default=1,
                    help="pipeline-parallel size: captures on a non-last stage may never reach the draft")
+    p.add_argument("--measured", type=Path, default=None,
+                   help="a dump written by `capture --backend vllm`: its measured_boundaries are the served "
+                        "layout as the engine itself captured it")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: check the recorded rule against the release's own wheel "
                         "(370 MB, fetched once)")
@@ -565,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
         report = check(args.draft, args.engine, target=args.target, target_config=args.target_config,
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
-                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp)
+                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers.conventions import read_draft_config
+from helpers.errors import InputError
 from helpers.vllm import plugin
 from helpers.vllm.bench import LiveWiring, fixes_for, live_bench
 from helpers.vllm.engine import LaunchSpec, VllmEngine
@@ -256,3 +257,20 @@ def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
     assert any(f["fix"] == "boundary0" and f["state"] == "applied" for f in live["fix A"]["fixes"])
     fixed = min(live["fix A"]["accept_length"], live["fix B"]["accept_length"])
     assert live["deployed"]["accept_length"] < fixed
+
+
+def test_check_reads_the_measured_layout(tmp_path):
+    from helpers.check import check
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    rec = {"engine": "vllm==0.32.0", "layer_ids": [2, 6, 9], "measured_boundaries": [2, 6, 9]}
+    (dump / "capture.json").write_text(json.dumps(rec))
+    r = check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+    assert r.measured_layout == (2, 6, 9) and any(n.startswith("measured:") for n in r.notes)
+    assert not any(p.kind == "measured-differs" for p in r.problems)
+    (dump / "capture.json").write_text(json.dumps(rec | {"measured_boundaries": [3, 7, None]}))
+    r = check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+    assert [p.kind for p in r.problems if p.blocking].count("measured-differs") == 1
+    (dump / "capture.json").write_text("{}")
+    with pytest.raises(InputError, match="no measured_boundaries"):
+        check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
