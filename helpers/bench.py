@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .engine import (
     speculative_generate,
 )
 from .errors import BadOption, InputError, check_finite, fail, print_json
+from .fixes import with_engine_ids
 from .pair import (
     MAX_STEPS,
     check_device,
@@ -294,10 +296,6 @@ def reference_figures(res: BenchResult) -> dict:
 def _live(a, install, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:
     """``--backend vllm``: the draft vLLM loads is the one given, or for another layout a copy whose ids
     (in the key vLLM reads) name that layout; beside it, the reference engine fed the same layout."""
-    import tempfile
-
-    from .fixes import with_engine_ids
-
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp:
         draft = pair.draft_dir
         if a.layout != "served":
