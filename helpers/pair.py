@@ -202,7 +202,8 @@ def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
                              "a,b,c / TRAINING_LAYOUT)")
     res = search(pair.draft, caps, progress=False)
     return CapturePlan(res.best, pair.num_layers, "inferred by layout search",
-                       (f"margin {res.margin_ce} nats, z={res.z}",))
+                       (f"margin {res.margin:.3f} accepted tokens per verify step over the runner-up, "
+                        f"z={res.z}",))
 
 
 def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) -> CapturePlan:
