@@ -490,6 +490,7 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
                      f"{len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it "
                      f"was trained from, or holds extra states")
     trained_source = ""
+    outside = None         # a recorded training layout the dump cannot score: still the answer by rule
     if trained is not None:
         rule = "all aux slots" if dump.format == "specforge" else "hidden_states[:-1]"
         trained_source = f"the {dump.format} format's slot choice, {rule}"
@@ -504,6 +505,7 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
         else:
             notes.append(f"the draft's training record says {tuple(recorded)}, not all (known to be) in the "
                          f"dump's slots {bounds}")
+            outside = tuple(int(b) for b in recorded)
     served_layout, served_slots, served_source, served_errors = None, None, "", []
     if engine and draft_config is not None and arch and L is not None:
         plan = served_plan(draft_config, L, arch, engine)
@@ -545,17 +547,22 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     d = DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
                       served_layout, served_slots, served_source, served_errors, engine_row, L,
                       round(time.perf_counter() - t0, 2), notes)
-    d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source)
+    d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source, outside)
     return d
 
 
 def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
-            source: str) -> WiringVerdict:
+            source: str, recorded_outside: tuple[int, ...] | None = None) -> WiringVerdict:
     """Both questions from the dump: equality by the format's slot choice when it fits the draft (else
-    from the confidence set), the cost as trained (or best) minus served on the same token blocks."""
-    known = d.trained_layout is not None
-    if known:
+    by the training record, even when the dump cannot score it; else from the confidence set), the cost
+    as trained (or best) minus served on the same token blocks."""
+    known = d.trained_layout is not None or recorded_outside is not None
+    if d.trained_layout is not None:
         trained_slots, trained = d.trained_slots, d.trained_layout
+    elif recorded_outside is not None:
+        # e.g. a dump an engine wrote of the served slots only: equality is decided by the record
+        trained_slots, trained = None, recorded_outside
+        source = "training record (its boundaries are not all in this dump)"
     else:
         trained_slots, trained = d.best["slots"], d.best["layout"]
         source = "inferred: the best layout in the dump"
@@ -565,6 +572,9 @@ def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
     cost, note = None, ""
     if served_acc is not None and trained_slots is not None:
         cost = paired(accs[tuple(trained_slots)], served_acc)
+    elif trained_slots is None and known:
+        note = (f"its cost cannot be measured from this dump: the trained boundaries {trained} are not all "
+                f"(known to be) in its slots {bounds}")
     elif d.served_layout is not None and not d.served_errors:
         note = (f"its cost cannot be measured from this dump: the served boundaries {d.served_layout} are "
                 f"not all (known to be) in its slots {bounds}")

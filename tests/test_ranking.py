@@ -321,3 +321,17 @@ def test_tiny_sample_is_never_confident():
     assert text.returncode == 0 and not re.search(r"\binf\b", text.stdout)
     assert "(confident)" not in text.stdout
     assert "NOT confident" in text.stdout
+
+
+def test_dump_without_the_trained_slots_is_still_a_mismatch_by_record(capsys):
+    """A dump of the served slots only (what an engine's extraction writes) cannot score the training
+    layout, but the draft's record still names it: served ≠ trained is decided by rule, never 'OK'."""
+    from helpers.__main__ import main
+    d = tiny_default()
+    dump = tiny_dump("speculators", (3, 7, 10), records=2)
+    assert main(["diagnose", "--data", str(dump), "--target", str(d / "target"), "--draft", str(d / "draft"),
+                 "--json"]) in (0, 1)
+    out = json.loads(capsys.readouterr().out)
+    assert out["mismatch"] is True and out["cost"] is None
+    assert "MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record" in out["verdict"]
+    assert "cost cannot be measured from this dump" in out["verdict"]
