@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from . import cli
 from .boundaries import CapturePlan
+from .conventions import parse_engine
 from .draft import run_as
 from .engine import (
     GenerationResult,
@@ -233,6 +234,7 @@ def main(argv=None) -> int:
                               "(a live SGLang server), or --backend vllm / reference here"))
     install = None
     try:
+        a.engine = parse_engine(a.engine)      # a typo in --engine fails before any model loads
         if a.backend == "vllm":
             install = find_vllm()       # one line and exit 2 when this host has no engine
             if not engine_named:

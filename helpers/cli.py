@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .conventions import DEFAULT_ENGINE, parse_engine
-from .errors import BadOption, one_line, print_json
+from .errors import BadOption, InputError, one_line, print_json
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -31,11 +31,17 @@ def parser(command: str, doc: str | None) -> OneLineParser:
 
 
 class EngineOption(argparse.Action):
-    """``--engine``: parsed here, once, into a ``conventions.Engine`` every function below takes as is;
-    a typo fails as one ``error:`` line (the InputError, exit 2) before any model loads."""
+    """``--engine``: parsed here, once, into a ``conventions.Engine`` every function below takes as is
+    (``parse_engine`` passes an Engine through). Text that does not parse is kept as text, so the
+    command's own ``parse_engine`` call, first thing in its error handling, turns it into its one
+    ``error:`` line and exit 2 before any model loads."""
 
     def __call__(self, parser, namespace, value, option_string=None):
-        setattr(namespace, self.dest, parse_engine(value))
+        try:
+            value = parse_engine(value)
+        except InputError:
+            pass
+        setattr(namespace, self.dest, value)
 
 
 def add_pair_args(p: argparse.ArgumentParser, *,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from . import cli
 from .boundaries import layout_label
+from .conventions import parse_engine
 from .draft import run_as
 from .dump_cli import run_dump_diagnosis
-from .errors import check_finite, fail, print_json, read_text_file
+from .errors import InputError, check_finite, fail, print_json, read_text_file
 from .evaluate import (
     MIN_BLOCKS,
     RANKED_BY,
@@ -177,6 +178,10 @@ def main(argv=None) -> int:
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
                  f"{a.windows}")
+    try:
+        a.engine = parse_engine(a.engine)      # a typo in --engine fails before any weights load
+    except InputError as exc:
+        return fail(exc)
     if a.data is not None:
         return run_dump_diagnosis(a)
     try:

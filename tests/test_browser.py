@@ -150,7 +150,7 @@ def test_notebook_03_in_jupyterlab_and_reports_offline(lab, browser, tmp_path):
         "els => els.map(e => e.textContent).filter(t => t.includes('Traceback') || t.includes('Error'))")
     assert not errors, errors
     # the last cell ran
-    assert page.locator(".jp-OutputArea-output", has_text="The draft was most likely trained on").count() == 1
+    assert page.locator(".jp-OutputArea-output", has_text="The search ranks").count() == 1
     # text progress bars are for papermill; here tqdm draws widgets
     assert page.locator(".jupyter-widgets .widget-progress, .jupyter-widgets progress, "
                         ".jupyter-widgets .progress").count() >= 1
