@@ -276,22 +276,17 @@ def test_other_than_three_slots_round_trip(target, tmp_path, k):
     assert loaded.cfg.num_aux == k and loaded.cfg.fc_in == k * H
 
 
-def test_input_norm_without_the_flag_is_refused(target, tmp_path):
-    """Weights the engine would skip (it builds no input_norm without the flag): refused, named."""
-    _, path, _ = _saved(target, tmp_path, "norm_before_fc")
+@pytest.mark.parametrize("variant, key, message", [
+    # weights the engine would skip (it builds no input_norm without the flag): refused, named
+    ("norm_before_fc", "norm_before_fc", "holds input_norm.* but .* does not set norm_before_fc"),
+    ("mla", "kv_lora_rank", "kv_lora_rank is None; expected a positive integer"),
+])
+def test_config_without_what_its_weights_need_is_refused(target, tmp_path, variant, key, message):
+    _, path, _ = _saved(target, tmp_path, variant)
     cfg = json.loads((path / "config.json").read_text())
-    del cfg["norm_before_fc"]
+    del cfg[key]
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftFormatError, match="holds input_norm.* but .* does not set norm_before_fc"):
-        load_draft(path, target=target)
-
-
-def test_mla_config_without_its_attention_numbers_is_refused(target, tmp_path):
-    _, path, _ = _saved(target, tmp_path, "mla")
-    cfg = json.loads((path / "config.json").read_text())
-    del cfg["kv_lora_rank"]
-    (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftFormatError, match="kv_lora_rank is None; expected a positive integer"):
+    with pytest.raises(DraftFormatError, match=message):
         load_draft(path, target=target)
 
 
