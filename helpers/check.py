@@ -481,9 +481,10 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, s
 
 def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> None:
     if name == "sglang" and is_speculators_format(cfg):
+        archs = ", ".join(cfg.get("architectures") or ["no architectures"])
         report.problems.append(Problem(
-            "speculators-format", "speculators-format draft (Eagle3Speculator): SGLang registers no such "
-            "architecture in the releases read so far; "
+            "speculators-format", f"speculators-format draft ({archs}): "
+            "SGLang registers no such architecture in the releases read so far; "
             "its llama_eagle3 would skip layers.0.* weights silently",
             "convert it: architectures LlamaForCausalLMEagle3, "
             "the ids under eagle_config (SGLang's numbering), "
