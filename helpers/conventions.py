@@ -243,10 +243,17 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
         return DraftIds(None, IdsAt.NONE, warnings)
     if name == "vllm":
         reads_top, reads_nested, why = vllm_reads(version, arch, eng.runner)
-        if top is not None and reads_top:
+        if top and reads_top:                   # vLLM tests truthiness: an empty list is no ids
             return DraftIds(top, IdsAt.TOP_LEVEL)
-        if inner is not None and reads_nested:
+        if inner and reads_nested:
             return DraftIds(inner, IdsAt.EAGLE_CONFIG, [f"vLLM reads eagle_config's ids here: {why}"])
+        layer_ids = nested.get("layer_ids")
+        if (not top and isinstance(layer_ids, list) and layer_ids
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
+                and vllm_on_v2(version, arch, eng.runner) and at_least(version, VLLM_V2_READS_LAYER_IDS)):
+            return DraftIds(list(layer_ids), IdsAt.EAGLE_CONFIG,
+                            [f"vLLM {version or VLLM_NEWEST_READ}'s V2 runner reads eagle_config.layer_ids = "
+                             f"{list(layer_ids)} (its last resort after the top-level key)"])
         skipped = [f"{where} {ids}" for where, ids in (("top-level", top), ("eagle_config", inner)) if ids]
         if skipped:
             warnings.append(f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and serves its "
@@ -347,6 +354,7 @@ VLLM_READS_TOP_LEVEL = "0.11.1"        # v1/worker/gpu_model_runner.py _get_eagl
 VLLM_V1_READS_NESTED = "0.22.0"        # the V1 runner falls back to eagle_config's ids; V2 never does
 VLLM_FC_FROM_CONFIG = "0.22.0"         # llama_eagle3: num_aux_hidden_states, then len(nested ids), else 3
 VLLM_HONOURS_NORM_BEFORE_RESIDUAL = "0.10.1"
+VLLM_V2_READS_LAYER_IDS = "0.27.0"     # the V2 runner's last resort: eagle_config.layer_ids (another key)
 # Pipeline parallelism (helpers/topology.py): the V2 runner relays aux states between stages for these
 # target classes (v1/worker/gpu/pp_utils.py, decoders with supports_aux_hidden_states_over_pp) and refuses
 # EAGLE-3 with PP for the rest; read in 0.32.0 only, so earlier releases are taken to drop them as V1 does.
@@ -387,14 +395,21 @@ def vllm_reads(version: str | None, arch: str, runner: str | None = None) -> tup
     if not at_least(v, VLLM_READS_TOP_LEVEL):
         return False, False, (f"vLLM {v} reads no draft ids at all "
                               f"(from {VLLM_READS_TOP_LEVEL} it reads the top level)")
-    v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT) if at_least(v, first)), ())
-    on_v2 = (v2 is None or arch in v2) if runner is None else runner == "v2"
-    if on_v2:
+    if vllm_on_v2(v, arch, runner):
         return True, False, (f"vLLM {v} serves {arch or 'this target'} on the V2 model runner, "
                              f"which reads only the top-level key")
     if at_least(v, VLLM_V1_READS_NESTED):
         return True, True, f"vLLM {v}'s V1 runner: the top-level key, then eagle_config's"
     return True, False, f"vLLM {v} reads only the top-level key (eagle_config's from {VLLM_V1_READS_NESTED})"
+
+
+def vllm_on_v2(version: str | None, arch: str, runner: str | None = None) -> bool:
+    """Whether this release serves ``arch`` on the V2 model runner (``runner`` pins it)."""
+    if runner is not None:
+        return runner == "v2"
+    v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT)
+               if at_least(version or VLLM_NEWEST_READ, first)), ())
+    return v2 is None or arch in v2
 
 
 def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,

@@ -120,6 +120,15 @@ def test_vllm_reads_the_top_level_key_first():
     assert engine_ids({"architectures": ["LlamaForCausalLMEagle3"]}, "vllm").source == IdsAt.NONE
 
 
+def test_vllm_v2_runner_reads_eagle_config_layer_ids_and_an_empty_list_is_no_ids():
+    other_key = {"eagle_config": {"layer_ids": [1, 5, 9]}}
+    assert engine_ids(other_key, "vllm==0.32.0", arch="LlamaForCausalLM").ids == [1, 5, 9]      # V2 default
+    assert engine_ids(other_key, "vllm==0.26.0", arch="LlamaForCausalLM").ids is None           # before 0.27
+    assert engine_ids(other_key, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids is None        # V1 never
+    empty_top = {IDS_KEY: [], "eagle_config": {IDS_KEY: [1, 5, 9]}}
+    assert engine_ids(empty_top, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [1, 5, 9]
+
+
 def test_ids_that_are_not_a_list_are_refused():
     with pytest.raises(DraftConfigError, match="expected a list"):
         ids_in_config({"eagle_config": {IDS_KEY: "2,6,9"}})
