@@ -28,6 +28,7 @@ from .conventions import (
     honours_norm_before_residual,
     ids_in_config,
     ignored_flag_problems,
+    is_eagle_reference_config,
     is_speculators_format,
     parse_engine,
     read_draft_config,
@@ -219,7 +220,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     if across_releases:
         _releases(report, eng, arch, n, cfg, tcfg)
     if report.training_layout is None and trainer is None:
-        _candidates(report, cfg, eng, arch, n)
+        _candidates(report, cfg, eng, arch, n, served.errors)
     problems = report.problems
     for e in served.errors:
         fix = (e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e
@@ -261,9 +262,11 @@ def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tc
     report.releases_from = f"{drift.how}; {drift.seconds:.2f} s"
 
 
-def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int) -> None:
+def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int,
+                cannot_capture: Sequence[str] = ()) -> None:
     """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
-    its ids a known meaning, so list the layout each would mean and whether this release serves it."""
+    its ids a known meaning, so list the layout each would mean and whether this release serves it.
+    A release that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees."""
     ids, where = ids_in_config(cfg)
     model_type = cfg.get("model_type")
     for spec in writers_of(cfg, eng.version if eng.name == "sglang" else None):
@@ -277,11 +280,13 @@ def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int) 
                                       "note": str(exc).split("\n")[0][:200]})
             continue
         layout = list(res.training_layout) if res.training_layout else None
-        agrees = None if layout is None else tuple(layout) == tuple(report.served_layout)
+        agrees = None if layout is None else (
+            not cannot_capture and tuple(layout) == tuple(report.served_layout))
         said = "its default ids" if train is None and rule.meaning != "fixed" else (
             "fixed boundaries" if rule.meaning == "fixed" else f"ids {train} ({rule.meaning} numbering)")
+        gone = [f"{eng} captures nothing for {arch} (engine-cannot-capture)"] if cannot_capture else []
         report.candidates.append({"trainer": spec, "training_layout": layout, "served_agrees": agrees,
-                                  "note": "; ".join([said] + res.errors)})
+                                  "note": "; ".join([said] + res.errors + gone)})
 
 
 def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: int, root) -> None:
@@ -319,6 +324,15 @@ def _measured(report: CheckReport, dump: Path) -> None:
             "release that wrote the dump, and report the rule that predicted otherwise"))
 
 
+def _writer_example(cfg: dict) -> str:
+    """A trainer that writes this config's format, so the suggested command fits the draft at hand."""
+    try:
+        writers = writers_of(cfg)
+    except InputError:
+        writers = []
+    return writers[0] if writers else "NAME[==VERSION]"
+
+
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
               tcfg: dict, arch: str) -> None:
     n = report.num_layers
@@ -337,7 +351,7 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
             report.problems.append(Problem(
                 "training-unknown", "no training record (training.json) and no trainer named, "
                 "so the layout the fc learned is unknown",
-                f"name the trainer (--trainer speculators==0.4.0 [--train-ids ...]), "
+                f"name the trainer (--trainer {_writer_example(cfg)} [--train-ids ...]), "
                 f"or measure it: `python -m "
                 f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` "
                 f"on the trainer's hidden-state "
@@ -490,6 +504,23 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
             "the ids under eagle_config (SGLang's numbering), "
             "weights layers.0.* renamed midlayer.* (helpers.draft.save_draft(..., fmt='sglang') writes that "
             "layout from a loaded draft)"))
+    if is_eagle_reference_config(cfg):
+        archs = ", ".join(cfg.get("architectures") or [])
+        if name == "sglang":
+            report.problems.append(Problem(
+                "draft-class",
+                f"the EAGLE reference code's head ({archs}, 1 layer): SGLang builds the draft from "
+                f"architectures[0] as written (configs/model_config.py renames only MTP classes), i.e. a "
+                f"plain one-layer {archs} whose load_weights skips the names it has no parameter for: "
+                f"fc.* and midlayer.* never load and the aux states are never read",
+                "set architectures to [\"LlamaForCausalLMEagle3\"] in the draft's config.json (the weights "
+                "already carry SGLang's fc.* / midlayer.* names)"))
+        elif name == "vllm":
+            report.notes.append(f"the EAGLE reference code's head ({archs}, 1 layer): vLLM's EAGLEConfig "
+                                f"renames it Eagle3{archs.split(',')[0]} and serves it with llama_eagle3")
+        else:
+            report.notes.append(f"the EAGLE reference code's head ({archs}, 1 layer): whether {name} loads "
+                                f"this class as an EAGLE-3 head is not recorded here")
     if sets_norm_before_residual(cfg) and name != "trtllm" and not honours_norm_before_residual(engine):
         report.problems.append(Problem(
             "norm-before-residual",

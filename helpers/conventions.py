@@ -148,17 +148,28 @@ def read_draft_config(draft: str | Path | dict) -> dict:
                                f"expected an object like {{\"{IDS_KEY}\": [2, 6, 9]}} (SGLang reads its keys "
                                f"and would fail to load this draft)")
     archs = [str(a) for a in cfg.get("architectures") or []]
-    if archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg and not any(
-            "eagle" in a.lower() or "speculator" in a.lower() for a in archs):
+    if (archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg
+            and not is_eagle_reference_config(cfg)
+            and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)):
         raise DraftConfigError(f"draft config {path} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
                                f"are --target and --draft swapped?")
     return cfg
 
 
+def is_eagle_reference_config(cfg: dict) -> bool:
+    """The EAGLE reference code's own head (eagle/traineagle3/config.json, the yuhuili/EAGLE3-* heads):
+    a plain ``LlamaForCausalLM`` config of one layer with a ``draft_vocab_size``, no eagle_config.
+    Only vLLM turns that class into its EAGLE-3 head (docs/conventions.md, "Draft formats")."""
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    return (bool(archs) and "eagle_config" not in cfg and not cfg.get("speculators_model_type")
+            and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
+            and cfg.get("num_hidden_layers") == 1 and isinstance(cfg.get("draft_vocab_size"), int))
+
+
 def is_draft_config(cfg: dict) -> bool:
     archs = [str(a) for a in cfg.get("architectures") or []]
-    return bool(cfg.get("speculators_model_type")) or any("eagle" in a.lower() or "speculator" in a.lower()
-                                                          for a in archs)
+    return (bool(cfg.get("speculators_model_type")) or is_eagle_reference_config(cfg)
+            or any("eagle" in a.lower() or "speculator" in a.lower() for a in archs))
 
 
 def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_layers",)) -> dict:

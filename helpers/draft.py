@@ -45,6 +45,7 @@ from .conventions import (
     engine_draft_class,
     honours_flag,
     ids_in_config,
+    is_eagle_reference_config,
     read_draft_config,
 )
 from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
@@ -532,8 +533,8 @@ def draft_format(cfg_json: dict) -> str:
     arch = (cfg_json.get("architectures") or [""])[0]
     if arch == SPECULATORS_ARCH or cfg_json.get("speculators_model_type") == "eagle3":
         return "speculators"
-    if "eagle3" in arch.lower() or "eagle_config" in cfg_json:
-        return "sglang"
+    if "eagle3" in arch.lower() or "eagle_config" in cfg_json or is_eagle_reference_config(cfg_json):
+        return "sglang"                      # the EAGLE reference head has SGLang's weight names
     raise DraftFormatError(f"config architectures {cfg_json.get('architectures')} is not an EAGLE-3 draft "
                            f"(expected {SGLANG_ARCH}, {MLA_DRAFT_ARCH} or {SPECULATORS_ARCH})")
 

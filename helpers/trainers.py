@@ -21,6 +21,7 @@ from .conventions import (
     IdsAt,
     check_num_layers,
     ids_in_config,
+    is_eagle_reference_config,
     is_speculators_format,
     layer_outputs_to_boundaries,
     version_tuple,
@@ -224,9 +225,21 @@ def writers_of(cfg: dict, sglang_version: str | None = None) -> list[str]:
     on, taken to be the one named) and only then; TorchSpec's vLLM export only for kimi_k2 drafts,
     the one model type it rewrites."""
     _, where = ids_in_config(cfg)
+    if is_eagle_reference_config(cfg):
+        return ["eagle"]                 # its own one-layer LlamaForCausalLM config: nobody else writes it
     table = SPECULATORS_WRITERS if is_speculators_format(cfg) else SGLANG_FORMAT_WRITERS
+    specs = list(table[where])
+    made_by = cfg.get("speculators_version") if is_speculators_format(cfg) else None
+    if isinstance(made_by, str) and version_tuple(made_by):
+        # the release that wrote this file: one that only converts (0.1-0.2) took the weights from the
+        # EAGLE reference code (its convert/eagle3 source), whose boundaries are fixed
+        rule = rule_for("speculators", made_by)
+        if rule.meaning == "none":
+            specs = [f"speculators=={made_by}"] + (["eagle"] if where == IdsAt.NONE else [])
+        elif rule.writes_ids == where:
+            specs = [f"speculators=={made_by}"]
     out = []
-    for spec in table[where]:
+    for spec in specs:
         if spec == "specforge-sglang":
             if sglang_version:
                 out.append(f"specforge-sglang=={sglang_version}")

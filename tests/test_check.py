@@ -350,3 +350,26 @@ def test_llamacpp_reads_the_top_level_key_from_its_builds(tmp_path):
     assert runs == [("9093", None), ("10001", [2, 16, 29]), ("10705", [1, 15, 28])]
     kimi = check(top, "llamacpp", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     assert kimi.served_layout == () and "engine-cannot-capture" in _kinds(kimi)
+
+
+def test_eagle_reference_head_is_checked_not_refused(tmp_path):
+    """The EAGLE reference code's own head (SafeAILab EAGLE eagle/traineagle3/config.json: a one-layer
+    LlamaForCausalLM with draft_vocab_size, no eagle_config). vLLM renames the class and serves it;
+    SGLang builds the plain Llama class and loads none of the head. Its only writer trains on the
+    fixed (2, N//2, N-3)."""
+    draft = _draft(tmp_path, "eagle-ref",
+                   extra={"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
+    target = _target(tmp_path, "LlamaForCausalLM", 32)
+    sg = check(draft, "sglang==0.5.9", target=target, across_releases=False)
+    assert "draft-class" in _kinds(sg)
+    assert [(c["trainer"], c["training_layout"]) for c in sg.candidates] == [("eagle", [2, 16, 29])]
+    assert "--trainer eagle" in next(p.fix for p in sg.problems if p.kind == "training-unknown")
+    vl = check(draft, "vllm==0.32.0", target=target, across_releases=False)
+    assert "draft-class" not in _kinds(vl) and vl.served_layout == (2, 16, 29)
+    assert any("Eagle3LlamaForCausalLM" in n for n in vl.notes)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                  "num_hidden_layers": 32, "draft_vocab_size": 200}))
+    with pytest.raises(InputError, match="not an EAGLE-3 draft"):
+        check(full, "vllm==0.32.0", target=target)

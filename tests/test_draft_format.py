@@ -440,9 +440,27 @@ def test_target_vocab_mismatch(saved, make_tiny_lm, fmt):
 
 def test_non_eagle_architecture(saved, target):
     _, path = saved("sglang")
-    _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"]}), c.pop("eagle_config")))
+    _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}),
+                                  c.pop("eagle_config")))
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftConfigError,
                       "not an EAGLE-3 draft")
+
+
+def test_eagle_reference_head_loads(saved, target):
+    """The EAGLE reference code's own head (its traineagle3/config.json): a plain one-layer
+    LlamaForCausalLM config with draft_vocab_size and SGLang's weight names. It runs as the same
+    draft as the SGLang-format copy of it."""
+    draft, path = saved("sglang")
+    _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"]}), c.pop("eagle_config")))
+    loaded = load_draft(path, target=target)
+    assert loaded.cfg.format == "sglang" and loaded.cfg.arch == "LlamaForCausalLM"
+    assert loaded.cfg.eagle_ids is None
+    a, b = draft.state_dict(), loaded.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    ids, fused = _inputs()
+    with torch.no_grad():
+        for w, g in zip(draft.ttt_forward(ids, fused, steps=2), loaded.ttt_forward(ids, fused, steps=2)):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
 
 
 def test_draft_format_detection():

@@ -1,7 +1,9 @@
 """Real draft configs as tests (issue 19, item 8): each fixture under tests/heads/drafts/ is a draft
-config.json copied byte for byte from where it is published or vendored (tests/heads/manifest.json names
-the repo, path and commit, or the URL), checked against its target's public config (trimmed to the keys
-the workbook reads, as the manifest says). No weights: ``check`` reads the config only.
+config.json as it is published or vendored: the trainer-shipped ones byte for byte (repo, path, commit),
+the ``hf--*`` ones the Hugging Face repos' own config.json with every key and value as published
+(tests/heads/manifest.json names the URL, the HF repo and how complete the copy is), checked against its
+target's public config (trimmed to the keys the workbook reads, as the manifest says). No weights:
+``check`` reads the config only.
 
 ``tests/heads/expected.json`` holds, per case and release, the exit status, the served layout, the
 blocking problem kinds, the served layout per release group and the candidates; the hand-written tests
@@ -82,8 +84,35 @@ def test_kimi_mla_head_drifts_and_names_torchspec_vllm(tmp_path):
 
 def test_speculators_four_ids_head_on_vllm(tmp_path):
     """speculators issue #1065: four top-level ids on a 94-layer Qwen3-MoE verifier; vLLM 0.33.0 serves
-    all four as boundaries, and speculators>=0.5 (boundary numbering) trained on the same."""
+    all four as boundaries, and the release the config names (0.8.0.dev0, boundary numbering) trained on
+    the same."""
     r = _run(tmp_path, "speculators-issue-1065--qwen3moe-4ids", "vllm==0.33.0")
     assert r.served_layout == (2, 46, 91, 93)
-    assert r.candidates == [{"trainer": "speculators==0.9.0", "training_layout": [2, 46, 91, 93],
+    assert r.candidates == [{"trainer": "speculators==0.8.0.dev0", "training_layout": [2, 46, 91, 93],
                              "served_agrees": True, "note": r.candidates[0]["note"]}]
+
+
+def test_aq_medai_kimi_k25_head_drifts_across_sglang_releases(tmp_path):
+    """AQ-MedAI/Kimi-K25-eagle3 (eagle_config ids [2, 30, 58], 61-layer Kimi-K2.5): SGLang 0.5.9 has no
+    setter on the wrapper, 0.5.10-0.5.12 serve the DeepSeek +1 rule (3, 31, 59), 0.5.13 on serve the ids
+    as boundaries (SGLang PR #25454). With nothing captured on 0.5.9, no candidate agrees there."""
+    old = _run(tmp_path, "hf--AQ-MedAI--Kimi-K25-eagle3", "sglang==0.5.9")
+    assert "engine-cannot-capture" in {p.kind for p in old.problems if p.blocking}
+    assert old.candidates and not any(c["served_agrees"] for c in old.candidates)
+    assert all("captures nothing" in c["note"] for c in old.candidates)
+    new = _run(tmp_path, "hf--AQ-MedAI--Kimi-K25-eagle3", "sglang==0.5.23")
+    assert new.served_layout == (2, 30, 58)
+    assert [(x["first"], x["served_layout"]) for x in new.served_across_releases][-2:] == [
+        ("0.5.10", [3, 31, 59]), ("0.5.13", [2, 30, 58])]
+    got = {c["trainer"]: (c["training_layout"], c["served_agrees"]) for c in new.candidates}
+    assert got == {"specforge-hf": ([3, 31, 59], False), "specforge-sglang==0.5.23": ([2, 30, 58], True),
+                   "torchspec": ([3, 31, 59], False), "modelopt": ([3, 31, 59], False)}
+
+
+def test_converted_speculators_head_names_the_converter_and_its_source(tmp_path):
+    """nm-testing/EAGLE3-LLaMA3.1-Instruct-8B-converted was written by speculators 0.1.0.dev14, a release
+    that only converts: the weights came from the EAGLE reference code, whose boundaries are fixed at
+    (2, N//2, N-3), so the default vLLM serves agrees; the converter itself gives no layout."""
+    r = _run(tmp_path, "hf--nm-testing--EAGLE3-LLaMA3.1-Instruct-8B-converted", "vllm==0.33.0")
+    assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in r.candidates] == [
+        ("speculators==0.1.0.dev14", None, None), ("eagle", [2, 16, 29], True)]
