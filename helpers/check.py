@@ -506,21 +506,21 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
             "layout from a loaded draft)"))
     if is_eagle_reference_config(cfg):
         archs = ", ".join(cfg.get("architectures") or [])
+        head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"
         if name == "sglang":
             report.problems.append(Problem(
                 "draft-class",
-                f"the EAGLE reference code's head ({archs}, 1 layer): SGLang builds the draft from "
-                f"architectures[0] as written (configs/model_config.py renames only MTP classes), i.e. a "
-                f"plain one-layer {archs} whose load_weights skips the names it has no parameter for: "
-                f"fc.* and midlayer.* never load and the aux states are never read",
+                f"{head}: SGLang builds the draft from architectures[0] as written (configs/model_config.py "
+                f"renames only MTP classes), i.e. a plain {archs} whose load_weights skips the names it has "
+                f"no parameter for: fc.* and midlayer.* never load and the aux states are never read",
                 "set architectures to [\"LlamaForCausalLMEagle3\"] in the draft's config.json (the weights "
                 "already carry SGLang's fc.* / midlayer.* names)"))
         elif name == "vllm":
-            report.notes.append(f"the EAGLE reference code's head ({archs}, 1 layer): vLLM's EAGLEConfig "
-                                f"renames it Eagle3{archs.split(',')[0]} and serves it with llama_eagle3")
+            report.notes.append(f"{head}: vLLM's EAGLEConfig renames it Eagle3{archs.split(',')[0]} and "
+                                f"serves it with llama_eagle3")
         else:
-            report.notes.append(f"the EAGLE reference code's head ({archs}, 1 layer): whether {name} loads "
-                                f"this class as an EAGLE-3 head is not recorded here")
+            report.notes.append(f"{head}: whether {name} loads this class as an EAGLE-3 head is not "
+                                f"recorded here")
     if sets_norm_before_residual(cfg) and name != "trtllm" and not honours_norm_before_residual(engine):
         report.problems.append(Problem(
             "norm-before-residual",

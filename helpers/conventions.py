@@ -158,12 +158,13 @@ def read_draft_config(draft: str | Path | dict) -> dict:
 
 def is_eagle_reference_config(cfg: dict) -> bool:
     """The EAGLE reference code's own head (eagle/traineagle3/config.json, the yuhuili/EAGLE3-* heads):
-    a plain ``LlamaForCausalLM`` config of one layer with a ``draft_vocab_size``, no eagle_config.
+    a plain ``LlamaForCausalLM`` config with a ``draft_vocab_size`` (no model's own config has one) and
+    no eagle_config; its ``num_hidden_layers`` is 1 as written, but tools copy the target's there.
     Only vLLM turns that class into its EAGLE-3 head (docs/conventions.md, "Draft formats")."""
     archs = [str(a) for a in cfg.get("architectures") or []]
     return (bool(archs) and "eagle_config" not in cfg and not cfg.get("speculators_model_type")
             and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
-            and cfg.get("num_hidden_layers") == 1 and isinstance(cfg.get("draft_vocab_size"), int))
+            and type(cfg.get("draft_vocab_size")) is int)
 
 
 def is_draft_config(cfg: dict) -> bool:

@@ -370,6 +370,6 @@ def test_eagle_reference_head_is_checked_not_refused(tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     (full / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                  "num_hidden_layers": 32, "draft_vocab_size": 200}))
+                                                  "num_hidden_layers": 32, "vocab_size": 200}))
     with pytest.raises(InputError, match="not an EAGLE-3 draft"):
         check(full, "vllm==0.32.0", target=target)

@@ -440,8 +440,8 @@ def test_target_vocab_mismatch(saved, make_tiny_lm, fmt):
 
 def test_non_eagle_architecture(saved, target):
     _, path = saved("sglang")
-    _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}),
-                                  c.pop("eagle_config")))
+    _edit_config(path, lambda c: (c.update({"architectures": ["LlamaForCausalLM"]}), c.pop("eagle_config"),
+                                  c.pop("draft_vocab_size")))
     _expect_untouched(path, target, lambda: load_draft(path, target=target), DraftConfigError,
                       "not an EAGLE-3 draft")
 
