@@ -46,9 +46,9 @@ class EngineOption(argparse.Action):
 
 def add_pair_args(p: argparse.ArgumentParser, *,
                   target: str | None = "target model folder (Hugging Face layout)",
-                  draft: str | None = "EAGLE-3 draft folder (SGLang or speculators format)",
-                  engine: str | None = ("whose wiring 'served' means: sglang==VERSION, "
-                                        "sglang (installed), vllm[==VERSION] or trtllm"),
+                  draft: str | None = "EAGLE-3 draft folder (SGLang, speculators or EAGLE reference format)",
+                  engine: str | None = ("whose wiring 'served' means: sglang==VERSION, sglang (installed), "
+                                        "vllm[==VERSION][:v1|:v2], trtllm or llamacpp[==BUILD]"),
                   device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
     """The options naming the pair and where it runs; pass None to leave one out."""
     kind = Path if paths else str
