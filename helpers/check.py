@@ -212,10 +212,14 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg,
                      read_vllm_source=read_vllm_source)
     ids, where = ids_in_config(cfg)
+    # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
+    # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
+    captures = releases.status_of(served) != "no EAGLE-3 capture"
     report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
-                         tuple(served.served_layout),
+                         tuple(served.served_layout) if captures else (),
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
-                         f"{served.layers_to_capture}")
+                         f"{served.layers_to_capture}" + ("" if captures else
+                                                          ", but the release never turns capture on"))
     _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
     if across_releases:
         _releases(report, eng, arch, n, cfg, tcfg)
