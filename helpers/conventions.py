@@ -392,6 +392,24 @@ VLLM_CAPTURE: dict[str, tuple[str | None, str | None, bool]] = {
     "DeepseekV2ForCausalLM": ("0.18.0", "0.25.0", True),
     "DeepseekV3ForCausalLM": ("0.18.0", "0.25.0", True),
     "Glm4MoeForCausalLM": (None, None, False),
+    # The rest read from every release's model_executor/models (registry class with a setter; its text
+    # model's capture loop): Mistral and Phi-3 run Llama's loop, Qwen2.5-VL Qwen2's.
+    "MistralForCausalLM": ("0.8.5", "0.18.0", False),
+    "Phi3ForCausalLM": ("0.8.5", "0.18.0", False),
+    "Qwen2ForCausalLM": ("0.10.2", "0.18.0", False),
+    "MiniMaxM2ForCausalLM": ("0.20.0", "0.20.0", False),
+    "Qwen3NextForCausalLM": ("0.24.0", "0.24.0", False),
+    # Wrapped targets: the wrapper's setter (SupportsEagle3) sets its language model's layers.
+    "Llama4ForConditionalGeneration": ("0.11.1", "0.18.0", False),
+    "Qwen2_5_VLForConditionalGeneration": ("0.11.1", "0.18.0", False),
+    "Qwen3VLForConditionalGeneration": ("0.12.0", "0.18.0", False),
+    "Qwen3VLMoeForConditionalGeneration": ("0.12.0", "0.18.0", False),
+    "Mistral3ForConditionalGeneration": ("0.16.0", "0.18.0", False),
+    "KimiK25ForConditionalGeneration": ("0.18.0", "0.25.0", True),
+    # 0.17.0-0.19.x inherit Qwen3-VL's setter, but Qwen3_5Model runs Qwen3NextModel's forward, which
+    # captures nothing before 0.20.0: the ids are set and never read (as SGLang's Qwen3.5 was for months).
+    "Qwen3_5ForConditionalGeneration": ("0.20.0", "0.20.0", False),
+    "Qwen3_5MoeForConditionalGeneration": ("0.20.0", "0.20.0", False),
 }
 
 
@@ -731,6 +749,17 @@ DRAFT_FILES = {("sglang", LLAMA_CLASS): "SGLang's llama_eagle3.py",
                ("vllm", LLAMA_CLASS): "vLLM's llama_eagle3.py",
                ("vllm", MLA_CLASS): "vLLM's deepseek_eagle3.py"}
 FIRST_MLA_DRAFT = {"sglang": "0.5.12", "vllm": "0.18.0"}
+# The draft class vLLM builds, by the config's own class (model_executor/models/registry.py and
+# transformers_utils/configs/eagle.py of every release 0.8.5 .. 0.33.0): EAGLEConfig prefixes "Eagle3"
+# to a class that neither starts nor (from 0.10.2) ends with it, and the result must be registered.
+VLLM_DRAFT_CLASS_FIRST = {
+    "Eagle3LlamaForCausalLM": "0.8.5",
+    SGLANG_DRAFT_ARCH: "0.10.2",        # before: renamed Eagle3LlamaForCausalLMEagle3, never registered
+    "LlamaForCausalLM": "0.9.0",        # the EAGLE reference head: renamed Eagle3LlamaForCausalLM
+    MLA_DRAFT_ARCH: "0.18.0", "Eagle3DeepseekV3ForCausalLM": "0.18.0",
+    "Eagle3Qwen2_5vlForCausalLM": "0.11.1", "Eagle3Qwen3vlForCausalLM": "0.12.0",
+}
+VLLM_SPECULATORS_CONFIG_FIRST = "0.10.1"   # transformers_utils/configs/speculators/ first ships
 FLAGS_NEWEST_READ = {"sglang": "0.5.23", "vllm": VLLM_NEWEST_READ}
 
 
@@ -756,9 +785,32 @@ def engine_draft_class(arch: str) -> str:
     return MLA_CLASS if arch in MLA_DRAFT_ARCHS else LLAMA_CLASS
 
 
-def serves_draft_class(engine: "str | Engine", arch: str) -> tuple[bool | None, str]:
-    """Whether the release has a model class for this draft architecture at all."""
+def vllm_draft_class(version: str | None, cfg: dict) -> tuple[bool | None, str]:
+    """Whether this vLLM release builds a draft class for the config at all (None: not recorded)."""
+    v = version or VLLM_NEWEST_READ
+    arch = str((cfg.get("architectures") or [""])[0])
+    if is_speculators_format(cfg):
+        if at_least(v, VLLM_SPECULATORS_CONFIG_FIRST):
+            return True, ""
+        return False, (f"vLLM {v} cannot read a speculators-format config (its speculators config "
+                       f"mapping first ships in {VLLM_SPECULATORS_CONFIG_FIRST})")
+    first = VLLM_DRAFT_CLASS_FIRST.get(arch)
+    if first is None:
+        if arch.startswith("Eagle3") or arch.endswith("Eagle3"):
+            return None, f"whether vLLM registers {arch} is not recorded here"
+        return False, (f"vLLM renames {arch} to Eagle3{arch}, a class no release read registers "
+                       f"(up to {VLLM_NEWEST_READ})")
+    if at_least(v, first):
+        return True, f"vLLM has {arch} from {first}"
+    return False, f"vLLM {v} cannot build a draft from {arch} (from {first} it can)"
+
+
+def serves_draft_class(engine: "str | Engine", arch: str, cfg: dict | None = None) -> tuple[bool | None, str]:
+    """Whether the release has a model class for this draft architecture at all. With the config,
+    vLLM's rule is the release's own registry (``vllm_draft_class``)."""
     eng = parse_engine(engine)
+    if eng.name == "vllm" and cfg is not None:
+        return vllm_draft_class(eng.version, cfg)
     if engine_draft_class(arch) != MLA_CLASS or eng.name not in FIRST_MLA_DRAFT:
         known = eng.name in FIRST_MLA_DRAFT
         return (True, "") if known else (None, f"{eng.name}'s draft classes are not recorded")
@@ -810,10 +862,19 @@ def ignored_flag_problems(cfg: dict, engine: "str | Engine") -> list[tuple[str, 
         return []
     arch = str((cfg.get("architectures") or [""])[0])
     out = []
-    has, why = serves_draft_class(eng, arch)
+    has, why = serves_draft_class(eng, arch, cfg)
     if has is False:
-        out.append(("draft-class", f"{why}: it cannot load this draft (the release registers no such class)",
-                    f"serve with sglang>={FIRST_MLA_DRAFT['sglang']} or vllm>={FIRST_MLA_DRAFT['vllm']}"))
+        first = VLLM_DRAFT_CLASS_FIRST.get(arch) if eng.name == "vllm" else None
+        if engine_draft_class(arch) == MLA_CLASS:
+            fix = f"serve with sglang>={FIRST_MLA_DRAFT['sglang']} or vllm>={FIRST_MLA_DRAFT['vllm']}"
+        elif is_speculators_format(cfg):
+            fix = f"serve with vllm>={VLLM_SPECULATORS_CONFIG_FIRST}"
+        elif first:
+            fix = f"serve with vllm>={first}"
+        else:
+            fix = (f"write the draft's class as {SGLANG_DRAFT_ARCH} "
+                   f"(vllm>={VLLM_DRAFT_CLASS_FIRST[SGLANG_DRAFT_ARCH]})")
+        out.append(("draft-class", f"{why}, so it cannot load this draft", fix))
         return out
     cls = engine_draft_class(arch)
     for flag, on in draft_flags(cfg).items():

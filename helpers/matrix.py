@@ -23,6 +23,7 @@ from .boundaries import WiringError, WiringResult, layout_label
 from .conventions import (
     LLAMACPP_BUILDS_READ,
     VLLM_CAPTURE,
+    VLLM_DRAFT_CLASS_FIRST,
     VLLM_FC_FROM_CONFIG,
     VLLM_FIRST_EAGLE3,
     VLLM_NEWEST_READ,
@@ -35,6 +36,7 @@ from .conventions import (
     resolve_llamacpp,
     resolve_vllm,
     version_tuple,
+    vllm_draft_class,
 )
 from .errors import BadConfig, CacheError, read_json_file
 from .sglang import source as ss
@@ -435,6 +437,7 @@ def vllm_rule_versions() -> list[str]:
              VLLM_NEWEST_READ}
     found |= {first for first, _ in VLLM_V2_DEFAULT}
     found |= {v for row in VLLM_CAPTURE.values() for v in row[:2] if v}
+    found |= set(VLLM_DRAFT_CLASS_FIRST.values())
     return sorted(found, key=version_tuple)
 
 
@@ -446,6 +449,10 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
     versions = (data or {}).get("vllm_releases") or vllm_rule_versions()
     spans = []
     for v in versions:
+        builds, why = vllm_draft_class(v, draft)
+        if builds is False:              # the engine refuses the draft before any capture is set up
+            spans.append((v, v, 1, MatrixRow(v, "draft class not built", [], (), [why], [])))
+            continue
         r = resolve_vllm(v, arch, num_layers, None, draft, runner)
         errors = [e for e in r.errors]
         spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),

@@ -22,9 +22,11 @@ from helpers.conventions import (
     read_draft_config,
     read_target_config,
     resolve_trtllm,
+    resolve_vllm,
     sglang_documented_layout,
     sglang_format_warnings,
     sglang_plus_one,
+    vllm_draft_class,
     vllm_ids_to_boundaries,
 )
 from helpers.errors import BadOption, InputError
@@ -219,3 +221,30 @@ def test_engine_is_parsed_once_and_pins_a_runner():
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
     assert engine_ids(nested, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [2, 6, 9]
     assert engine_ids(nested, "vllm==0.32.0:v2", arch="LlamaForCausalLM").ids is None
+
+
+def test_vllm_draft_class_by_release():
+    """vLLM's EAGLEConfig prefixes Eagle3 to the draft's class and the registry must hold the result
+    (docs/conventions.md, "Draft formats"): SGLang's class only from 0.10.2, MLA from 0.18.0."""
+    sglang_fmt = {"architectures": ["LlamaForCausalLMEagle3"]}
+    assert vllm_draft_class("0.10.1", sglang_fmt)[0] is False and vllm_draft_class("0.10.2", sglang_fmt)[0]
+    mla = {"architectures": ["Eagle3DeepseekV2ForCausalLM"]}
+    assert vllm_draft_class("0.17.1", mla)[0] is False and vllm_draft_class("0.18.0", mla)[0]
+    reference = {"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000}
+    assert vllm_draft_class("0.9.0", reference)[0]
+    qwen_reference = {"architectures": ["Qwen2ForCausalLM"], "draft_vocab_size": 8}
+    assert vllm_draft_class("0.33.0", qwen_reference)[0] is False
+    spec = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"}
+    assert vllm_draft_class("0.10.0", spec)[0] is False and vllm_draft_class("0.10.1", spec)[0]
+
+
+@pytest.mark.parametrize("arch, before, first", [
+    ("KimiK25ForConditionalGeneration", "0.17.1", "0.18.0"),
+    ("Qwen3_5MoeForConditionalGeneration", "0.19.1", "0.20.0"),   # a setter from 0.17.0 that nothing reads
+    ("Qwen2ForCausalLM", "0.10.1", "0.10.2"),
+])
+def test_vllm_capture_of_wrapped_and_other_targets_by_release(arch, before, first):
+    assert resolve_vllm(before, arch, 48, None, None).errors
+    ok = resolve_vllm(first, arch, 48, None, None)
+    assert not ok.errors and ok.served_layout == (2, 24, 45)
+    assert not any("is not among the classes read" in w for w in ok.warnings)
