@@ -22,6 +22,8 @@ from . import matrix as releases
 from .boundaries import WiringError, WiringResult, check_layout, layout_label
 from .conventions import (
     IDS_KEY,
+    MLA_DRAFT_ARCH,
+    SGLANG_DRAFT_ARCH,
     Engine,
     IdsAt,
     engine_fc_slots,
@@ -38,6 +40,7 @@ from .conventions import (
 )
 from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, read_json_file
 from .sglang import source as ss
+from .sglang.classes import entry_class_index
 from .topology import check_sizes, topology
 from .trainers import (
     TrainerResult,
@@ -234,6 +237,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
     _forward_flags(report, cfg, engine, name)
+    _sglang_draft_class(report, cfg, eng, root)
     _vocab(report, cfg, shapes, tcfg)
     if algorithm.upper() == "EAGLE":
         problems.append(Problem(
@@ -533,6 +537,31 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
             "serve with vLLM, or retrain without it"))
     for kind, message, fix in ignored_flag_problems(cfg, engine):  # MLA class, EAGLE 3.1 flags (conventions)
         report.problems.append(Problem(kind, message, fix))
+
+
+def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> None:
+    """SGLang builds the draft from architectures[0] and refuses a name no model file registers
+    (vLLM's Eagle3LlamaForCausalLM, say), read from the release's own EntryClass lists."""
+    if eng.name != "sglang" or any(p.kind in ("draft-class", "speculators-format") for p in report.problems):
+        return
+    arch = str((cfg.get("architectures") or [""])[0])
+    try:
+        source = ss.get_source(eng.version, root=root) if root is not None or eng.version else None
+    except (ss.SglangSourceError, OSError, ValueError):
+        source = None
+    if source is None or not arch:
+        return
+    registered = entry_class_index(source)
+    if arch in registered:
+        return
+    drafts = sorted(a for a in registered if "eagle3" in a.lower())
+    want = MLA_DRAFT_ARCH if cfg.get("kv_lora_rank") else SGLANG_DRAFT_ARCH   # MLA drafts carry the latent
+    report.problems.append(Problem(
+        "draft-class", f"{report.engine} registers no model class named {arch} (its EAGLE-3 draft classes: "
+        f"{', '.join(drafts) or 'none'}): models/registry.py falls back to the Transformers backend, which "
+        f"has no EAGLE-3 head, or refuses the name",
+        f"write architectures as [\"{want}\"] in the draft's config.json (the weights need no change "
+        f"when they use SGLang's fc.* / midlayer.* names)"))
 
 
 def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:

@@ -374,3 +374,17 @@ def test_eagle_reference_head_is_checked_not_refused(tmp_path):
                                                   "num_hidden_layers": 32, "vocab_size": 200}))
     with pytest.raises(InputError, match="not an EAGLE-3 draft"):
         check(full, "vllm==0.32.0", target=target)
+
+
+def test_sglang_refuses_a_draft_class_its_release_does_not_register(tmp_path):
+    """vLLM's own name for the Llama head (Eagle3LlamaForCausalLM) is not in any SGLang EntryClass:
+    read from the release's model files, not from a list kept here."""
+    draft = _draft(tmp_path, "vllm-named", nested=[2, 16, 29],
+                   extra={"architectures": ["Eagle3LlamaForCausalLM"]})
+    target = _target(tmp_path, "LlamaForCausalLM", 32)
+    r = check(draft, "sglang==0.5.23", target=target, across_releases=False)
+    problem = next(p for p in r.problems if p.kind == "draft-class")
+    assert "LlamaForCausalLMEagle3" in problem.message and "LlamaForCausalLMEagle3" in problem.fix
+    ok = check(_draft(tmp_path, "sglang-named", nested=[2, 16, 29]), "sglang==0.5.23",
+               target=_target(tmp_path, "LlamaForCausalLM", 32), across_releases=False)
+    assert "draft-class" not in {p.kind for p in ok.problems}
