@@ -876,20 +876,25 @@ def ignored_flag_problems(cfg: dict, engine: "str | Engine") -> list[tuple[str, 
                    f"(vllm>={VLLM_DRAFT_CLASS_FIRST[SGLANG_DRAFT_ARCH]})")
         out.append(("draft-class", f"{why}, so it cannot load this draft", fix))
         return out
-    cls = engine_draft_class(arch)
     for flag, on in draft_flags(cfg).items():
         if not on or flag == "norm_before_residual":
             continue
         ok, why = honours_flag(eng, flag, arch, speculators_format=is_speculators_format(cfg))
         if ok is False:
-            spec = is_speculators_format(cfg)
-            firsts = [f"{name}>={_later(rules[flag], VLLM_SPECULATORS_PASSES[flag]) if spec else rules[flag]}"
-                      for (name, c), rules in FLAG_FIRST.items()
-                      if c == cls and rules[flag] and not (spec and name == "sglang")]
-            fix = (f"serve with {' or '.join(firsts)}, or retrain without {flag}" if firsts
-                   else f"serve with an engine that implements {flag} (none read does for this class), or "
-                        f"retrain without it")
             out.append((flag.replace("_", "-"),
-                        f"the draft was trained with {flag}=true; {why}, so {eng} runs another forward", fix))
+                        f"the draft was trained with {flag}=true; {why}, so {eng} runs another forward",
+                        flag_fix(flag, arch, is_speculators_format(cfg))))
     return out
+
+
+def flag_fix(flag: str, arch: str, speculators_format: bool = False) -> str:
+    """The releases that run ``flag`` for this draft class (FLAG_FIRST), as the fix for one that does not."""
+    cls = engine_draft_class(arch)
+    spec = speculators_format
+    firsts = [f"{name}>={_later(rules[flag], VLLM_SPECULATORS_PASSES[flag]) if spec else rules[flag]}"
+              for (name, c), rules in FLAG_FIRST.items()
+              if c == cls and rules[flag] and not (spec and name == "sglang")]
+    return (f"serve with {' or '.join(firsts)}, or retrain without {flag}" if firsts
+            else f"serve with an engine that implements {flag} (none read does for this class), or "
+                 f"retrain without it")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import cli
 from .boundaries import layout_label
 from .conventions import parse_engine
-from .draft import run_as
+from .draft import forward_verdict, run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import InputError, check_finite, fail, print_json, read_text_file
 from .evaluate import (
@@ -137,6 +137,8 @@ def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_p
                            res.confident_set, cost,
                            layout_fix(trained, served.layout, engine, pair.arch, pair.num_layers),
                            list(errors), rounds_per_s=rounds_per_s)
+    if srv is not None:
+        wiring.forward, wiring.forward_fix = forward_verdict(pair.draft, engine)
     return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
 
 

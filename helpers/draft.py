@@ -43,6 +43,7 @@ from .conventions import (
     IdsAt,
     draft_flags,
     engine_draft_class,
+    flag_fix,
     honours_flag,
     ids_in_config,
     is_eagle_reference_config,
@@ -59,6 +60,29 @@ class DraftFormatError(BadCheckpoint):
 
 class ServingMismatchWarning(UserWarning):
     """The draft loads and runs here, but an engine would run it with a different forward."""
+
+
+def ignored_flags(draft, engine) -> list[tuple[str, str]]:
+    """(flag, why) for each forward flag the draft was trained with that ``engine``'s draft file never
+    runs: what ``run_as`` switches off, for a verdict to name (``conventions.honours_flag``)."""
+    out = []
+    for flag in FORWARD_FLAGS:
+        if getattr(draft.cfg, flag):
+            honoured, why = honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators")
+            if honoured is False:
+                out.append((flag, why))
+    return out
+
+
+def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
+    """What a verdict says of the engine's forward: one phrase per ignored flag, and the releases that
+    run them all (``conventions.flag_fix``)."""
+    ignored = ignored_flags(draft, engine)
+    if not ignored:
+        return [], None
+    phrases = [f"{flag} ignored: {why}" for flag, why in ignored]
+    fixes = [flag_fix(flag, draft.cfg.arch, draft.cfg.format == "speculators") for flag, _ in ignored]
+    return phrases, "; ".join(dict.fromkeys(fixes))
 
 
 @contextmanager

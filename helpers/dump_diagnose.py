@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from .boundaries import layout_label
 from .capture import decoder_parts, run_and_capture
-from .draft import run_as
+from .draft import forward_verdict, run_as
 from .dumps import Dump
 from .errors import BadCheckpoint, BadOption, BadText
 from .evaluate import (
@@ -548,6 +548,8 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
                       served_layout, served_slots, served_source, served_errors, engine_row, L,
                       round(time.perf_counter() - t0, 2), notes)
     d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source, outside)
+    if served_slots is not None and engine:
+        d.wiring.forward, d.wiring.forward_fix = forward_verdict(draft, engine)
     return d
 
 

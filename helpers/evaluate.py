@@ -335,6 +335,14 @@ class WiringVerdict:
     errors: list[str] = field(default_factory=list)
     cost_note: str = ""                  # why there is no cost, when there is none
     rounds_per_s: float | None = None    # a bench's verify steps per second: the cost in tok/s
+    # forward flags the draft was trained with that the engine never runs, with their fix: the layout can
+    # agree and the engine still run another forward (draft.ignored_flags)
+    forward: list[str] = field(default_factory=list)
+    forward_fix: str | None = None
+
+    @property
+    def forward_mismatch(self) -> bool:
+        return bool(self.forward)
 
     @property
     def mismatch(self) -> bool | None:
@@ -383,6 +391,11 @@ class WiringVerdict:
         if self.trained_known:
             if m:
                 return f"MISMATCH: served {tuple(srv)} ≠ trained {tuple(trn)} ({self.trained_source}); {tail}"
+            if self.forward:
+                fix = f"; fix: {self.forward_fix}" if self.forward_fix else ""
+                return (f"FORWARD MISMATCH: served {tuple(srv)} = trained {tuple(trn)} "
+                        f"({self.trained_source}), but the engine runs another forward "
+                        f"({'; '.join(self.forward)})" + (f"; under it {cost}" if cost else "") + fix)
             same = f"OK: served {tuple(srv)} = trained {tuple(trn)} ({self.trained_source})"
             return same + (f"; under the engine's forward {cost}" if self.cost and self.cost.difference
                            else "")
@@ -403,9 +416,10 @@ class WiringVerdict:
             cost["tok_s"] = {"difference": round(self.cost.difference * self.rounds_per_s, 2),
                              "half_width": round(self.cost.half_width * self.rounds_per_s, 2),
                              "rounds_per_s": round(self.rounds_per_s, 3)}
-        return {"mismatch": self.mismatch, "cost": cost, "significant": self.significant,
+        return {"mismatch": self.mismatch, "forward_mismatch": self.forward_mismatch, "forward": self.forward,
+                "cost": cost, "significant": self.significant,
                 "trained_known": self.trained_known, "trained_source": self.trained_source,
-                "fix": self.fix if self.mismatch else None, "verdict": self.line}
+                "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line}
 
 
 def _short(layouts, n: int = 4) -> str:

@@ -292,6 +292,15 @@ def test_verdict_rules():
                           "in eagle_config, or retrain the draft on (3, 6, 8)")
     same = dataclasses.replace(known, served=(2, 5, 7), cost=PairedTest(0.0, 0.0, 0.0, 40))
     assert same.mismatch is False and same.line.startswith("OK: served (2, 5, 7) = trained")
+    # the layout agrees but the engine's draft file skips a flag the draft was trained with
+    forward = dataclasses.replace(same, cost=PairedTest(0.16, 0.05, 5.0, 24),
+                                  forward=["norm_before_fc ignored: not before 0.5.17"],
+                                  forward_fix="serve with sglang>=0.5.17")
+    assert forward.mismatch is False and forward.forward_mismatch
+    assert forward.line.startswith("FORWARD MISMATCH: served (2, 5, 7) = trained (2, 5, 7) (training record), "
+                                   "but the engine runs another forward (norm_before_fc ignored")
+    assert forward.line.endswith("(significant); fix: serve with sglang>=0.5.17")
+    assert forward.to_dict()["fix"] == "serve with sglang>=0.5.17"
     inferred = dataclasses.replace(known, trained_known=False, trained_source="inferred")
     assert inferred.mismatch is None and inferred.line.startswith(
         "UNDECIDED: served (3, 6, 8) is in the confidence set, but so are others ((2, 5, 7))")
