@@ -55,10 +55,16 @@ COMMON_TARGETS: tuple[tuple[str, int, str], ...] = (
     ("DeepseekV3ForCausalLM", 61, "DeepSeek-V3, Kimi-K2"),
     ("GptOssForCausalLM", 36, "gpt-oss-120b"),
     ("Glm4MoeForCausalLM", 92, "GLM-4.5"),
+    ("Qwen2ForCausalLM", 28, "Qwen2.5-7B"),
+    ("MistralForCausalLM", 40, "Mistral-Small-24B"),
+    ("Qwen3NextForCausalLM", 48, "Qwen3-Next-80B-A3B"),
+    ("MiniMaxM2ForCausalLM", 62, "MiniMax-M2"),
     # multimodal wrappers around a text model (docs/conventions.md, "Wrapped targets")
     ("KimiK25ForConditionalGeneration", 61, "Kimi-K2.5"),
     ("Qwen3VLForConditionalGeneration", 36, "Qwen3-VL-8B"),
     ("Qwen3_5MoeForConditionalGeneration", 60, "Qwen3.5-397B-A17B"),
+    ("Llama4ForConditionalGeneration", 48, "Llama-4-Scout"),
+    ("Qwen2_5_VLForConditionalGeneration", 28, "Qwen2.5-VL-7B"),
 )
 
 # Where the per-release results for COMMON_TARGETS live, so ``check`` reports release drift without

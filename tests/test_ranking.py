@@ -297,8 +297,8 @@ def test_verdict_rules():
                                   forward=["norm_before_fc ignored: not before 0.5.17"],
                                   forward_fix="serve with sglang>=0.5.17")
     assert forward.mismatch is False and forward.forward_mismatch
-    assert forward.line.startswith("FORWARD MISMATCH: served (2, 5, 7) = trained (2, 5, 7) (training record), "
-                                   "but the engine runs another forward (norm_before_fc ignored")
+    assert forward.line.startswith("FORWARD MISMATCH: served (2, 5, 7) = trained (2, 5, 7) (training "
+                                   "record), but the engine runs another forward (norm_before_fc ignored")
     assert forward.line.endswith("(significant); fix: serve with sglang>=0.5.17")
     assert forward.to_dict()["fix"] == "serve with sglang>=0.5.17"
     inferred = dataclasses.replace(known, trained_known=False, trained_source="inferred")
