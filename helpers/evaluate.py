@@ -395,7 +395,8 @@ class WiringVerdict:
                 fix = f"; fix: {self.forward_fix}" if self.forward_fix else ""
                 return (f"FORWARD MISMATCH: served {tuple(srv)} = trained {tuple(trn)} "
                         f"({self.trained_source}), but the engine runs another forward "
-                        f"({'; '.join(self.forward)})" + (f"; under that forward, {cost}" if cost else "") + fix)
+                        f"({'; '.join(self.forward)})"
+                        + (f"; under that forward, {cost}" if cost else "") + fix)
             same = f"OK: served {tuple(srv)} = trained {tuple(trn)} ({self.trained_source})"
             return same + (f"; under the engine's forward {cost}" if self.cost and self.cost.difference
                            else "")
