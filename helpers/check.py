@@ -472,6 +472,14 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, s
     if shapes is None:
         report.notes.append("no safetensors in the draft folder: fc width not checked (a .bin cannot be read "
                             "without loading it)")
+        # the engine sizes fc from the config and feeds what it captures: the two can disagree on their own
+        built, rule = engine_fc_slots(cfg, engine)
+        fed = len(served.served_layout)
+        if built is not None and fed and fed != built and not served.errors:
+            report.problems.append(Problem(
+                "fc-width", f"{report.engine} builds fc for {built} states ({rule}) but feeds it {fed} "
+                f"({tuple(served.served_layout)}): the first draft forward fails on the shape",
+                f"give the engine {built} ids where it reads them (vLLM: top level; SGLang: eagle_config)"))
         return
     fc = _fc_in(shapes)
     h = tcfg.get("hidden_size")

@@ -388,3 +388,18 @@ def test_sglang_refuses_a_draft_class_its_release_does_not_register(tmp_path):
     ok = check(_draft(tmp_path, "sglang-named", nested=[2, 16, 29]), "sglang==0.5.23",
                target=_target(tmp_path, "LlamaForCausalLM", 32), across_releases=False)
     assert "draft-class" not in {p.kind for p in ok.problems}
+
+
+def test_engine_that_sizes_fc_otherwise_than_it_feeds_it_is_blocking_without_weights(tmp_path):
+    """vLLM sizes fc from num_aux_hidden_states, else the nested ids' count, and feeds what it captures:
+    four nested ids on the V2 runner (which reads only the top level) build a 4-slot fc fed 3 states.
+    No weights are needed to see it."""
+    folder = tmp_path / "four"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "draft_vocab_size": 200,
+        "eagle_config": {IDS: [1, 10, 20, 28]}}))
+    target = _target(tmp_path, "LlamaForCausalLM", 32)
+    r = check(folder, "vllm==0.33.0", target=target, across_releases=False)
+    assert "fc-width" in _kinds(r) and r.served_layout == (2, 16, 29)
+    assert "fc-width" not in _kinds(check(folder, "sglang==0.5.23", target=target, across_releases=False))
