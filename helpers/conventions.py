@@ -151,8 +151,14 @@ def read_draft_config(draft: str | Path | dict) -> dict:
     if (archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg
             and not is_eagle_reference_config(cfg)
             and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)):
+        layers = cfg.get("num_hidden_layers")
+        head = (isinstance(layers, int) and layers <= 2) or any(
+            k in a for a in archs for k in ("Draft", "MTP", "Medusa", "DFlash", "NextN"))
+        hint = ("another kind of draft head? The workbook checks EAGLE-3 heads: LlamaForCausalLMEagle3, "
+                "Eagle3DeepseekV2ForCausalLM, speculators eagle3, or the EAGLE reference code's "
+                "LlamaForCausalLM with a draft_vocab_size" if head else "are --target and --draft swapped?")
         raise DraftConfigError(f"draft config {path} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
-                               f"are --target and --draft swapped?")
+                               f"{hint}")
     return cfg
 
 

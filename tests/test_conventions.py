@@ -186,6 +186,11 @@ def test_read_draft_config_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(DraftConfigError, match="swapped"):
         read_draft_config(tmp_path)
+    # another drafter's head is named as such, not taken for a swapped target
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DFlashDraftModel"],
+                                                      "num_hidden_layers": 1}))
+    with pytest.raises(DraftConfigError, match="another kind of draft head"):
+        read_draft_config(tmp_path)
     assert issubclass(DraftConfigError, InputError)
 
 
