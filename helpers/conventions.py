@@ -152,8 +152,7 @@ def read_draft_config(draft: str | Path | dict) -> dict:
             and not is_eagle_reference_config(cfg)
             and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)):
         layers = cfg.get("num_hidden_layers")
-        head = (isinstance(layers, int) and layers <= 2) or any(
-            k in a for a in archs for k in ("Draft", "MTP", "Medusa", "DFlash", "NextN"))
+        head = (isinstance(layers, int) and layers <= 2) or any(k in a for a in archs for k in OTHER_DRAFTERS)
         hint = ("another kind of draft head? The workbook checks EAGLE-3 heads: LlamaForCausalLMEagle3, "
                 "Eagle3DeepseekV2ForCausalLM, speculators eagle3, or the EAGLE reference code's "
                 "LlamaForCausalLM with a draft_vocab_size" if head else "are --target and --draft swapped?")
@@ -170,7 +169,12 @@ def is_eagle_reference_config(cfg: dict) -> bool:
     archs = [str(a) for a in cfg.get("architectures") or []]
     return (bool(archs) and "eagle_config" not in cfg and not cfg.get("speculators_model_type")
             and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
+            and all(a.endswith("ForCausalLM") and not any(k in a for k in OTHER_DRAFTERS) for a in archs)
             and type(cfg.get("draft_vocab_size")) is int)
+
+
+# Class-name parts of other drafters' heads, which are not EAGLE-3 drafts whatever keys they carry.
+OTHER_DRAFTERS = ("Draft", "MTP", "Medusa", "DFlash", "NextN")
 
 
 def is_draft_config(cfg: dict) -> bool:
