@@ -344,13 +344,15 @@ class Drift:
         earlier = next((r for r in reversed(self.runs[:i]) if _outcome(r) != _outcome(at)), None)
         if earlier is None:
             return None
+        # runs that differ only in why (ids read or defaulted to the same layout) serve the draft alike
+        since = self.runs[self.runs.index(earlier) + 1]
         return (f"{self.engine}: up to {earlier.last} this draft was {_said(earlier)}; "
-                f"{at.first} .. {self.runs[-1].last} serve it as {version or 'the newest'} does")
+                f"{since.first} .. {self.runs[-1].last} serve it as {version or 'the newest'} does")
 
 
 _NOT_SERVED = {"no such model class", "no EAGLE-3 capture", "load fails (setter raises)",
                "source unavailable", "boundary 0 raises (unpatched)", "boundary 0 raises", "error",
-               "features are not boundaries"}
+               "features are not boundaries", "draft class not built"}
 
 
 def _outcome(r: Run) -> tuple | None:

@@ -76,3 +76,17 @@ def test_committed_release_data_classes_and_drift():
     assert "one release per class" in resolved.how
     assert [(r.first, r.served) for r in resolved.runs][-2:] == [("0.5.4.post2", (3, 31, 59)),
                                                                    ("0.5.13", (2, 30, 58))]
+
+
+def test_drift_line_starts_where_the_served_layout_does():
+    """Runs that differ only in why (ids read, or the same layout by default) serve a draft alike: the
+    sentence names the first release of the whole block, not of the named release's run."""
+    from helpers.matrix import Drift, Run
+
+    runs = [Run("0.8.5", "0.17.1", 20, "no EAGLE-3 capture", [], ()),
+            Run("0.18.0", "0.21.0", 5, "ids ignored, defaults served", [2, 30, 58], (2, 30, 58)),
+            Run("0.22.0", "0.28.0", 8, "served", [2, 30, 58], (2, 30, 58)),
+            Run("0.29.0", "0.33.0", 5, "ids ignored, defaults served", [2, 30, 58], (2, 30, 58))]
+    line = Drift("vllm", runs, "test", 0.0).line("0.33.0")
+    assert line == ("vllm: up to 0.17.1 this draft was not served (no EAGLE-3 capture); "
+                    "0.18.0 .. 0.33.0 serve it as 0.33.0 does")
