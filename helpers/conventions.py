@@ -897,14 +897,20 @@ def ignored_flag_problems(cfg: dict, engine: "str | Engine") -> list[tuple[str, 
     return out
 
 
-def flag_fix(flag: str, arch: str, speculators_format: bool = False) -> str:
-    """The releases that run ``flag`` for this draft class (FLAG_FIRST), as the fix for one that does not."""
+def flag_fix(flag: str | Sequence[str], arch: str, speculators_format: bool = False) -> str:
+    """The releases that run ``flag`` (every one of several) for this draft class (FLAG_FIRST), as the
+    fix for one that does not."""
+    flags = [flag] if isinstance(flag, str) else list(flag)
     cls = engine_draft_class(arch)
     spec = speculators_format
-    firsts = [f"{name}>={_later(rules[flag], VLLM_SPECULATORS_PASSES[flag]) if spec else rules[flag]}"
-              for (name, c), rules in FLAG_FIRST.items()
-              if c == cls and rules[flag] and not (spec and name == "sglang")]
-    return (f"serve with {' or '.join(firsts)}, or retrain without {flag}" if firsts
-            else f"serve with an engine that implements {flag} (none read does for this class), or "
-                 f"retrain without it")
+    firsts = []
+    for (name, c), rules in FLAG_FIRST.items():
+        if c != cls or (spec and name == "sglang") or not all(rules[f] for f in flags):
+            continue
+        need = [_later(rules[f], VLLM_SPECULATORS_PASSES[f]) if spec else rules[f] for f in flags]
+        firsts.append(f"{name}>={max(need, key=version_tuple)}")
+    named = ", ".join(flags)
+    return (f"serve with {' or '.join(firsts)}, or retrain without {named}" if firsts
+            else f"serve with an engine that implements {named} (none read does for this class), or "
+                 f"retrain without {'it' if len(flags) == 1 else 'them'}")
 

@@ -81,8 +81,7 @@ def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
     if not ignored:
         return [], None
     phrases = [f"{flag} ignored: {why}" for flag, why in ignored]
-    fixes = [flag_fix(flag, draft.cfg.arch, draft.cfg.format == "speculators") for flag, _ in ignored]
-    return phrases, "; ".join(dict.fromkeys(fixes))
+    return phrases, flag_fix([flag for flag, _ in ignored], draft.cfg.arch, draft.cfg.format == "speculators")
 
 
 @contextmanager

@@ -253,3 +253,11 @@ def test_vllm_capture_of_wrapped_and_other_targets_by_release(arch, before, firs
     ok = resolve_vllm(first, arch, 48, None, None)
     assert not ok.errors and ok.served_layout == (2, 24, 45)
     assert not any("is not among the classes read" in w for w in ok.warnings)
+
+
+def test_flag_fix_names_the_releases_that_run_every_ignored_flag():
+    from helpers.conventions import flag_fix
+    assert flag_fix(["fc_norm", "norm_output"], "Eagle3DeepseekV2ForCausalLM") == (
+        "serve with sglang>=0.5.13 or vllm>=0.23.0, or retrain without fc_norm, norm_output")
+    assert flag_fix("norm_before_fc", "Eagle3DeepseekV2ForCausalLM").startswith(
+        "serve with an engine that implements norm_before_fc (none read does")
