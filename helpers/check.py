@@ -532,8 +532,8 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
                 "set architectures to [\"LlamaForCausalLMEagle3\"] in the draft's config.json (the weights "
                 "already carry SGLang's fc.* / midlayer.* names)"))
         elif name == "vllm":
-            report.notes.append(f"{head}: vLLM's EAGLEConfig renames it Eagle3{archs.split(',')[0]} and "
-                                f"serves it with llama_eagle3")
+            report.notes.append(f"{head}: vLLM's EAGLEConfig renames it Eagle3{archs.split(',')[0]}, "
+                                f"which its registry must hold (conventions.VLLM_DRAFT_CLASS_FIRST)")
         else:
             report.notes.append(f"{head}: whether {name} loads this class as an EAGLE-3 head is not "
                                 f"recorded here")

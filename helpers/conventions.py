@@ -768,6 +768,9 @@ VLLM_DRAFT_CLASS_FIRST = {
     "LlamaForCausalLM": "0.9.0",        # the EAGLE reference head: renamed Eagle3LlamaForCausalLM
     MLA_DRAFT_ARCH: "0.18.0", "Eagle3DeepseekV3ForCausalLM": "0.18.0",
     "Eagle3Qwen2_5vlForCausalLM": "0.11.1", "Eagle3Qwen3vlForCausalLM": "0.12.0",
+    "Eagle3MiniMaxM2ForCausalLM": "0.20.0", "MiniMaxM2ForCausalLM": "0.20.0",
+    # qwen3_eagle3.py, its own draft class (not llama_eagle3); a plain Qwen3ForCausalLM head is renamed to it
+    "Eagle3Qwen3ForCausalLM": "0.24.0", "Qwen3ForCausalLM": "0.24.0",
 }
 VLLM_SPECULATORS_CONFIG_FIRST = "0.10.1"   # transformers_utils/configs/speculators/ first ships
 FLAGS_NEWEST_READ = {"sglang": "0.5.23", "vllm": VLLM_NEWEST_READ}

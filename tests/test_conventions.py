@@ -239,6 +239,9 @@ def test_vllm_draft_class_by_release():
     assert vllm_draft_class("0.9.0", reference)[0]
     qwen_reference = {"architectures": ["Qwen2ForCausalLM"], "draft_vocab_size": 8}
     assert vllm_draft_class("0.33.0", qwen_reference)[0] is False
+    qwen3_reference = {"architectures": ["Qwen3ForCausalLM"], "draft_vocab_size": 8}   # qwen3_eagle3.py
+    assert vllm_draft_class("0.23.0", qwen3_reference)[0] is False
+    assert vllm_draft_class("0.24.0", qwen3_reference)[0]
     spec = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3"}
     assert vllm_draft_class("0.10.0", spec)[0] is False and vllm_draft_class("0.10.1", spec)[0]
 
