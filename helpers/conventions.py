@@ -107,8 +107,11 @@ def parse_engine(engine: "str | Engine") -> Engine:
     if "==" in text and not _VERSION_RE.match(version):
         raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
                         + (" or plain 'vllm'" if name == "vllm" else ""))
-    if runner and (name != "vllm" or runner not in RUNNERS):
+    if runner and name != "vllm":
         raise BadOption(f"engine '{engine}': ':{runner}' names a model runner; only vLLM has them "
+                        f"(expected vllm[==VERSION]:v1 or :v2)")
+    if runner and runner not in RUNNERS:
+        raise BadOption(f"engine '{engine}': vLLM has no model runner ':{runner}' "
                         f"(expected vllm[==VERSION]:v1 or :v2)")
     return Engine(name, version or None, runner or None)
 

@@ -222,6 +222,8 @@ def test_engine_is_parsed_once_and_pins_a_runner():
     assert parse_engine(e) is e                      # a parsed value passes through, never re-parsed
     with pytest.raises(BadOption, match="only vLLM has them"):
         parse_engine("sglang==0.5.9:v1")
+    with pytest.raises(BadOption, match="vLLM has no model runner ':v3'"):
+        parse_engine("vllm==0.32.0:v3")
     # the runner decides which key vLLM reads: V1 falls back to eagle_config's ids, V2 never does
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
     assert engine_ids(nested, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [2, 6, 9]
