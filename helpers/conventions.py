@@ -151,9 +151,7 @@ def read_draft_config(draft: str | Path | dict) -> dict:
                                f"expected an object like {{\"{IDS_KEY}\": [2, 6, 9]}} (SGLang reads its keys "
                                f"and would fail to load this draft)")
     archs = [str(a) for a in cfg.get("architectures") or []]
-    if (archs and not cfg.get("speculators_model_type") and "eagle_config" not in cfg
-            and not is_eagle_reference_config(cfg)
-            and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)):
+    if archs and not is_draft_config(cfg) and "eagle_config" not in cfg:
         layers = cfg.get("num_hidden_layers")
         head = (isinstance(layers, int) and layers <= 2) or any(k in a for a in archs for k in OTHER_DRAFTERS)
         hint = ("another kind of draft head? The workbook checks EAGLE-3 heads: LlamaForCausalLMEagle3, "
@@ -171,7 +169,7 @@ def is_eagle_reference_config(cfg: dict) -> bool:
     Only vLLM turns that class into its EAGLE-3 head (docs/conventions.md, "Draft formats")."""
     archs = [str(a) for a in cfg.get("architectures") or []]
     return (bool(archs) and "eagle_config" not in cfg and not cfg.get("speculators_model_type")
-            and not any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
+            and not _names_a_draft(archs)
             and all(a.endswith("ForCausalLM") and not any(k in a for k in OTHER_DRAFTERS) for a in archs)
             and type(cfg.get("draft_vocab_size")) is int)
 
@@ -182,8 +180,11 @@ OTHER_DRAFTERS = ("Draft", "MTP", "Medusa", "DFlash", "NextN")
 
 def is_draft_config(cfg: dict) -> bool:
     archs = [str(a) for a in cfg.get("architectures") or []]
-    return (bool(cfg.get("speculators_model_type")) or is_eagle_reference_config(cfg)
-            or any("eagle" in a.lower() or "speculator" in a.lower() for a in archs))
+    return bool(cfg.get("speculators_model_type")) or is_eagle_reference_config(cfg) or _names_a_draft(archs)
+
+
+def _names_a_draft(archs: Sequence[str]) -> bool:
+    return any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
 
 
 def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_layers",)) -> dict:

@@ -62,16 +62,16 @@ class ServingMismatchWarning(UserWarning):
     """The draft loads and runs here, but an engine would run it with a different forward."""
 
 
+def _flag_rules(draft, engine) -> list[tuple[str, bool | None, str]]:
+    """(flag, honoured, why) for each forward flag the draft was trained with (``honours_flag``)."""
+    return [(flag, *honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators"))
+            for flag in FORWARD_FLAGS if getattr(draft.cfg, flag)]
+
+
 def ignored_flags(draft, engine) -> list[tuple[str, str]]:
-    """(flag, why) for each forward flag the draft was trained with that ``engine``'s draft file never
-    runs: what ``run_as`` switches off, for a verdict to name (``conventions.honours_flag``)."""
-    out = []
-    for flag in FORWARD_FLAGS:
-        if getattr(draft.cfg, flag):
-            honoured, why = honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators")
-            if honoured is False:
-                out.append((flag, why))
-    return out
+    """(flag, why) for each flag the draft was trained with that ``engine``'s draft file never runs:
+    what ``run_as`` switches off, for a verdict to name."""
+    return [(flag, why) for flag, honoured, why in _flag_rules(draft, engine) if honoured is False]
 
 
 def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
@@ -97,10 +97,7 @@ def run_as(draft, engine):
     """
     saved = {f: getattr(draft.cfg, f) for f in FORWARD_FLAGS}
     notes = []
-    for flag, on in saved.items():
-        if not on:
-            continue
-        honoured, why = honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators")
+    for flag, honoured, why in _flag_rules(draft, engine):
         if honoured is False:
             setattr(draft.cfg, flag, False)
             notes.append(f"run as {engine} runs it: {flag} ignored (the draft was trained with it; {why})")
