@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .boundaries import Layout, WiringError, WiringResult
-from .errors import BadConfig, BadOption, read_json_file
+from .errors import BadConfig, BadOption, check_architectures, read_json_file
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 ENGINES = ("sglang", "vllm", "trtllm", "llamacpp")
@@ -144,6 +144,10 @@ def read_draft_config(draft: str | Path | dict) -> dict:
     if not isinstance(cfg, dict):
         raise DraftConfigError(f"{path} holds a JSON {type(cfg).__name__}; "
                                f"expected an object (a draft config)")
+    try:
+        check_architectures(cfg, path)
+    except BadConfig as exc:
+        raise DraftConfigError(str(exc)) from None
     nested = cfg.get("eagle_config")
     if nested is not None and not isinstance(nested, dict):
         raise DraftConfigError(f"{path}: eagle_config is a JSON {type(nested).__name__} ({str(nested)[:60]});"
@@ -201,6 +205,10 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
         raise TargetConfigError(str(exc)) from None
     if not isinstance(cfg, dict):
         raise TargetConfigError(f"{f} holds a JSON {type(cfg).__name__}; expected a model config object")
+    try:
+        check_architectures(cfg, f)
+    except BadConfig as exc:
+        raise TargetConfigError(str(exc)) from None
     if is_draft_config(cfg):
         what = ", ".join(str(a) for a in cfg.get("architectures") or []) or cfg.get("speculators_model_type")
         raise TargetConfigError(f"target {path} is an EAGLE-3 draft ({what}), not a target model: "

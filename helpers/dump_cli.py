@@ -90,6 +90,9 @@ def run_dump_diagnosis(a) -> int:
             v = getattr(a, name)
             if v is not None and v < 1:
                 raise BadOption(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+        if a.max_tokens is not None and a.max_tokens < a.steps + 3:   # what scoring one record needs
+            raise BadOption(f"--max-tokens {a.max_tokens} is too few for {a.steps} draft step(s): scoring "
+                            f"needs at least --steps + 3 = {a.steps + 3} tokens")
         stated = parse_slot_boundaries(a.slot_boundaries)
         dump = open_dump(a.data)                           # before any weights load: a bad dump fails fast
         draft, heads, target, tcfg, notes, dcfg = load_for_dump(a.draft, a.target, a.run_target, a.device)
@@ -227,11 +230,16 @@ def write_from_text(target_dir, boundaries, fmt, out, text_path=None, window: in
     if isinstance(positions, int) and not isinstance(positions, bool) and window > positions:
         raise BadOption(f"--window {window} is longer than the target's {positions} positions "
                         f"(max_position_embeddings in {target_dir / 'config.json'}); use at most {positions}")
+    L = tcfg["num_hidden_layers"]
+    beyond = [b for b in boundaries if not 0 <= b <= L]
+    if beyond:
+        raise BadOption(f"--boundaries {','.join(map(str, boundaries))}: {beyond} outside 0..{L} (the target "
+                        f"has {L} layers)")
     text = read_text_file(text_path, "text file")
-    if chosen and say_text:
-        print(f"text: {text_path} (heldout.txt beside the target; --text FILE for another)", file=sys.stderr)
     target, tok = load_target(target_dir, device)
     windows = text_windows(tok, text, window, records, min_windows=1).to(device)
+    if chosen and say_text:     # after every check that can refuse, so an error is the only line
+        print(f"text: {text_path} (heldout.txt beside the target; --text FILE for another)", file=sys.stderr)
     return write_dump(target, windows, boundaries, fmt, out, progress=progress)
 
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from .boundaries import layout_label
 from .capture import decoder_parts, run_and_capture
 from .draft import forward_verdict, run_as
-from .dumps import Dump
+from .dumps import Dump, check_token_ids
 from .errors import BadCheckpoint, BadOption, BadText
 from .evaluate import (
     RANKED_BY,
@@ -61,6 +61,10 @@ def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) 
     and cross-entropy of ``lm_head(norm(slot))``, and (when the target can run) the boundary whose
     capture it matches. Each is a fact about the slot's content, not about any naming."""
     rec = next(dump.records(max_records=1))
+    vocab = (heads.embed.weight.shape[0] if heads is not None
+             else target.config.vocab_size if target is not None else None)
+    if vocab is not None:
+        check_token_ids(rec, vocab)
     n = min(rec.tokens, probe_tokens)
     ids, slots = rec.token_ids[:n], rec.slots[:n]
     out = [{"slot": s} for s in range(dump.num_slots)]
@@ -225,6 +229,7 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         if T < steps + 3:
             bar.update(1)
             continue
+        check_token_ids(rec, draft.cfg.vocab_size)
         lab, probs, valid = _labels(rec, draft, heads, final_slot, target)
         soft = probs is not None
         if not soft and inv is None:
@@ -281,6 +286,10 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
     bar.close()
     if not records:
         raise BadText(f"{dump.root}: no record has the {steps + 3} tokens {steps} draft steps need")
+    if not tokens:
+        raise BadText(f"{dump.root}: every position of the {records} record(s) read is masked out (loss_mask "
+                      f"0 everywhere, or no next token to score); expected a dump whose loss_mask marks the "
+                      f"tokens the draft was trained on")
     return {"accs": accs, "tokens": tokens, "records": records, "soft": bool(soft), "steps": steps}
 
 

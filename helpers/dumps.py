@@ -237,6 +237,16 @@ def read_record(f: Path, fmt: str) -> DumpRecord:
     raise ValueError(f"unknown dump format {fmt!r}; expected one of {FORMATS}")
 
 
+def check_token_ids(rec: DumpRecord, vocab_size: int) -> None:
+    """Every token id must index the model's vocabulary: an id out of range would otherwise surface
+    as an IndexError deep inside the embedding lookup."""
+    ids = rec.token_ids
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise DumpError(f"{rec.path}: token id {bad} is outside the vocabulary 0..{vocab_size - 1} "
+                        f"(vocab_size {vocab_size}); was the dump written with another tokenizer or model?")
+
+
 def check_record(rec: DumpRecord, num_slots: int, hidden: int) -> None:
     """A record must match the dump's first: mixed widths mean mixed models or runs."""
     f = rec.path

@@ -152,6 +152,16 @@ def read_json_file(path, what: str = "config") -> object:
                         f"in JSON") from None
 
 
+def check_architectures(cfg: dict, path) -> None:
+    """``architectures`` is a list of class names in every Hugging Face config; a bare string would
+    otherwise be indexed letter by letter (its first character taken for the class)."""
+    archs = cfg.get("architectures")
+    if archs is None or (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        return
+    raise BadConfig(f"{path}: \"architectures\" is {json.dumps(archs)[:80]}; expected a list of class names, "
+                    f"e.g. [\"DeepseekV3ForCausalLM\"]")
+
+
 # --------------------------------------------------------------------------------------
 # Numbers that cannot be trusted.
 

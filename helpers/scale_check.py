@@ -168,9 +168,16 @@ def main(argv=None) -> int:
                     help="where the temporary draft and dump go (needs ~3 GB at 7168)")
     a = ap.parse_args(argv)
     try:
-        sizes = (a.hidden, a.vocab, a.intermediate, a.tokens, a.records, a.steps, a.num_aux)
-        if min(sizes) < 1 or a.hidden % 128:
-            raise BadOption("sizes must be positive and --hidden a multiple of the 128-wide heads")
+        for opt, v in (("--hidden", a.hidden), ("--vocab", a.vocab), ("--intermediate", a.intermediate),
+                       ("--tokens", a.tokens), ("--records", a.records), ("--steps", a.steps),
+                       ("--num-aux", a.num_aux)):
+            if v < 1:
+                raise BadOption(f"{opt} must be a positive integer, got {v}")
+        if a.hidden % 128:
+            raise BadOption(f"--hidden must be a multiple of the 128-wide attention heads, got {a.hidden}")
+        if a.tokens < a.steps + 3:    # what scoring a record needs (dump_diagnose.score_layouts)
+            raise BadOption(f"--tokens {a.tokens} is too few for --steps {a.steps}: a record needs at least "
+                            f"--steps + 3 = {a.steps + 3} tokens")
         if a.workdir is not None:
             check_workdir(Path(a.workdir))
         out = scale_check(a.hidden, a.vocab, a.intermediate, a.tokens, a.records, 4, a.steps, a.device,

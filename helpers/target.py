@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
+from .errors import BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file
 
 
 def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024):
@@ -59,6 +60,7 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     if not isinstance(cfg, dict):
         raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a "
                         f"model config)")
+    check_architectures(cfg, path / "config.json")
     archs = cfg.get("architectures") or []
     if (cfg.get("speculators_model_type")
             or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs)):
@@ -70,6 +72,11 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise BadCheckpoint(_load_failure(path, weights, exc)) from None
+    except pickle.UnpicklingError as exc:   # weights_only refused a pickle that would run code: nothing ran
+        f = path / (weights[0] if weights else "pytorch_model.bin")
+        raise BadCheckpoint(f"{f} is not a weights-only PyTorch state dict (it would run code when loaded, "
+                            f"and was refused: {str(exc).splitlines()[0][:120]}); expected safetensors or "
+                            f"plain tensors") from None
     except Exception as exc:  # safetensors' SafetensorError derives from Exception only
         if type(exc).__name__ != "SafetensorError":
             raise

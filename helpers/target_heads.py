@@ -29,6 +29,9 @@ def _weight_map(path: Path) -> dict[str, Path]:
             wm = read_json_file(index, "shard index")["weight_map"]
         except (KeyError, TypeError) as exc:
             raise BadCheckpoint(f"{index} is not a shard index with a weight_map: {exc}") from None
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise BadCheckpoint(f"{index}: weight_map is a JSON {type(wm).__name__}; expected an object "
+                                f"{{tensor name: shard file}}")
         return {k: path / v for k, v in wm.items()}
     single = path / "model.safetensors"
     if single.is_file():

@@ -27,7 +27,7 @@ from .conventions import DEFAULT_ENGINE, parse_engine, read_draft_config
 from .draft import config_from_json
 from .errors import BadOption, InputError
 from .lab import SMALL
-from .pair import DEFAULT_DIR, MAX_STEPS, check_device
+from .pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from .reports import ORDER, Summary, read_summary
 from .vllm.install import EngineUnavailable, find_vllm
 
@@ -397,8 +397,13 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         if normalise_notebook_name(name) not in ORDER:
             problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} "
                             "(or 01..06)")
+    for key in PATH_PARAMS:
+        if params.get(key) is not None and not isinstance(params[key], (str, Path)):
+            problems.append(f"{key} must be a path, got {params[key]!r}")
+    if params.get("ENGINE") not in (None, *BACKENDS):
+        problems.append(f"ENGINE must be one of {', '.join(BACKENDS)}, got {params['ENGINE']!r}")
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
-        if params.get(key) and not Path(params[key]).exists():
+        if isinstance(params.get(key), (str, Path)) and params[key] and not Path(params[key]).exists():
             problems.append(f"{key.lower()} {params[key]} does not exist")
     target = params.get("TARGET")
     if target and not params.get("DRAFT") and not (Path(target).parent / "draft").is_dir():
@@ -430,7 +435,7 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
             problems.append(f"--training-layout: {exc}")
     for key in ("NUM_PROMPTS", "MAX_NEW_TOKENS", "REPEATS", "EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS"):
         v = params.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        if key in params and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             problems.append(f"{key} must be a positive integer, got {v!r}")
     if isinstance(params.get("DRAFT_STEPS"), int) and params["DRAFT_STEPS"] > MAX_STEPS:
         problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), "

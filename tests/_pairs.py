@@ -61,3 +61,20 @@ def tiny_dump(fmt: str, bounds: tuple = (0, 3, 7, 10, 12), records: int = 6) -> 
     if not out.exists():
         write_from_text(tiny_default() / "target", bounds, fmt, out, window=128, records=records)
     return out
+
+
+def assert_in_front(layout, best, confident_set, order=None, within: int = 5) -> None:
+    """The trained layout leads wherever this machine's own ranking can tell it from the rest.
+
+    The tiny pairs are trained in the test session, so their last bits (and with them a tie between
+    adjacent boundaries of a 12-layer residual stream) differ from one CPU to another. What must hold
+    on every machine: the trained layout is in the paired test's confidence set (never separated from
+    the best), near the top of the ranking, and first whenever that set holds one layout only."""
+    layout = tuple(layout)
+    cs = [tuple(c) for c in confident_set]
+    assert layout in cs, f"trained {layout} is separated from the best {tuple(best)}; within noise: {cs}"
+    if len(cs) == 1:
+        assert tuple(best) == layout, f"the ranking separates {tuple(best)} from the trained {layout}"
+    if order is not None:
+        rank = [tuple(x) for x in order].index(layout)
+        assert rank < max(within, len(cs)), f"trained {layout} ranks {rank + 1}; within noise: {cs}"

@@ -1100,3 +1100,142 @@ def test_scale_check_bad_workdir(tmp_path, capsys):
         line = one_error_line(err)
         assert code == 2 and "--workdir" in line and expected in line, line
     _quiet(tmp_path, before)
+
+
+# ======================================================================================
+# Issue #30: the last tracebacks of the hostile pass. Each ends in one line naming the file, field or
+# option and what was expected, exit 2, nothing written.
+
+
+def _rewrite_dump(src: Path, dest: Path, change) -> Path:
+    """A copy of a legacy speculators dump (``data_i.pt``) with ``change(record)`` applied to every record."""
+    dest.mkdir()
+    for f in sorted(src.iterdir()):
+        if f.suffix != ".pt":
+            shutil.copy(f, dest / f.name)
+            continue
+        rec = torch.load(f, weights_only=True)
+        change(rec)
+        torch.save(rec, dest / f.name)
+    return dest
+
+
+def _set_id(value):
+    def change(rec):
+        rec["input_ids"] = rec["input_ids"].clone()
+        rec["input_ids"].view(-1)[5] = value
+    return change
+
+
+@pytest.mark.parametrize("case, change, expected", [
+    ("all-masked", lambda r: r.__setitem__("loss_mask", torch.zeros_like(r["loss_mask"])),
+     "is masked out (loss_mask 0 everywhere"),
+    ("id-beyond-vocab", _set_id(99999), "token id 99999 is outside the vocabulary 0..1023"),
+    ("negative-id", _set_id(-3), "token id -3 is outside the vocabulary 0..1023"),
+])
+def test_dump_records_that_cannot_be_scored(case, change, expected, pair, tmp_path, capsys):
+    from _pairs import tiny_dump
+
+    dump = _rewrite_dump(tiny_dump("speculators-legacy"), tmp_path / "dump", change)
+    before = tree_hash(tmp_path)
+    code, out, err = run(capsys, "diagnose", "--data", str(dump), "--draft", str(pair / "draft"),
+                         "--target", str(pair / "target"), "--max-records", "2", "--json")
+    line = error_after_bar(err)
+    assert code == 2 and expected in line and out == "", line
+    assert case == "all-masked" or str(dump) in line
+    _quiet(tmp_path, before)
+
+
+def test_diagnose_data_max_tokens_below_what_scoring_needs(pair, tmp_path, capsys):
+    from _pairs import tiny_dump
+
+    code, out, err = run(capsys, "diagnose", "--data", str(tiny_dump("speculators")), "--draft",
+                         str(pair / "draft"), "--max-tokens", "3")
+    line = one_error_line(err)
+    assert code == 2 and line.startswith("error: --max-tokens 3 is too few for 3 draft step(s)"), line
+
+
+def test_shard_index_whose_weight_map_is_a_list(pair, broken, tmp_path, capsys):
+    from _pairs import tiny_dump
+
+    target = broken("target")
+    (target / "model.safetensors").rename(target / "model-00001-of-00001.safetensors")
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["a", "b"]}))
+    code, out, err = run(capsys, "diagnose", "--data", str(tiny_dump("speculators")), "--draft",
+                         str(pair / "draft"), "--target", str(target))
+    line = one_error_line(err)
+    assert code == 2 and "weight_map is a JSON list; expected an object" in line
+    assert str(target / "model.safetensors.index.json") in line
+
+
+def test_target_pickle_that_would_run_code(pair, broken, capsys):
+    marker = Path("/tmp/eagle3-wb-pwned")
+    marker.unlink(missing_ok=True)
+    target = broken("target")
+    w = load_file(str(target / "model.safetensors"))
+    (target / "model.safetensors").unlink()
+    torch.save({**w, "x": _Payload()}, target / "pytorch_model.bin")
+    before = tree_hash(target)
+    code, out, err = run(capsys, "bench", "--target", str(target), "--draft", str(pair / "draft"),
+                         "--repeats", "1")
+    line = one_error_line(err)
+    assert code == 2 and str(target / "pytorch_model.bin") in line and "weights-only" in line, line
+    assert not marker.exists() and tree_hash(target) == before
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_architectures_given_as_a_string(command, pair, broken, capsys):
+    target = broken("target")
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["architectures"] = cfg["architectures"][0]
+    (target / "config.json").write_text(json.dumps(cfg))
+    code, out, err = run(capsys, command, "--target", str(target), "--draft", str(pair / "draft"))
+    line = one_error_line(err)
+    assert code == 2 and '"architectures" is "DeepseekV3ForCausalLM"; expected a list' in line, line
+    assert str(target / "config.json") in line
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--tokens", "0"], "--tokens must be a positive integer, got 0"),
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--hidden", "200"], "--hidden must be a multiple of the 128-wide attention heads, got 200"),
+    (["--tokens", "2"], "--tokens 2 is too few for --steps 1: a record needs at least --steps + 3 = 4"),
+])
+def test_scale_check_names_the_option(args, expected, tmp_path, capsys):
+    code, out, err = run(capsys, "scale-check", "--workdir", str(tmp_path), *args)
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"error: {expected}"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("param, expected", [
+    ("ENGINE=123", "ENGINE must be one of reference, vllm, sglang, got 123"),
+    ("DRAFT_STEPS=null", "DRAFT_STEPS must be a positive integer, got None"),
+])
+def test_run_workbook_params_checked_before_any_kernel(param, expected, tmp_path, capsys):
+    code, _, err = run(capsys, "run-workbook", "--out", str(tmp_path / "r"), "-p", param)
+    assert code == 2 and f"error: {expected}" in err.splitlines(), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dump_refuses_boundaries_beyond_the_target_before_saying_anything(pair, tmp_path, capsys):
+    argv = _dump(pair, tmp_path / "out")
+    argv[argv.index("--boundaries") + 1] = "0,3,99"
+    code, out, err = run(capsys, *argv)
+    line = one_error_line(err)                # the "text: ..." line is not printed before it
+    assert code == 2 and "[99] outside 0..12" in line and out == "", line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_capture_against_a_server_that_accepts_and_never_reads(pair, tmp_path, capsys):
+    """A listening socket that never accepts: the connection lands in the backlog and the request
+    waits on no one. --timeout bounds it and the line names the URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        t0 = time.monotonic()
+        code, out, err = run(capsys, *_capture(pair, tmp_path, url, "--timeout", "0.5"))
+    line = error_after_bar(err)
+    assert code == 2 and "within 0.5 s (--timeout)" in line and url in line, line
+    assert time.monotonic() - t0 < scaled(20)
