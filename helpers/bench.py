@@ -1,15 +1,18 @@
 """Baseline vs speculative throughput, measured in one process on the same prompts.
 
-Runs alternate (baseline, speculative, baseline, ...) so drift in the machine's speed
-hits both alike; each repeat yields one tok/s figure per engine (all prompts' tokens over
-all prompts' wall time) and the report gives medians and their ratio. The first pass is a
-warm-up and is discarded.
+Baseline and speculative decoding are timed as pairs: the same prompt back to back, in ABBA order
+(``timing.abba``), every prompt in every repeat, after one warm-up pass that is not counted. The
+speedup is the median of the paired ratios with its interval and a timing verdict
+(``timing.PairedTiming``); the round costs (decode, verify, draft step) are pooled over every
+measured pass, so the break-even accept length does not hang on one pass.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from .engine import (
 from .errors import BadOption, InputError, check_finite, fail, print_json
 from .fixes import with_engine_ids
 from .pair import (
+    BACKENDS,
     MAX_STEPS,
     check_device,
     check_steps,
@@ -41,10 +45,9 @@ from .pair import (
     plan_problems,
 )
 from .prompts import read_prompts
+from .timing import MachineWatch, PairedTiming, abba, speed_phrase
 from .vllm.bench import LiveWiring, live_bench
 from .vllm.install import find_vllm
-
-BACKENDS = ("reference", "vllm", "sglang")
 
 
 @dataclass
@@ -70,6 +73,8 @@ class BenchResult:
     verify_ms: float = 0.0          # speculative: one target forward over k+1 tokens
     draft_step_ms: float = 0.0      # one draft forward (extend or chain step)
     per_prompt: list[dict] = field(default_factory=list)  # tau and median tok/s of each prompt
+    timing: PairedTiming | None = None   # the paired runs behind ``speedup``: its interval and verdict
+    engine: str = "reference"            # what measured it: this workbook's reference engine
 
     @property
     def break_even_tau(self) -> float:
@@ -95,7 +100,18 @@ class BenchResult:
 
     @property
     def speedup(self) -> float:
+        """The median of the paired ratios (one per prompt and repeat), not a ratio of two medians."""
+        if self.timing is not None and self.timing.pairs:
+            return self.timing.speedup
         return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
+
+    @property
+    def speedup_interval(self) -> list[float] | None:
+        return None if self.timing is None else [round(x, 3) for x in self.timing.interval]
+
+    @property
+    def timing_verdict(self) -> str:
+        return "unusable" if self.timing is None else str(self.timing.verdict.kind)
 
     @property
     def efficiency(self) -> float:
@@ -105,6 +121,9 @@ class BenchResult:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["layout"] = list(self.layout)
+        d.pop("timing")
+        d.update(speedup_interval=self.speedup_interval, timing=self.timing_verdict,
+                 timing_detail=None if self.timing is None else self.timing.to_dict())
         d.update(speedup=round(self.speedup, 3), efficiency=round(self.efficiency, 3),
                  draft_cost_ratio=round(self.draft_cost_ratio, 3),
                  predicted_speedup=round(self.predicted_speedup, 3),
@@ -114,8 +133,10 @@ class BenchResult:
     def row(self, wiring: str) -> dict:
         """One configuration as a table row, named ``wiring``: notebooks 01 and 06 and summary.json
         (``reports.bench_tables``) must show the same rounded figures under the same names."""
-        return {"wiring": wiring, "layout": list(self.layout), "baseline_tok_s": self.baseline_tok_s,
-                "spec_tok_s": self.spec_tok_s, "speedup": round(self.speedup, 3), "tau": self.tau,
+        return {"wiring": wiring, "engine": self.engine, "layout": list(self.layout),
+                "baseline_tok_s": self.baseline_tok_s, "spec_tok_s": self.spec_tok_s,
+                "speedup": round(self.speedup, 3), "speedup_interval": self.speedup_interval,
+                "timing": self.timing_verdict, "tau": self.tau,
                 "accept_rate": self.accept_rate, "speedup_per_tau": round(self.efficiency, 3),
                 "lossless": self.lossless, "decode_ms": self.decode_ms, "verify_ms": self.verify_ms,
                 "draft_step_ms": self.draft_step_ms, "draft_cost_ratio": round(self.draft_cost_ratio, 3),
@@ -146,51 +167,70 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                         f"exceeds the target's {limit} positions (max_position_embeddings); "
                         f"shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
-    spec_last: list[GenerationResult] = []
-    base_last: list[GenerationResult] = []
-    base_runs, spec_runs = [], []
-    base_secs = [[] for _ in prompt_ids]     # per prompt, one wall time per measured repeat
-    spec_secs = [[] for _ in prompt_ids]
-    total = (repeats + 1) * len(prompt_ids)
-    bar = tqdm(total=total, desc=f"bench {label or plan.layout}", disable=not progress, mininterval=1.0)
-    for rep in range(repeats + 1):  # rep 0 warms up
-        b_tok = b_sec = s_tok = s_sec = 0.0
-        base_rep, spec_rep = [], []
-        for i, ids in enumerate(prompt_ids):
-            b = baseline_generate(target, ids, max_new_tokens)
-            s = speculative_generate(target, draft, plan, ids, max_new_tokens, steps)
+    n = len(prompt_ids)
+    base_all: list[list[GenerationResult]] = []    # per measured repeat, per prompt
+    spec_all: list[list[GenerationResult]] = []
+    pair_base, pair_spec, pair_prompt, cpu_base, cpu_spec = [], [], [], [], []
+    bar = tqdm(total=(repeats + 1) * n, desc=f"bench {label or plan.layout}", disable=not progress,
+               mininterval=1.0)
+
+    def timed(fn):
+        c0 = time.process_time()
+        out = fn()
+        return out, time.process_time() - c0
+
+    with MachineWatch() as watch:
+        for rep in range(repeats + 1):  # rep 0 warms up
+            base_rep, spec_rep = [], []
+            for i, ids in enumerate(prompt_ids):
+                run_b = functools.partial(baseline_generate, target, ids, max_new_tokens)
+                run_s = functools.partial(speculative_generate, target, draft, plan, ids, max_new_tokens,
+                                          steps)
+                if abba(rep * n + i):
+                    (b, cb), (s, cs) = timed(run_b), timed(run_s)
+                else:
+                    (s, cs), (b, cb) = timed(run_s), timed(run_b)
+                if rep:
+                    pair_base.append(len(b.tokens) / b.seconds)
+                    pair_spec.append(len(s.tokens) / s.seconds)
+                    pair_prompt.append(i)
+                    cpu_base.append(len(b.tokens) / cb if cb > 0 else float("nan"))
+                    cpu_spec.append(len(s.tokens) / cs if cs > 0 else float("nan"))
+                base_rep.append(b)
+                spec_rep.append(s)
+                bar.update(1)
             if rep:
-                base_secs[i].append(b.seconds)
-                spec_secs[i].append(s.seconds)
-            b_tok, b_sec = b_tok + len(b.tokens), b_sec + b.seconds
-            s_tok, s_sec = s_tok + len(s.tokens), s_sec + s.seconds
-            base_rep.append(b)
-            spec_rep.append(s)
-            bar.update(1)
-        if rep:
-            base_runs.append(b_tok / b_sec)
-            spec_runs.append(s_tok / s_sec)
-        base_last, spec_last = base_rep, spec_rep
+                base_all.append(base_rep)
+                spec_all.append(spec_rep)
     bar.close()
+    timing = PairedTiming(pair_base, pair_spec, pair_prompt, watch.signal, cpu_base, cpu_spec)
+    base_last, spec_last = base_all[-1], spec_all[-1]
+    base_flat = [b for rep in base_all for b in rep]
+    spec_flat = [s for rep in spec_all for s in rep]
+    base_runs = [sum(len(b.tokens) for b in rep) / sum(b.seconds for b in rep) for rep in base_all]
+    spec_runs = [sum(len(s.tokens) for s in rep) / sum(s.seconds for s in rep) for rep in spec_all]
     lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
-    decode_ms = 1000 * sum(b.seconds for b in base_last) / max(sum(len(b.tokens) for b in base_last), 1)
-    verify_ms = (1000 * sum(s.verify_seconds for s in spec_last)
-                 / max(sum(s.verify_steps for s in spec_last), 1))
-    draft_ms = 1000 * sum(s.draft_seconds for s in spec_last) / max(sum(s.draft_calls for s in spec_last), 1)
+    # round costs pooled over every measured pass of the same paired design
+    decode_ms = 1000 * sum(b.seconds for b in base_flat) / max(sum(len(b.tokens) for b in base_flat), 1)
+    verify_ms = (1000 * sum(s.verify_seconds for s in spec_flat)
+                 / max(sum(s.verify_steps for s in spec_flat), 1))
+    draft_ms = 1000 * sum(s.draft_seconds for s in spec_flat) / max(sum(s.draft_calls for s in spec_flat), 1)
     accepted = sum(sum(r.accepted) for r in spec_last)
     per_prompt = []
     for i, (b, s) in enumerate(zip(base_last, spec_last)):
-        b_tok_s = len(b.tokens) / statistics.median(base_secs[i])
-        s_tok_s = len(s.tokens) / statistics.median(spec_secs[i])
+        ratios = [pair_spec[k] / pair_base[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i]
+        b_tok_s = statistics.median(pair_base[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
+        s_tok_s = statistics.median(pair_spec[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
         per_prompt.append({"prompt": i, "tau": round(s.tau, 3), "baseline_tok_s": round(b_tok_s, 2),
-                           "spec_tok_s": round(s_tok_s, 2), "speedup": round(s_tok_s / b_tok_s, 3),
+                           "spec_tok_s": round(s_tok_s, 2), "speedup": round(statistics.median(ratios), 3),
                            "lossless": lossless[i]})
     verifies = sum(r.verify_steps for r in spec_last)
     check_finite("tok/s", *base_runs, *spec_runs)
+    tokens_b, secs_b = sum(len(b.tokens) for b in base_flat), sum(b.seconds for b in base_flat)
+    tokens_s, secs_s = sum(len(s.tokens) for s in spec_flat), sum(s.seconds for s in spec_flat)
     return BenchResult(
         layout=tuple(plan.layout), label=label or plan.label, steps=steps,
-        baseline_tok_s=round(statistics.median(base_runs), 2),
-        spec_tok_s=round(statistics.median(spec_runs), 2),
+        baseline_tok_s=round(tokens_b / secs_b, 2), spec_tok_s=round(tokens_s / secs_s, 2),
         tau=round((accepted + verifies) / verifies, 3) if verifies else 1.0,
         accept_rate=round(accepted / (verifies * steps), 3) if verifies else 0.0,
         lossless=all(lossless), lossless_per_prompt=lossless, histogram=acceptance_histogram(spec_last),
@@ -198,7 +238,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
         baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
         plan_source=plan.source, decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3),
-        draft_step_ms=round(draft_ms, 3), per_prompt=per_prompt,
+        draft_step_ms=round(draft_ms, 3), per_prompt=per_prompt, timing=timing,
     )
 
 
@@ -271,14 +311,16 @@ def main(argv=None) -> int:
     if a.json:
         print_json(res.to_dict() | {"engine": str(a.engine), "engine_notes": engine_notes})
     else:
-        print(f"layout {plan.label} ({plan.source}), {a.steps} draft steps, "
-              f"{len(prompts)} prompts x {a.repeats}")
+        print(f"reference engine (this workbook's), layout {plan.label} ({plan.source}), {a.steps} draft "
+              f"steps, {len(prompts)} prompts x {a.repeats} repeats")
         for n in engine_notes:
             print(f"  note: {n}")
         print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
         print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   "
               f"accept rate {res.accept_rate:.2f}")
-        print(f"  speedup      {res.speedup:8.2f}x  (speedup/tau {res.efficiency:.2f})   "
+        print(f"  speedup      {speed_phrase(res.timing)}")
+        print(f"               paired, ABBA, {res.timing.pairs} pairs; {res.timing.method}")
+        print(f"  accept length {res.tau:.2f} (deterministic), per position {res.position_acceptance}   "
               f"lossless: {res.lossless}")
         print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
               f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) "
@@ -288,9 +330,17 @@ def main(argv=None) -> int:
     return 0 if res.lossless else 1
 
 
+def finding(name: str, label: str, res: BenchResult) -> str:
+    """One configuration in one sentence: the deterministic figures always, the speed ratio only as far
+    as its timing supports it (``timing.speed_phrase``)."""
+    return (f"{name} {label} on the {res.engine} engine: accept length {res.tau:.2f}, "
+            f"{'lossless' if res.lossless else 'NOT lossless'}; speed {speed_phrase(res.timing)}.")
+
+
 def reference_figures(res: BenchResult) -> dict:
     """The reference engine's figures a live row is checked against (same layout, prompts, steps)."""
     return {"engine": "reference", "tau": res.tau, "speedup": round(res.speedup, 3),
+            "speedup_interval": res.speedup_interval, "timing": res.timing_verdict,
             "accept_rate": res.accept_rate, "position_acceptance": res.position_acceptance,
             "lossless": res.lossless, "baseline_tok_s": res.baseline_tok_s, "spec_tok_s": res.spec_tok_s}
 
@@ -319,7 +369,7 @@ def _live(a, install, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]
     print(f"  baseline     {row.baseline_tok_s:8.1f} tok/s")
     print(f"  speculative  {row.spec_tok_s:8.1f} tok/s   accept length {row.accept_length:.2f}   "
           f"per position {row.accepted_per_position}")
-    print(f"  speedup      {row.speedup:8.2f}x   lossless: {row.lossless}")
+    print(f"  speedup      {speed_phrase(row.timing)}   lossless: {row.lossless}")
     print(f"  reference    accept length {ref.tau:.2f}, speedup {ref.speedup:.2f}x on the same layout "
           f"(vLLM - reference: {row.tau_gap:+.2f})")
     return 0 if row.lossless else 1

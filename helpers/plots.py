@@ -14,11 +14,14 @@ def throughput_bars(rows: pd.DataFrame, title: str = "Throughput, one run, same 
     w = 0.38
     ax.bar([i - w / 2 for i in x], rows["baseline_tok_s"], w, label="baseline (no draft)", color="#9aa5b1")
     bars = ax.bar([i + w / 2 for i in x], rows["spec_tok_s"], w, label="EAGLE-3", color="#2f6fde")
-    for b, tau, sp in zip(bars, rows["tau"], rows["spec_tok_s"] / rows["baseline_tok_s"]):
-        ax.annotate(f"tau {tau:.2f}\n{sp:.2f}x", (b.get_x() + b.get_width() / 2, b.get_height()),
+    timing = rows["timing"] if "timing" in rows else ["ok"] * len(rows)
+    speedup = rows["speedup"] if "speedup" in rows else rows["spec_tok_s"] / rows["baseline_tok_s"]
+    for b, tau, sp, t in zip(bars, rows["tau"], speedup, timing):
+        ratio = "timing\nunusable" if t == "unusable" else f"{sp:.2f}x" + (" (noisy)" if t == "noisy" else "")
+        ax.annotate(f"tau {tau:.2f}\n{ratio}", (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), rows["wiring"])
-    ax.set_ylabel("tokens / s (median)")
+    ax.set_ylabel("tokens / s (all paired runs)")
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     ax.margins(y=0.25)

@@ -184,8 +184,8 @@ Record = TypeVar("Record")
 
 # summary.json's two tables, built from ``BenchResult.row``; the costs table calls the speedup
 # "measured" to set it beside the predicted one.
-ROW_COLUMNS = ("wiring", "layout", "baseline_tok_s", "spec_tok_s", "speedup", "tau", "accept_rate",
-               "speedup_per_tau", "lossless")
+ROW_COLUMNS = ("wiring", "engine", "layout", "baseline_tok_s", "spec_tok_s", "speedup", "speedup_interval",
+               "timing", "tau", "accept_rate", "speedup_per_tau", "lossless")
 COST_COLUMNS = ("wiring", "decode_ms", "verify_ms", "draft_step_ms", "draft_cost_ratio", "predicted_speedup",
                 "measured_speedup", "break_even_tau", "slower_prompts")
 _ROW_KEY = {"measured_speedup": "speedup"}

@@ -54,6 +54,8 @@ def _check_01(out: Path):
     step = reports.read_step(out, reports.BaselineStep)
     assert step.plan["layout"] == [3, 7, 10] and not step.problems
     assert step.served["lossless"] and step.served["layout"] == [3, 7, 10]
+    # the speed ratio carries its interval and timing verdict; SMALL runs one repeat, which cannot be "ok"
+    assert len(step.served["speedup_interval"]) == 2 and step.served["timing"] in ("noisy", "unusable")
 
 
 def _check_02(out: Path):
@@ -92,6 +94,8 @@ def _check_06(out: Path):
     assert by["fix A"]["layout"] == [0, 3, 7]
     assert by["fix B"]["layout"] == [3, 7, 10]
     assert [c["wiring"] for c in summary.costs] == [r["wiring"] for r in summary.rows]
+    assert all(r["engine"] == "reference" and len(r["speedup_interval"]) == 2 and r["timing"] in
+               ("ok", "noisy", "unusable") for r in summary.rows)
     # the summary quotes the notebook's own numbers
     assert f"{by['deployed']['tau']:.2f}" in _outputs(out / "06_rebenchmark.ipynb")
     assert (out / "summary.md").read_text().count("| deployed |") == 1

@@ -135,8 +135,9 @@ def test_bench_rows_become_the_summary_tables():
     assert row["speedup"] == 0.75 and row["slower_prompts"] == 1 and row["prompts"] == 2
     assert row["speedup_per_tau"] == round(0.75 / 1.4, 3) and row["break_even_tau"] == round(1.4 / 0.75, 3)
     rows, costs = reports.bench_tables([row, _bench("fix A", (0, 3, 7), 2.5).row("fix A")])
-    assert [list(r) for r in rows] == [["wiring", "layout", "baseline_tok_s", "spec_tok_s", "speedup", "tau",
-                                        "accept_rate", "speedup_per_tau", "lossless"]] * 2
+    assert [list(r) for r in rows] == [["wiring", "engine", "layout", "baseline_tok_s", "spec_tok_s",
+                                        "speedup", "speedup_interval", "timing", "tau", "accept_rate",
+                                        "speedup_per_tau", "lossless"]] * 2
     assert list(costs[0]) == ["wiring", "decode_ms", "verify_ms", "draft_step_ms", "draft_cost_ratio",
                               "predicted_speedup", "measured_speedup", "break_even_tau", "slower_prompts"]
     assert costs[0]["measured_speedup"] == row["speedup"] and costs[1]["wiring"] == "fix A"
@@ -153,4 +154,4 @@ def test_summary_quotes_02_and_03_and_writes_markdown(tmp_path):
     reports.write_summary(tmp_path, summary)
     assert reports.read_summary(tmp_path) == summary
     md = (tmp_path / "summary.md").read_text()
-    assert summary.headline in md and "| deployed | [3, 7, 10] | 80.0 | 60.0 | 0.75 |" in md
+    assert summary.headline in md and "| deployed | reference | [3, 7, 10] | 80.0 | 60.0 | 0.75 |" in md
