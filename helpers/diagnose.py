@@ -6,15 +6,16 @@ the engine resolves for the draft's config. A large gap is the wiring bug.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import cli
 from .boundaries import layout_label
 from .conventions import parse_engine
-from .draft import forward_verdict, run_as
+from .draft import forward_verdict, read_training_record, run_as
 from .dump_cli import run_dump_diagnosis
-from .errors import InputError, check_finite, fail, print_json, read_text_file
+from .errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
 from .evaluate import (
     MIN_BLOCKS,
     RANKED_BY,
@@ -25,6 +26,7 @@ from .evaluate import (
     paired_test,
 )
 from .layout_search import SearchResult, search
+from .metrics import Expected, MetricsVerdict, explain, read_metrics
 from .pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 
 
@@ -173,7 +175,14 @@ def main(argv=None) -> int:
     dump.add_argument("--run-target", choices=("auto", "yes", "no"), default="auto",
                       help="match slots against the target's own capture (auto: when its weights are "
                            "under 4 GB)")
+    metrics = ap.add_argument_group("from a serving deployment's metrics (see docs/metrics.md)")
+    metrics.add_argument("--metrics", default=None, metavar="SOURCE",
+                         help="a Prometheus /metrics scrape (file or loopback URL), a vLLM or llama.cpp log, "
+                              "or a JSON list of SGLang responses (or their meta_info)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(argv)
+    engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
+    target_named = any(x == "--target" or x.startswith("--target=") for x in argv)
 
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
@@ -184,6 +193,10 @@ def main(argv=None) -> int:
         a.engine = parse_engine(a.engine)      # a typo in --engine fails before any weights load
     except InputError as exc:
         return fail(exc)
+    if a.metrics is not None:
+        if a.data is not None:
+            return fail(BadOption("--metrics and --data answer different questions; pass one of them"))
+        return run_metrics_diagnosis(a, engine_named, target_named)
     if a.data is not None:
         return run_dump_diagnosis(a)
     try:
@@ -228,4 +241,86 @@ def main(argv=None) -> int:
               + ("  (the search prefers another layout: stale record, or evaluate on more text)"
                  if d.record_disagrees else "  (the search agrees)"))
     print(d.verdict)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# python -m helpers diagnose --metrics SOURCE
+
+
+def metrics_verdict(source, draft_dir, target_dir=None, engine=None, text=None, windows: int = 12,
+                    device: str = "cpu", progress: bool = False) -> MetricsVerdict:
+    """The served profile beside what the draft should reach: the training record's per-step accuracy
+    first, else the draft teacher-forced at its trained layout on held-out text; with a target, the
+    layout ``engine`` is predicted to serve, simulated on the same text."""
+    profile = read_metrics(source)                       # before any weights load: a bad source fails fast
+    k = len(profile.accepted_per_position)
+    record = read_training_record(draft_dir)
+    trained = tuple(record["training_boundaries"]) if record and record.get("training_boundaries") else None
+    expected = None
+    full = ((record or {}).get("final_val") or {}).get("full_acc")
+    if isinstance(full, list) and len(full) >= k > 0:
+        expected = Expected([float(x) for x in full[:k]],
+                            "training record: teacher-forced validation accuracy per step")
+    served_pred = served = None
+    notes = []
+    if target_dir is not None and k:
+        pair = load_pair(target_dir, draft_dir, device)
+        trained = trained or pair.recorded_layout
+        plan = pair.served(engine)
+        served = tuple(plan.layout) if not plan.errors else None
+        caps = eval_captures(pair, text, max_windows=windows)
+        what = "--text" if text is not None else "held-out text"
+        where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens)"
+        with run_as(pair.draft, engine):
+            if served is not None:
+                s = evaluate_layout(pair.draft, caps, served, steps=k)
+                served_pred = Expected(list(s.full_acc), f"{where} at the served layout {served}")
+            if expected is None and trained is not None:
+                t = evaluate_layout(pair.draft, caps, trained, steps=k)
+                expected = Expected(list(t.full_acc), f"{where} at the trained layout {trained}")
+        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
+        notes.append(f"served layout from {plan.source}")
+    else:
+        ignored = ()
+    v = explain(profile, expected, served_pred, served, trained, ignored)
+    v.evidence += notes
+    return v
+
+
+def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
+    try:
+        if a.draft is None:
+            raise BadOption("--metrics needs --draft DIR: the draft the engine serves")
+        engine = a.engine
+        profile_engine = read_metrics(a.metrics).engine
+        if not engine_named and profile_engine == "vllm":
+            engine = parse_engine("vllm")       # the engine that exported the metrics, not the default's
+        text = read_text_file(a.text, "text file") if a.text else None
+        v = metrics_verdict(a.metrics, a.draft, a.target if target_named else None, engine, text, a.windows,
+                            a.device)
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:
+        return fail(exc)
+    if a.json:
+        print_json(v.to_dict())
+        return 0
+    p = v.profile
+    print(f"{p.engine} ({p.source}, {p.where}): {p.drafts} draft rounds, accept length {p.accept_length:.3f}")
+    exp = v.expected.rates if v.expected else []
+    srv = v.served_predicted.rates if v.served_predicted else []
+    for row in p.per_position():
+        lo, hi = row["interval"]
+        line = f"   position {row['position']}: {row['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
+        if row["position"] < len(exp):
+            line += f"   expected {exp[row['position']]:.3f}"
+        if row["position"] < len(srv):
+            line += f"   served layout simulates {srv[row['position']]:.3f}"
+        print(line)
+    if v.expected:
+        print(f"   expected: {v.expected.source}")
+    print(f"explanation: {v.explanation}")
+    for e in v.evidence:
+        print(f"   - {e}")
+    for n in v.next:
+        print(f"   next: {n}")
     return 0
