@@ -3,6 +3,7 @@
 #   bash workbook.sh run    set up (or reuse) .venv, then execute notebooks 01-06 into reports/
 #   bash workbook.sh test   set up (or reuse) .venv, then lint (ruff) and run the test suite
 #   bash workbook.sh vllm   set up (or reuse) .venv-vllm only: the real engine (vLLM) in a venv of its own
+#   bash workbook.sh sglang set up (or reuse) .venv-sglang only: SGLang, the original case's engine, likewise
 #   bash workbook.sh lab    set up (or reuse) .venv, then open JupyterLab at the project root on the
 #                           .venv kernel; options after `lab` go to `jupyter lab` (--no-browser --port 8890)
 set -euo pipefail
@@ -86,17 +87,61 @@ setup_vllm() {
   echo "$want" > "$VLLM_VENV/.requirements.sha256"
 }
 
+# SGLang, the engine of the original case, in a venv of its own too (it pins transformers 5.19 and a CUDA
+# torch). On a CPU host: sglang 0.5.23 without its CUDA dependencies (requirements-sglang-cpu.txt, torch
+# 2.13.0+cpu from this machine's disk); the workbook's CPU accommodations (helpers/sglang/cpu) are applied
+# per launch by helpers/sglang/engine.py, never by editing SGLang. On a CUDA host: stock sglang. The project
+# is installed into it (no deps) so the accommodations import there; sglang is never imported into .venv.
+# WORKBOOK_SGLANG=0 skips it.
+SGLANG_VENV="${WORKBOOK_SGLANG_VENV:-.venv-sglang}"
+case "$SGLANG_VENV" in /*) ;; *) SGLANG_VENV="$here/$SGLANG_VENV" ;; esac
+setup_sglang() {
+  [ "${WORKBOOK_SGLANG:-1}" = "0" ] && { echo "[sglang] WORKBOOK_SGLANG=0: no SGLang; the other engines measure"; return 0; }
+  local req=requirements-sglang-cpu.txt
+  if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then req=requirements-sglang-cuda.txt; fi
+  local want have=""
+  want="$(cat "$req" pyproject.toml | sha256sum | cut -d' ' -f1)"
+  [ -f "$SGLANG_VENV/.requirements.sha256" ] && have="$(cat "$SGLANG_VENV/.requirements.sha256")"
+  [ "$want" = "$have" ] && return 0
+  echo "[sglang] setting up $SGLANG_VENV from $req (first time: about 2 minutes, 3.1 GB)"
+  if ! (
+    set -e
+    [ -x "$SGLANG_VENV/bin/python" ] || "$PYTHON" -m venv "$SGLANG_VENV"
+    # lines marked '# --no-deps' go in after the rest, without their own dependencies
+    grep -v -e '--no-deps' -e '^ *#' "$req" | grep . > "$SGLANG_VENV/.deps.txt" || true
+    grep -e '--no-deps' "$req" | grep -v '^ *#' | cut -d' ' -f1 > "$SGLANG_VENV/.nodeps.txt" || true
+    if [ -s "$SGLANG_VENV/.nodeps.txt" ]; then
+      echo "[sglang] 1/3 installing SGLang's dependencies (pinned in $req)"
+      "$SGLANG_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$SGLANG_VENV/.deps.txt" || exit 1
+      echo "[sglang] 2/3 installing $(tr '\n' ' ' < "$SGLANG_VENV/.nodeps.txt")(--no-deps)"
+      "$SGLANG_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$SGLANG_VENV/.nodeps.txt" || exit 1
+    else
+      echo "[sglang] 1/3 installing $(tr '\n' ' ' < "$SGLANG_VENV/.deps.txt")with its own dependencies"
+      "$SGLANG_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$SGLANG_VENV/.deps.txt" || exit 1
+      echo "[sglang] 2/3 (nothing to install without dependencies)"
+    fi
+    echo "[sglang] 3/3 installing this project (editable, no deps) into $SGLANG_VENV"
+    "$SGLANG_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+  ) 2> "$SGLANG_VENV.install.log"; then
+    echo "[sglang] could not set up $SGLANG_VENV (see $SGLANG_VENV.install.log): the other engines measure instead" >&2
+    return 0
+  fi
+  echo "$want" > "$SGLANG_VENV/.requirements.sha256"
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   run)
     setup
     setup_vllm
+    setup_sglang
     exec "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
     setup
     setup_vllm
+    setup_sglang
     # lint first: a stray import or an over-long line fails in a second, not after the suite
     "$VENV/bin/python" -m ruff check --quiet helpers tests
     exec "$VENV/bin/python" -m pytest -q "$@" tests
@@ -111,8 +156,11 @@ case "$cmd" in
   vllm)
     setup_vllm
     ;;
+  sglang)
+    setup_sglang
+    ;;
   *)
-    echo "usage: bash workbook.sh run|test|lab|vllm [options]" >&2
+    echo "usage: bash workbook.sh run|test|lab|vllm|sglang [options]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,201 @@
+"""SGLang itself in the loop (docs/sglang-cpu.md): sglang 0.5.23 from .venv-sglang serving the tiny pair.
+
+The pair is ``tests/_pairs.py``'s ``tiny_default()``: a DeepSeek-V3 target and an SGLang-format draft
+trained on (0, 3, 7), deployed with ids [2, 6, 9]. Each engine starts once per module (10-25 s each on a
+quiet 2-core CPU) and serves several checks: greedy output equal to the workbook's own fp32 target,
+accept length equal to the reference engine's fed the layout SGLang serves, the slots the draft's ``fc``
+really received equal to the boundaries the workbook predicts, under 0.5.23's own rule and under 0.5.9's
+setter installed in the live engine. Skipped only when ``WORKBOOK_SGLANG=0`` says this host has no SGLang
+on purpose; a host where setup failed fails here, with the setup log's path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+import torch
+from _pairs import tiny_default
+from conftest import scaled
+
+from helpers.conventions import Engine
+from helpers.sglang.engine import SGLangEngine, SglangLaunch
+from helpers.sglang.install import EngineUnavailable, find_sglang
+
+pytestmark = [pytest.mark.live,
+              pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
+                                 reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
+
+STEPS, NEW = 3, 24
+THREADS = int(os.environ.get("WORKBOOK_SGLANG_TEST_THREADS", "2"))
+
+
+@pytest.fixture(scope="module")
+def install():
+    try:
+        return find_sglang()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from helpers.pair import load_pair
+    root = tiny_default()
+    return load_pair(root / "target", root / "draft")
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    ids = pair.tokenizer((pair.target_dir.parent / "heldout.txt").read_text(), verbose=False)["input_ids"]
+    return [ids[i * 300: i * 300 + 40 + i] for i in range(3)]   # distinct lengths: fc inputs are kept by rows
+
+
+def _engine(install, spec, tmp_path_factory):
+    return SGLangEngine(install, spec, threads=THREADS, progress=False, start_timeout=scaled(300),
+                        log_dir=tmp_path_factory.mktemp("sglang"))
+
+
+def _serve(install, spec, prompts, tmp_path_factory) -> dict:
+    """Start, generate, read everything, stop: one engine at a time, never two."""
+    t0 = time.perf_counter()
+    with _engine(install, spec, tmp_path_factory) as e:
+        gen = e.generate(prompts, NEW)
+        out = {"gen": gen, "fc": e.fc_inputs(), "record": e.record()}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+@pytest.fixture(scope="module")
+def deployed(install, pair, prompts, tmp_path_factory):
+    """The deployed draft on 0.5.23's own rule: one engine, one generate, read by several tests."""
+    return _serve(install, SglangLaunch(pair.target_dir, pair.draft_dir, steps=STEPS, probe=True), prompts,
+                  tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def rule_059(install, pair, prompts, tmp_path_factory):
+    """The same draft with sglang 0.5.9's own setter installed in the live target class."""
+    return _serve(install, SglangLaunch(pair.target_dir, pair.draft_dir, steps=STEPS, probe=True,
+                                        capture_rule="0.5.9"), prompts, tmp_path_factory)
+
+
+_REFERENCE: dict = {}
+
+
+def _reference(pair, layout, prompts):
+    """The workbook's fp32 reference engine fed ``layout``: tokens, pooled accept length, histogram."""
+    from helpers.boundaries import CapturePlan
+    from helpers.draft import run_as
+    from helpers.engine import acceptance_histogram, speculative_generate
+    key = (tuple(layout), tuple(map(tuple, prompts)))
+    if key not in _REFERENCE:
+        plan = CapturePlan(tuple(layout), pair.num_layers, source="test")
+        with run_as(pair.draft, Engine("sglang", "0.5.23", live=True)), torch.no_grad():
+            runs = [speculative_generate(pair.target, pair.draft, plan, torch.tensor(p), NEW, k=STEPS)
+                    for p in prompts]
+        rounds = sum(len(r.accepted) for r in runs)
+        _REFERENCE[key] = {"tokens": [list(map(int, r.tokens)) for r in runs],
+                           "tau": 1 + sum(sum(r.accepted) for r in runs) / rounds,
+                           "histogram": acceptance_histogram(runs)}
+    return _REFERENCE[key]
+
+
+def _measured_slots(pair, prompts, fc: dict) -> tuple[list[int], float]:
+    """Which boundary each slot of the draft's fc input is, for the first prompt (its prefill rows)."""
+    rows = len(prompts[0])
+    assert rows in fc, f"no fc input of {rows} rows saved (got {sorted(fc)})"
+    x = fc[rows]
+    with torch.no_grad():
+        hs = pair.target(torch.tensor([prompts[0]]), output_hidden_states=True).hidden_states
+    hidden = hs[0].shape[-1]
+    slots, worst = [], 0.0
+    for s in range(x.shape[1] // hidden):
+        chunk = x[:, s * hidden:(s + 1) * hidden]
+        diffs = [float((chunk - hs[b][0].float()).abs().max()) for b in range(pair.num_layers)]
+        best = min(range(len(diffs)), key=diffs.__getitem__)
+        slots.append(best)
+        worst = max(worst, diffs[best])
+    return slots, worst
+
+
+def _baseline(pair, prompts):
+    from helpers.engine import baseline_generate
+    key = ("baseline", tuple(map(tuple, prompts)))
+    if key not in _REFERENCE:
+        with torch.no_grad():
+            _REFERENCE[key] = [list(map(int, baseline_generate(pair.target, torch.tensor(p), NEW).tokens))
+                               for p in prompts]
+    return _REFERENCE[key]
+
+
+def test_greedy_output_is_the_workbooks_fp32_target(deployed, pair, prompts):
+    assert deployed["gen"].tokens == _baseline(pair, prompts)
+
+
+def test_deployed_accept_length_matches_the_reference_fed_the_served_layout(deployed, pair, prompts):
+    plan = pair.served(Engine("sglang", "0.5.23"))
+    assert plan.layout == (2, 6, 9)               # 0.5.23 takes DeepSeek ids literally
+    gen = deployed["gen"]
+    ref = _reference(pair, plan.layout, prompts)
+    assert ref["tokens"] == _baseline(pair, prompts)          # the reference is lossless too
+    # greedy fp32 on both: the same proposals are accepted; the tolerance covers a near-tie argmax
+    assert abs(gen.accept_length - ref["tau"]) <= 0.1, (gen.accept_length, ref["tau"])
+    assert gen.drafts > 0 and len(gen.accepted_per_position) == STEPS
+    assert gen.accepted_per_position[0] >= gen.accepted_per_position[1] >= gen.accepted_per_position[2]
+
+
+def test_measured_slots_are_the_predicted_boundaries_on_0_5_23(deployed, pair, prompts):
+    slots, worst = _measured_slots(pair, prompts, deployed["fc"])
+    assert tuple(slots) == pair.served(Engine("sglang", "0.5.23")).layout == (2, 6, 9)
+    assert worst < 1e-3, worst
+    assert deployed["record"]["captures"][-1]["layers_to_capture"] == [2, 6, 9]
+
+
+def test_accommodations_are_in_the_record(deployed):
+    rec = deployed["record"]
+    names = {a["name"] for a in rec["accommodations"]}
+    assert {"cpu-engine", "sgl_kernel-stand-in", "amx-reported", "torchvision-schemas", "default-rope",
+            "moe_layer_freq"} <= names, names
+    assert rec["rules"] == "runtime 0.5.23" and rec["version"] == "0.5.23"
+    assert all(a["why"] for a in rec["accommodations"])
+
+
+def test_installed_0_5_9_setter_serves_the_original_case(rule_059, pair, prompts):
+    """runtime 0.5.23, capture rule 0.5.9: the deployed ids [2, 6, 9] are served (b3, b7, b10)."""
+    plan = pair.served(Engine("sglang", "0.5.9"))
+    assert plan.layout == (3, 7, 10)
+    slots, worst = _measured_slots(pair, prompts, rule_059["fc"])
+    assert tuple(slots) == plan.layout and worst < 1e-3, (slots, worst)
+    rec = rule_059["record"]
+    assert rec["rules"] == "runtime 0.5.23, capture rule 0.5.9"
+    assert rec["captures"][-1] == {"ids": [2, 6, 9], "layers_to_capture": [3, 7, 10]}
+    assert any(a["name"] == "capture-rule" for a in rec["accommodations"])
+    gen, ref = rule_059["gen"], _reference(pair, plan.layout, prompts)
+    assert gen.tokens == _baseline(pair, prompts)
+    assert abs(gen.accept_length - ref["tau"]) <= 0.1, (gen.accept_length, ref["tau"])
+
+
+def test_patched_ids_under_0_5_9_setter_serve_fix_a(install, pair, prompts, tmp_path_factory):
+    """Notebook 05's fix A: ids [-1, 2, 6] through 0.5.9's setter capture (embed, b3, b7) live."""
+    from helpers.sglang.resolve import source_for
+    from helpers.sglang.stub import run_setter
+    draft = tmp_path_factory.mktemp("fixA") / "draft"
+    shutil.copytree(pair.draft_dir, draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 2, 6]
+    (draft / "config.json").write_text(json.dumps(cfg, indent=2))
+    arch = pair.target.config.architectures[0]
+    predicted = run_setter(source_for("0.5.9", None), arch, pair.num_layers, [-1, 2, 6]).layers_to_capture
+    assert predicted == [0, 3, 7]
+    run = _serve(install, SglangLaunch(pair.target_dir, draft, steps=STEPS, probe=True, capture_rule="0.5.9"),
+                 prompts[:1], tmp_path_factory)
+    gen, rec = run["gen"], run["record"]
+    slots, worst = _measured_slots(pair, prompts, run["fc"])
+    assert slots == predicted and worst < 1e-3, (slots, worst)
+    assert rec["captures"][-1] == {"ids": [-1, 2, 6], "layers_to_capture": [0, 3, 7]}
+    ref = _reference(pair, tuple(predicted), prompts[:1])
+    assert abs(gen.accept_length - ref["tau"]) <= 0.1, (gen.accept_length, ref["tau"])
+    assert run["seconds"] < scaled(120)
