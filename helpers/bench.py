@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import cli
+from .backends import choose
 from .boundaries import CapturePlan
 from .conventions import parse_engine
 from .draft import run_as
@@ -33,6 +34,7 @@ from .engine import (
 )
 from .errors import BadOption, InputError, check_finite, fail, print_json
 from .fixes import with_engine_ids
+from .live import LiveWiring
 from .pair import (
     BACKENDS,
     MAX_STEPS,
@@ -46,8 +48,6 @@ from .pair import (
 )
 from .prompts import read_prompts
 from .timing import MachineWatch, PairedTiming, abba, speed_phrase
-from .vllm.bench import LiveWiring, live_bench
-from .vllm.install import find_vllm
 
 
 @dataclass
@@ -257,7 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=BACKENDS, default="reference",
                     help="the engine that runs: reference (this workbook's, in process), vllm (the real "
                          "engine from .venv-vllm, its own process; --engine then defaults to its release) or "
-                         "sglang (a live server on a GPU host: python -m helpers sglang-bench)")
+                         "sglang (the real engine from .venv-sglang; --engine sglang==0.5.9 runs that "
+                         "release's own capture rule on the installed runtime)")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(cli.glue_option_values(argv, "--layout"))
     engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
@@ -269,16 +270,15 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
-    if a.backend == "sglang":
-        return fail(BadOption("bench --backend sglang runs on a GPU host: use python -m helpers sglang-bench "
-                              "(a live SGLang server), or --backend vllm / reference here"))
-    install = None
+    backend = None
     try:
         a.engine = parse_engine(a.engine)      # a typo in --engine fails before any model loads
-        if a.backend == "vllm":
-            install = find_vllm()       # one line and exit 2 when this host has no engine
-            if not engine_named:
-                a.engine = install.engine
+        if a.backend != "reference":
+            # vLLM runs its own release's rules; SGLang the named release's (its setter installed live)
+            backend = choose(a.backend, a.engine if engine_named else a.backend)
+            if not backend.live:        # one line and exit 2 when this host has no such engine
+                raise BadOption(backend.unavailable.removesuffix("; the reference engine measures instead"))
+            a.engine = backend.rules
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
             read_prompts(a.prompts)
@@ -300,11 +300,11 @@ def main(argv=None) -> int:
     try:
         with run_as(pair.draft, a.engine) as engine_notes:  # the engine's forward, not only its wiring
             res = run_bench(pair.target, pair.draft, plan, prompt_ids, a.steps,
-                            a.max_new_tokens, a.repeats if install is None else 1,
+                            a.max_new_tokens, a.repeats if backend is None else 1,
                             progress=not a.json, label=a.layout)
-        if install is not None:
+        if backend is not None:
             notes = list(plan.warnings) + fit_notes + engine_notes
-            return _live(a, install, pair, plan, res, prompt_ids, notes)
+            return _live(a, backend, pair, plan, res, prompt_ids, notes)
     except InputError as exc:
         return fail(exc)
     engine_notes = list(plan.warnings) + fit_notes + engine_notes
@@ -345,31 +345,32 @@ def reference_figures(res: BenchResult) -> dict:
             "lossless": res.lossless, "baseline_tok_s": res.baseline_tok_s, "spec_tok_s": res.spec_tok_s}
 
 
-def _live(a, install, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:
-    """``--backend vllm``: the draft vLLM loads is the one given, or for another layout a copy whose ids
-    (in the key vLLM reads) name that layout; beside it, the reference engine fed the same layout."""
+def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:
+    """``--backend vllm|sglang``: the draft the engine loads is the one given, or for another layout a copy
+    whose ids (in the key the engine reads) name that layout; beside it, the reference engine fed the same
+    layout."""
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp:
         draft = pair.draft_dir
         if a.layout != "served":
             draft = with_engine_ids(pair.draft_dir, Path(tmp) / "draft", list(plan.layout), engine=a.engine)
-        rows = live_bench(install, pair.target_dir, [LiveWiring(a.layout, draft, tuple(plan.layout))],
-                          [p.tolist() for p in prompt_ids], steps=a.steps, max_new_tokens=a.max_new_tokens,
-                          repeats=a.repeats, rules=a.engine, progress=not a.json, log_dir=Path(tmp) / "logs")
+        rows = backend.bench(pair.target_dir, [LiveWiring(a.layout, draft, tuple(plan.layout))],
+                             [p.tolist() for p in prompt_ids], steps=a.steps, max_new_tokens=a.max_new_tokens,
+                             repeats=a.repeats, progress=not a.json, log_dir=Path(tmp) / "logs")
     row = rows[0]
     row.reference = reference_figures(ref)
     if a.json:
         print_json(row.to_dict() | {"engine": str(a.engine), "engine_notes": notes})
         return 0 if row.lossless else 1
-    print(f"{row.backend} on this host, layout {plan.label} ({plan.source}) as {a.engine} serves it, "
+    print(f"{backend.label} on this host, layout {plan.label} ({plan.source}) as {row.rules} serves it, "
           f"{a.steps} draft steps, {row.prompts} prompts x {a.repeats}")
     for n in notes:
         print(f"  note: {n}")
     for f in row.fixes:
-        print(f"  vLLM fix {f['fix']}: {f['state']} ({f['why']})")
+        print(f"  {backend.family} fix {f['fix']}: {f['state']} ({f['why']})")
     print(f"  baseline     {row.baseline_tok_s:8.1f} tok/s")
     print(f"  speculative  {row.spec_tok_s:8.1f} tok/s   accept length {row.accept_length:.2f}   "
           f"per position {row.accepted_per_position}")
     print(f"  speedup      {speed_phrase(row.timing)}   lossless: {row.lossless}")
-    print(f"  reference    accept length {ref.tau:.2f}, speedup {ref.speedup:.2f}x on the same layout "
-          f"(vLLM - reference: {row.tau_gap:+.2f})")
+    print(f"  reference    accept length {ref.tau:.2f} on the same layout ({backend.family} - reference: "
+          f"{row.tau_gap:+.2f}); speed {speed_phrase(ref.timing)}")
     return 0 if row.lossless else 1

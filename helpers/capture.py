@@ -127,3 +127,26 @@ def boundary_identities(model: nn.Module, input_ids: torch.Tensor):
                  "is": f"raw boundary {L} vs output_hidden_states[{L}] (differs: that one is normed)",
                  "max_abs_diff": float((store[L] - hs[L]).abs().max())})
     return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def fused_boundaries(model: nn.Module, input_ids: torch.Tensor,
+                     fused: torch.Tensor) -> tuple[list[int], float]:
+    """Which boundary each slot of a live engine's fused draft input is: ``fused`` is what the draft's fc
+    received for ``input_ids`` (its prefill rows, ``[T, k * H]``); each slot is matched to the boundary
+    whose capture it equals. Returns the boundaries and the largest difference of a match (a measured
+    layout with a difference far from 0 matched nothing)."""
+    n = num_layers_of(model)
+    _, store = run_and_capture(model, input_ids.reshape(1, -1), range(n + 1), use_cache=False)
+    hidden = store[0].shape[-1]
+    if fused.shape[-1] % hidden:
+        raise ValueError(f"fused input is {tuple(fused.shape)}; expected slots of the target's width "
+                         f"{hidden}")
+    slots, worst = [], 0.0
+    for s in range(fused.shape[-1] // hidden):
+        chunk = fused[:, s * hidden:(s + 1) * hidden].float()
+        diffs = [float((chunk - store[b][0].float()).abs().max()) for b in range(n + 1)]
+        best = min(range(n + 1), key=diffs.__getitem__)
+        slots.append(best)
+        worst = max(worst, diffs[best])
+    return slots, worst

@@ -138,3 +138,29 @@ def speedup_vs_tau(results: dict, title: str = "Each prompt: accept length again
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def acceptance_profile(verdict: dict, title: str = "Per-position acceptance: served against expected"):
+    """``diagnose --metrics``'s JSON (``MetricsVerdict.to_dict``): the engine's per-position acceptance
+    with its 95% intervals, beside what the draft should reach and what the predicted served layout
+    simulates to."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    rows = verdict["per_position"]
+    x = [r["position"] for r in rows]
+    ys = [r["rate"] for r in rows]
+    err = [[y - r["interval"][0] for y, r in zip(ys, rows)], [r["interval"][1] - y for y, r in zip(ys, rows)]]
+    ax.bar(x, ys, 0.5, yerr=err, capsize=4, color="#2f6fde",
+           label=f"served ({verdict['engine']}, {verdict['drafts']} drafts)")
+    for key, src, style, name in (("expected_per_position", "expected_source", "k--o", "expected"),
+                                  ("served_predicted_per_position", "served_predicted_source", "r:s",
+                                   "served layout, simulated")):
+        if verdict.get(key):
+            ax.plot(x[:len(verdict[key])], verdict[key][:len(x)], style, label=name)
+    ax.set_xticks(x)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("share of drafts accepted")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{title}: {verdict['explanation']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from . import cli
+from .backends import auto as auto_backend
 from .boundaries import parse_layout
 from .conventions import DEFAULT_ENGINE, parse_engine, read_draft_config
 from .draft import config_from_json
@@ -29,7 +30,6 @@ from .errors import BadOption, InputError
 from .lab import SMALL
 from .pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from .reports import ORDER, Summary, read_summary
-from .vllm.install import EngineUnavailable, find_vllm
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
@@ -386,7 +386,7 @@ def _draft_width(draft) -> int | None:
         return None
 
 
-PATH_PARAMS = ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA", "REPORTS_DIR")
+PATH_PARAMS = ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA", "REPORTS_DIR", "METRICS")
 
 
 def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
@@ -452,17 +452,13 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
 
 
 def _backend(choice: str) -> str:
-    """``--engine auto``: the real engine where this host has it; the line says which ran and why."""
+    """``--engine auto``: the real engine where this host has it, SGLang first (``backends.auto``); the
+    line says which ran and why."""
     if choice != "auto":
         return choice
-    try:
-        install = find_vllm()
-    except EngineUnavailable as exc:
-        print(f"[engine] reference engine: {exc}")
-        return "reference"
-    print(f"[engine] vLLM {install.version} ({install.dist}, {install.venv}) serves the pair; the reference "
-          f"engine runs beside it")
-    return "vllm"
+    family, line = auto_backend()
+    print(line)
+    return family
 
 
 def main(argv=None) -> int:
@@ -473,10 +469,11 @@ def main(argv=None) -> int:
     ap.add_argument("--training-layout", default=None,
                     help="a,b,c; default: the draft's record, else inferred")
     ap.add_argument("--engine", default="auto", choices=["auto", "reference", "vllm", "sglang"],
-                    help="the engine that runs: vllm (the real engine in .venv-vllm, which bash "
-                         "workbook.sh sets up), reference (this workbook's), sglang (a live server on a GPU "
-                         "host); auto: vllm when it is installed, else reference (said in one line). The "
-                         "reference engine always runs beside a live one, fed the layout the rules predict")
+                    help="the engine that runs: sglang (the real engine in .venv-sglang, the original "
+                         "case's), vllm (the real engine in .venv-vllm; bash workbook.sh sets up both), "
+                         "reference (this workbook's); auto: SGLang when it is installed, else vLLM, else "
+                         "reference (said in one line). The reference engine always runs beside a live one, "
+                         "fed the layout the rules predict")
     ap.add_argument("--engine-version", default=DEFAULT_ENGINE,
                     help="whose wiring rules decide the served layout: sglang==VERSION or vllm")
     ap.add_argument("--prompts", default=None)

@@ -199,3 +199,53 @@ def test_patched_ids_under_0_5_9_setter_serve_fix_a(install, pair, prompts, tmp_
     ref = _reference(pair, tuple(predicted), prompts[:1])
     assert abs(gen.accept_length - ref["tau"]) <= 0.1, (gen.accept_length, ref["tau"])
     assert run["seconds"] < scaled(120)
+
+
+def test_bench_backend_sglang_runs_the_original_case(install, capsys):
+    """``bench --backend sglang --engine sglang==0.5.9``: the deployed draft served (b3, b7, b10) by the
+    live engine under 0.5.9's setter, SGLang's accept length equal to the reference engine's on that
+    layout, the paired timing and the accommodations in the JSON."""
+    from helpers.bench import main
+    d = tiny_default()
+    rc = main(["--backend", "sglang", "--engine", "sglang==0.5.9", "--target", str(d / "target"),
+               "--draft", str(d / "draft"), "--num-prompts", "2", "--max-new-tokens", "16", "--repeats", "1",
+               "--steps", "3", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["backend"] == f"sglang=={install.version}" and out["served_layout"] == [3, 7, 10]
+    assert out["rules"] == f"runtime {install.version}, capture rule 0.5.9" and out["lossless"]
+    assert abs(out["tau_gap"]) <= 0.1, out
+    assert out["timing"] in ("ok", "noisy", "unusable") and len(out["speedup_interval"]) == 2
+    assert any(f["fix"] == "capture-rule" for f in out["fixes"])
+
+
+@pytest.mark.live
+def test_notebooks_01_05_06_on_sglang(install, tmp_path):
+    """ENGINE="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
+    rule 0.5.9), fix A served (embed, b3, b7) by the same setter, fix B retrained; the reference engine
+    fed each predicted layout beside it."""
+    from helpers import reports
+    from helpers.lab import SMALL
+    from helpers.workbook import run_workbook
+    d = tiny_default()
+    out = tmp_path / "reports"
+    params = {**SMALL, "ENGINE": "sglang", "MAX_NEW_TOKENS": 16, "TARGET": str(d / "target"),
+              "DRAFT": str(d / "draft"), "RETRAINED_DRAFT": str(_retrained()),
+              "PATCH_ROOT": str(tmp_path / "sglang-cache")}
+    runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
+                        render=False, progress=False)
+    assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]
+    base = reports.read_step(out, reports.BaselineStep)
+    assert base.plan["layout"] == [3, 7, 10] and base.live["backend"] == f"sglang=={install.version}"
+    live = {r["wiring"]: r for r in reports.read_summary(out).live}
+    layouts = [live[w]["served_layout"] for w in ("deployed", "fix A", "fix B")]
+    assert layouts == [[3, 7, 10], [0, 3, 7], [3, 7, 10]]
+    for r in live.values():
+        assert r["lossless"] and abs(r["tau_gap"]) <= 0.15, r
+        assert r["rules"] == f"runtime {install.version}, capture rule 0.5.9"
+    fixed = min(live["fix A"]["accept_length"], live["fix B"]["accept_length"])
+    assert live["deployed"]["accept_length"] < fixed
+
+
+def _retrained():
+    from _pairs import tiny_draft
+    return tiny_draft((3, 7, 10))

@@ -258,6 +258,11 @@ class VllmEngine:
         return Generation(msg["tokens"], msg["seconds"], delta("drafts"), delta("draft_tokens"),
                           delta("accepted_tokens"), per_pos)
 
+    def metrics_text(self) -> str:
+        """The engine's counters as its ``/metrics`` endpoint would serve them (Prometheus text): what a
+        deployment's dashboard scrapes, for ``diagnose --metrics``."""
+        return self._ask({"op": "metrics"})["text"]
+
     def prompt_logprobs(self, prompts: list[list[int]]) -> list[list[tuple[float, int]]]:
         """Per prompt, per position from 1: (log p of the actual token, the argmax token)."""
         return [[(float(a), int(t)) for a, t in rows] for rows in self._ask(

@@ -11,41 +11,15 @@ runs the V1 model runner, which reads the top-level key and falls back to ``eagl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..boundaries import CapturePlan
-from ..conventions import Engine, parse_engine, read_draft_config, read_target_config
+from ..conventions import Engine, read_draft_config, read_target_config
 from ..fixes import with_engine_ids
 from .bench import LiveWiring, fixes_for
-from .install import EngineUnavailable, VllmInstall, find_vllm
+from .install import VllmInstall
 
 BOUNDARY0_CRASH = "id 0 (the embedding) fails"
-
-
-@dataclass
-class LiveEngine:
-    """What a notebook runs on: a live vLLM (``install``), or why not (``unavailable``)."""
-
-    install: VllmInstall | None
-    rules: Engine
-    unavailable: str | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.install is not None
-
-
-def live_engine(backend: str, rules: str | Engine) -> LiveEngine:
-    """``ENGINE="vllm"``: the installed release, whose own rules then decide what 'served' means.
-    Any other backend, or a host without the engine, keeps ``rules`` and says why in one line."""
-    if backend != "vllm":
-        return LiveEngine(None, parse_engine(rules))
-    try:
-        install = find_vllm()
-    except EngineUnavailable as exc:
-        return LiveEngine(None, parse_engine(rules), f"{exc}; the reference engine measures instead")
-    return LiveEngine(install, install.engine)
 
 
 def with_vllm_fixes(plan: CapturePlan, ids: list[int], target_config: dict, install: VllmInstall

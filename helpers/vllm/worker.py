@@ -8,7 +8,8 @@ in a log file). Only vLLM's public interfaces are used: ``LLM``, ``SamplingParam
 ``TokensPrompt``, ``LLM.get_metrics()``.
 
 Requests: ``{"op": "generate", "prompts": [[ids]], "max_tokens": N}`` (greedy, one prompt at a
-time, timed one by one), ``{"op": "prompt_logprobs", "prompts": [[ids]]}``, ``{"op": "stop"}``.
+time, timed one by one), ``{"op": "prompt_logprobs", "prompts": [[ids]]}``, ``{"op": "metrics"}``
+(the Prometheus text its /metrics endpoint would serve), ``{"op": "stop"}``.
 """
 from __future__ import annotations
 
@@ -79,6 +80,10 @@ def main() -> int:
                     outputs.append(list(out[0].outputs[0].token_ids))
                 send({"ok": True, "tokens": outputs, "seconds": seconds, "counters_before": before,
                       "counters_after": spec_counters(llm)})
+            elif op == "metrics":     # the Prometheus text vLLM's /metrics would serve, from its registry
+                import prometheus_client
+
+                send({"ok": True, "text": prometheus_client.generate_latest().decode("utf-8")})
             elif op == "prompt_logprobs":
                 params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
                 result = []
