@@ -1,6 +1,6 @@
 """A benchmark of the benchmark: ``bench`` on a quiet machine, then beside a CPU hog, side by side.
 
-    .venv/bin/python benchmarks/timing_under_load.py [--backend reference|vllm] [--repeats 3] [bench options]
+    .venv/bin/python benchmarks/timing_under_load.py [--backend reference|vllm|sglang] [--repeats N]
 
 The hog is one busy Python process (pinned to one core where ``taskset`` exists). For each run it
 prints the paired speedup, its interval, the timing verdict, each side's tok/s range and the tokens per
@@ -51,7 +51,7 @@ def show(name: str, d: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="reference", choices=["reference", "vllm"])
+    ap.add_argument("--backend", default="reference", choices=["reference", "vllm", "sglang"])
     ap.add_argument("--repeats", type=int, default=3)
     a, rest = ap.parse_known_args()
     args = ["--target", str(PAIR / "target"), "--draft", str(PAIR / "draft"), "--backend", a.backend,

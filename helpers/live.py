@@ -13,6 +13,7 @@ engine's own folder.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -151,6 +152,11 @@ def _active(engine, other) -> None:
     getattr(engine, "resume", lambda: None)()
 
 
+def _pause_all(*engines) -> None:
+    for e in engines:
+        getattr(e, "pause", lambda: None)()
+
+
 def _timed(engine, prompt: list[int], max_new_tokens: int, other=None) -> tuple[object, float]:
     """One prompt on one engine, with the CPU seconds its process tree spent on it."""
     if other is not None:
@@ -167,6 +173,8 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
     repeat's pooled tok/s per side, and each repeat's speculative generations merged."""
     n = len(prompt_ids)
     pb, ps, po, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], []
+    quiet = functools.partial(_pause_all, base, spec)
+    quiet()                      # the calibration kernel times the machine, not our own idle engines
     with MachineWatch() as watch:
         for rep in range(repeats):
             b_gens, s_gens = [], []
@@ -188,6 +196,7 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
             b_runs.append(_tok_s(_merge(b_gens)))
             gens.append(_merge(s_gens))
             s_runs.append(_tok_s(gens[-1]))
+        quiet()
     return PairedTiming(pb, ps, po, watch.signal, cb, cs), b_runs, s_runs, gens
 
 
