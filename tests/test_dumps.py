@@ -90,10 +90,10 @@ def test_diagnose_names_training_layout_and_served_far_below(fmt):
     out = diagnosis(fmt)
     assert out["data_format"] == fmt and out["records"] == 6 and out["tokens"] > 500
     assert out["slot_boundaries"][:4] == [0, 3, 7, 10]
-    assert_in_front((0, 3, 7), out["best_layout"], out["confident_set"],
-                    [r["layout"] for r in out["ranking"] if r["layout"]])
-    if out["best_layout"] == [0, 3, 7]:
-        assert out["best_slots"] == [0, 1, 2]
+    # the dump's ranking and confidence set are in slots: (0, 3, 7) is slots (0, 1, 2) of this dump
+    assert out["trained_slots"] == [0, 1, 2] and out["trained_layout"] == [0, 3, 7]
+    assert_in_front((0, 1, 2), out["best_slots"], out["confident_set"], [r["slots"] for r in out["ranking"]])
+    assert out["best_layout"] == [out["slot_boundaries"][s] for s in out["best_slots"]]
     assert out["served_layout"] == [3, 7, 10] and out["served_slots"] == [1, 2, 3]
     assert out["served_acc"] < out["best_acc"] - 0.1
     assert out["mismatch"] is True

@@ -90,12 +90,18 @@ def test_plan_width_must_match_draft(pair, prompts):
         speculative_generate(pair.target, pair.draft, CapturePlan((0, 3), 12), prompts[0], 8, 3)
 
 
-def test_run_bench_reports_medians_and_lossless(pair, prompts):
+def test_run_bench_reports_paired_speedup_and_lossless(pair, prompts):
+    import statistics
+
     res = run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:2], steps=3,
                     max_new_tokens=16, repeats=2, progress=False)
     d = res.to_dict()
     assert d["lossless"] is True and len(d["baseline_runs"]) == 2
-    assert d["speedup"] == pytest.approx(res.spec_tok_s / res.baseline_tok_s, rel=1e-3)
+    # the speedup is the median of the 4 paired ratios (2 prompts x 2 repeats), inside its own interval
+    t = res.timing
+    assert t.pairs == 4 and d["speedup"] == pytest.approx(statistics.median(t.ratios), abs=1e-3)
+    lo, hi = d["speedup_interval"]
+    assert lo <= d["speedup"] <= hi and d["timing"] in ("ok", "noisy", "unusable")
     assert sum(d["histogram"]) == d["verify_steps"]
     assert d["decode_ms"] > 0 and d["verify_ms"] > 0 and d["draft_step_ms"] > 0
     assert d["predicted_speedup"] == pytest.approx(

@@ -207,8 +207,9 @@ def test_dump_path_keeps_the_training_layout_in_front(case):
     if case.startswith("deepseek-12"):   # the served (3, 7, 10) is in these dumps
         assert out["mismatch"] is True and out["cost"]["difference"] > 0 and out["significant"] is True
     if case in STRICT:
-        assert_in_front(trained, out["best_layout"], out["confident_set"],
-                        [r["layout"] for r in out["ranking"] if r["layout"]], within=3)
+        # a dump's ranking and confidence set name slots
+        assert_in_front(out["trained_slots"], out["best_slots"], out["confident_set"],
+                        [r["slots"] for r in out["ranking"]], within=3)
 
 
 # --------------------------------------------------------------------------------------
