@@ -38,7 +38,7 @@ class Backend:
     family: str                                  # reference | vllm | sglang: what measures
     rules: Engine                                # whose rules decide what 'served' means
     install: VllmInstall | SglangInstall | None = None
-    unavailable: str | None = None
+    unavailable: str | None = None               # why the named live engine cannot run here
     capture_rule: str | None = None              # SGLang: the release whose setter the runtime runs
 
     @property
@@ -79,13 +79,13 @@ def choose(family: str, rules: str | Engine) -> Backend:
         try:
             install = find_vllm()
         except VllmUnavailable as exc:
-            return Backend("reference", named, None, f"{exc}; the reference engine measures instead")
+            return Backend("reference", named, None, str(exc))
         return Backend("vllm", install.engine, install)
     if family == "sglang":
         try:
             install = find_sglang()
         except SglangUnavailable as exc:
-            return Backend("reference", named, None, f"{exc}; the reference engine measures instead")
+            return Backend("reference", named, None, str(exc))
         rules_engine = named if named.name == "sglang" and named.version else install.engine
         return Backend("sglang", rules_engine, install,
                        capture_rule=sglang_bench.capture_rule_for(install, rules_engine.version))

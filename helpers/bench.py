@@ -47,11 +47,11 @@ from .pair import (
     plan_problems,
 )
 from .prompts import read_prompts
-from .timing import MachineWatch, PairedTiming, abba, speed_phrase
+from .timing import MachineWatch, PairedSpeedup, PairedTiming, abba, speed_phrase
 
 
 @dataclass
-class BenchResult:
+class BenchResult(PairedSpeedup):
     layout: tuple[int, ...]
     label: str
     steps: int
@@ -97,21 +97,6 @@ class BenchResult:
         """tau x decode / (verify + k draft steps): what accept length and overheads allow."""
         cycle = self.verify_ms + self.steps * self.draft_step_ms
         return self.tau * self.decode_ms / cycle if cycle else 0.0
-
-    @property
-    def speedup(self) -> float:
-        """The median of the paired ratios (one per prompt and repeat), not a ratio of two medians."""
-        if self.timing is not None and self.timing.pairs:
-            return self.timing.speedup
-        return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
-
-    @property
-    def speedup_interval(self) -> list[float] | None:
-        return None if self.timing is None else [round(x, 3) for x in self.timing.interval]
-
-    @property
-    def timing_verdict(self) -> str:
-        return "unusable" if self.timing is None else str(self.timing.verdict.kind)
 
     @property
     def efficiency(self) -> float:
@@ -277,7 +262,7 @@ def main(argv=None) -> int:
             # vLLM runs its own release's rules; SGLang the named release's (its setter installed live)
             backend = choose(a.backend, a.engine if engine_named else a.backend)
             if not backend.live:        # one line and exit 2 when this host has no such engine
-                raise BadOption(backend.unavailable.removesuffix("; the reference engine measures instead"))
+                raise BadOption(backend.unavailable)
             a.engine = backend.rules
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:

@@ -21,7 +21,7 @@ from typing import Callable, ContextManager, Protocol
 
 from tqdm.auto import tqdm
 
-from .timing import MachineWatch, PairedTiming, abba, speed_phrase, tree_cpu_seconds
+from .timing import MachineWatch, PairedSpeedup, PairedTiming, abba, speed_phrase, tree_cpu_seconds
 
 
 class LiveEngine(Protocol):
@@ -45,7 +45,7 @@ Launch = Callable[[Path | None, tuple[int, ...] | None], ContextManager[LiveEngi
 
 
 @dataclass
-class LiveRow:
+class LiveRow(PairedSpeedup):
     """One wiring measured on the real engine."""
 
     wiring: str
@@ -73,21 +73,6 @@ class LiveRow:
     start_seconds: float = 0.0
     timing: PairedTiming | None = None   # the paired runs behind ``speedup``: interval and verdict
     metrics: str | None = field(default=None, repr=False)   # its /metrics page after the run (Prometheus)
-
-    @property
-    def speedup(self) -> float:
-        """The median of the paired ratios (one per prompt and repeat), not a ratio of two medians."""
-        if self.timing is not None and self.timing.pairs:
-            return self.timing.speedup
-        return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
-
-    @property
-    def speedup_interval(self) -> list[float] | None:
-        return None if self.timing is None else [round(x, 3) for x in self.timing.interval]
-
-    @property
-    def timing_verdict(self) -> str:
-        return "unusable" if self.timing is None else str(self.timing.verdict.kind)
 
     @property
     def tau_gap(self) -> float | None:

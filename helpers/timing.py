@@ -343,6 +343,26 @@ def speed_phrase(t: PairedTiming) -> str:
     return text
 
 
+class PairedSpeedup:
+    """What a benchmark row says of its speed, for any row holding ``timing`` (a PairedTiming or None)
+    and its pooled ``baseline_tok_s`` / ``spec_tok_s``: the reference engine's and a live engine's alike."""
+
+    @property
+    def speedup(self) -> float:
+        """The median of the paired ratios (one per prompt and repeat), not a ratio of two medians."""
+        if self.timing is not None and self.timing.pairs:
+            return self.timing.speedup
+        return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
+
+    @property
+    def speedup_interval(self) -> list[float] | None:
+        return None if self.timing is None else [round(x, 3) for x in self.timing.interval]
+
+    @property
+    def timing_verdict(self) -> str:
+        return "unusable" if self.timing is None else str(self.timing.verdict.kind)
+
+
 def agreement(first: dict, second: dict, what: str) -> str:
     """Two measurements of the same wiring on the same engine (``speedup``, ``speedup_interval`` and
     ``timing`` of each ``to_dict``): whether they agree within their intervals, or why they may not."""
