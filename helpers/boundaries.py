@@ -9,6 +9,7 @@ else. A *layout* is the ordered tuple of boundaries concatenated into the draft'
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Iterable, Sequence
 
 from .errors import BadOption
@@ -16,8 +17,77 @@ from .errors import BadOption
 Layout = tuple[int, ...]
 
 
+class ProblemKind(StrEnum):
+    """What a resolver found, as data: callers group, filter and fix by kind, never by reading a
+    message back (issue #29). Values are the spellings JSON outputs carry."""
+
+    # errors: the engine cannot serve the ids as given
+    NO_MODEL_CLASS = "no-model-class"          # the release registers no model class for the target
+    DRAFT_CLASS = "draft-class"                # the release builds no draft class for the draft's config
+    SOURCE_UNAVAILABLE = "source-unavailable"  # the release's source could not be fetched or cached
+    NO_CAPTURE = "no-capture"                  # the release cannot turn EAGLE-3 capture on for the target
+    CAPTURE_UNREAD = "capture-unread"          # the setter chain or capture site could not be read
+    SETTER_RAISES = "setter-raises"            # the release's own setter raises: loading the model fails
+    NOT_BOUNDARIES = "not-boundaries"          # the captured features are not residual-stream boundaries
+    NEVER_CAPTURED = "never-captured"          # an index the capture loop never reaches: a feature dropped
+    FEATURE_COUNT = "feature-count"            # fewer features concatenated than the fc has slots
+    REPEATED = "repeated"                      # ids repeat a boundary
+    NEGATIVE_ID = "negative-id"                # an id below 0, which names no boundary
+    WRONG_LAYER = "wrong-layer"                # a negative index that Python reads as another layer
+    BOUNDARY0_RESIDUAL_NONE = "boundary0-residual-none"   # boundary 0 adds a residual that is still None
+    BOUNDARY0_UNVERIFIED = "boundary0-unverified"         # boundary 0 with a capture style not recognised
+    AUX_OFF = "aux-off"                        # the draft turns aux hidden-state capture off
+    POST_NORM_STATE = "post-norm-state"        # TensorRT-LLM's -1: the state after the final norm
+    ID_COUNT = "id-count"                      # the engine takes a fixed number of ids (llama.cpp: 3)
+    LAYER_INPUT_MISSING = "layer-input-missing"   # llama.cpp aborts: no such layer input tensor
+    # warnings: it serves, but otherwise than the config says, or on an assumption
+    IDS_IGNORED = "ids-ignored"                # the draft's ids never reach the engine: defaults served
+    SETTER_TAKES_NO_IDS = "setter-takes-no-ids"   # SGLang: the release's setter has no ids parameter
+    IDS_READ = "ids-read"                      # how the ids were read (key, fallback, format of the draft)
+    DRAFT_FORMAT = "draft-format"              # a draft format or forward flag the engine handles otherwise
+    STUB_PLACEHOLDERS = "stub-placeholders"    # the setter's stub supplied placeholders
+    RULE_ASSUMED = "rule-assumed"              # a release, class or build not read: a neighbour's rule
+    NEWER_THAN_READ = "newer-than-read"        # a release newer than those read: the newest rule assumed
+    RULE_NOT_RUN = "rule-not-run"              # the rule is recorded from docs or sources, not run
+    SOURCE_CHECKED = "source-checked"          # the rule checked against the release's own files: it holds
+    SOURCE_DISAGREES = "source-disagrees"      # the release's own files disagree with the recorded rule
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding: its ``kind`` (a :class:`ProblemKind`, or a ``check`` kind such as 'layout-mismatch'),
+    the sentence for people, and ``fix``: what to do, or None. A resolver's fix is a command to run (the
+    boundary-0 patch); ``check``'s own problems carry an instruction.
+
+    ``advice`` is extra text shown in parentheses after the message (the patch's advice for a boundary-0
+    capture); ``str()`` is the sentence as it has always been printed. ``blocking`` False: a warning."""
+
+    kind: str
+    message: str
+    fix: str | None = None
+    blocking: bool = True
+    advice: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.advice})" if self.advice else self.message
+
+
+def error(kind: ProblemKind, message: str, fix: str | None = None) -> Problem:
+    return Problem(kind, message, fix)
+
+
+def warning(kind: ProblemKind, message: str) -> Problem:
+    return Problem(kind, message, blocking=False)
+
+
 class WiringError(BadOption):
-    """A layout, id list or boundary that cannot mean what was asked of it."""
+    """A layout, id list or boundary that cannot mean what was asked of it. ``kind`` says which, where a
+    caller tells them apart (a release without the target's model class: ``NO_MODEL_CLASS``)."""
+
+    def __init__(self, message: str = "", kind: ProblemKind = ProblemKind.OTHER):
+        super().__init__(message)
+        self.kind = kind
 
 
 def check_boundary(b: int, num_layers: int) -> int:
@@ -82,11 +152,24 @@ class CapturePlan:
     num_layers: int
     source: str = ""
     notes: tuple[str, ...] = field(default=())
-    errors: tuple[str, ...] = field(default=())     # why the engine cannot capture this layout at all
-    warnings: tuple[str, ...] = field(default=())   # what it silently does differently (ignored ids, flags)
+    # blocking: why the engine cannot capture this layout at all; advisory: what it silently does
+    # differently (ignored ids, flags)
+    problems: tuple[Problem, ...] = field(default=())
 
     def __post_init__(self):
         check_layout(self.layout, self.num_layers)
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        return tuple(str(p) for p in self.problems if p.blocking)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return tuple(str(p) for p in self.problems if not p.blocking)
+
+    def kinds(self) -> set[str]:
+        """The kinds of the blocking problems."""
+        return {p.kind for p in self.problems if p.blocking}
 
     @property
     def boundaries(self) -> Layout:
@@ -100,16 +183,17 @@ class CapturePlan:
     def to_dict(self) -> dict:
         return {"layout": list(self.layout), "num_layers": self.num_layers, "source": self.source,
                 "label": self.label, "notes": list(self.notes), "errors": list(self.errors),
-                "warnings": list(self.warnings)}
+                "warnings": list(self.warnings), "problems": [asdict(p) for p in self.problems]}
 
 
 @dataclass
 class WiringResult:
     """What one engine release will feed the draft's fc for one target, and whether it can at all.
 
-    ``errors`` mean the deployment fails (or drops features); ``warnings`` that it silently differs
-    from what the config says. ``hazards`` carry the structured form of errors a caller can act on
-    (today: boundary 0 meeting ``residual = None``), so advice is attached where it is known.
+    ``problems`` are typed (:class:`Problem`): blocking ones mean the deployment fails (or drops
+    features), advisory ones that it silently differs from what the config says; ``errors`` and
+    ``warnings`` are their sentences. ``hazards`` locate errors a caller can act on (today: boundary 0
+    meeting ``residual = None``: arch and file), so advice is attached where it is known.
     """
 
     engine: str
@@ -120,10 +204,21 @@ class WiringResult:
     layers_to_capture: list[int]
     ids_used: list[int] | None
     ids_source: str
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     source_lines: list[dict] = field(default_factory=list)
     hazards: list[dict] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        return [str(p) for p in self.problems if p.blocking]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [str(p) for p in self.problems if not p.blocking]
+
+    def kinds(self) -> set[str]:
+        """The kinds of the blocking problems."""
+        return {p.kind for p in self.problems if p.blocking}
 
     @property
     def capturable(self) -> bool:
@@ -137,11 +232,16 @@ class WiringResult:
         """The served layout as the plan the reference engine and the reports share."""
         source = (f"{self.engine} {self.arch}: ids {self.ids_used} ({self.ids_source}) -> "
                   f"layers_to_capture {self.layers_to_capture} -> served {self.served_layout}")
-        return CapturePlan(self.served_layout, self.num_layers, source, errors=tuple(self.errors),
-                           warnings=tuple(self.warnings))
+        return CapturePlan(self.served_layout, self.num_layers, source, problems=tuple(self.problems))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {}
+        for k, v in asdict(self).items():   # errors and warnings where they always were, problems last
+            if k == "problems":
+                d.update(errors=self.errors, warnings=self.warnings)
+            else:
+                d[k] = v
+        d["problems"] = [asdict(p) for p in self.problems]
         d["served_layout"] = list(self.served_layout)
         d["ids_source"] = str(self.ids_source)
         d["capturable"] = self.capturable

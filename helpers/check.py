@@ -19,7 +19,7 @@ from typing import Sequence
 
 from . import cli
 from . import matrix as releases
-from .boundaries import WiringError, WiringResult, check_layout, layout_label
+from .boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
 from .conventions import (
     IDS_KEY,
     MLA_DRAFT_ARCH,
@@ -54,14 +54,10 @@ from .wheels import PackageSourceError
 from .wiring import ids_for_layout, resolve
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
-
-
-@dataclass
-class Problem:
-    kind: str
-    message: str
-    fix: str
-    blocking: bool = True
+# ``Problem`` (boundaries) is the one shape of a finding: the resolvers' problems carry a ProblemKind and
+# a command as their fix (or None); check's own kinds ('layout-mismatch', 'fc-width', ...) are strings
+# with an instruction as the fix; the engine's blocking problems are reported as ENGINE_CANNOT_CAPTURE.
+ENGINE_CANNOT_CAPTURE = "engine-cannot-capture"
 
 
 @dataclass
@@ -217,7 +213,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     ids, where = ids_in_config(cfg)
     # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
     # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
-    captures = releases.status_of(served) != "no EAGLE-3 capture"
+    captures = not (name == "sglang" and releases.status_of(served) == "no EAGLE-3 capture")
     report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
                          tuple(served.served_layout) if captures else (),
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
@@ -229,10 +225,10 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     if report.training_layout is None and trainer is None:
         _candidates(report, cfg, eng, arch, n, served.errors)
     problems = report.problems
-    for e in served.errors:
-        fix = (e.split("(fix: ", 1)[1].rstrip(")") if "(fix: " in e
-               else "see `python -m helpers wiring` for the source")
-        problems.append(Problem("engine-cannot-capture", e.split(" (fix: ")[0], fix))
+    for p in served.problems:
+        if p.blocking:
+            fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
+            problems.append(Problem(ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
     _layout_fixes(report, served, engine, name, version, root)
     _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
@@ -247,7 +243,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
             "(SGLang PR #21272, Kimi-K2.5)",
             "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
     _topology(report, eng, arch, n, tp, pp, root)
-    report.notes += [w for w in served.warnings if "placeholders" not in w]
+    report.notes += [str(p) for p in served.problems
+                     if not p.blocking and p.kind != ProblemKind.STUB_PLACEHOLDERS]
     if measured is not None:
         _measured(report, Path(measured))
     report.seconds = round(time.perf_counter() - started, 3)
@@ -429,11 +426,13 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
                 r = resolve(engine, report.arch, report.num_layers, ids=candidate, root=root)
             except WiringError:
                 continue
-            patchable = r.errors and all("(fix: `python -m helpers patch-sglang apply" in e
-                                         and any(h["error"] in e for h in r.hazards) for e in r.errors)
+            # the only thing in the way is a boundary-0 capture the workbook's patch removes
+            blocking = [p for p in r.problems if p.blocking]
+            patchable = blocking and all(p.kind == ProblemKind.BOUNDARY0_RESIDUAL_NONE and p.fix
+                                         for p in blocking)
             if r.served_layout == tuple(sorted(trained)) and patchable:
-                command = r.errors[0].split("(fix: ", 1)[1].rstrip(")")
-                fixes.append(f"patch the engine ({command}), then write ids {candidate} in {key} (fix A)")
+                fixes.append(f"patch the engine (`{blocking[0].fix}`), then write ids {candidate} in {key} "
+                             f"(fix A)")
                 break
     fixes.append(f"{'or ' if fixes else ''}retrain the draft on the served layout {served.served_layout} "
                  f"(fix B)")

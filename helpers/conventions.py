@@ -16,8 +16,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Sequence
 
-from .boundaries import Layout, WiringError, WiringResult
+from .boundaries import Layout, Problem, ProblemKind, WiringError, WiringResult, error, warning
 from .errors import BadConfig, BadOption, check_architectures, read_json_file
+
+K = ProblemKind
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 ENGINES = ("sglang", "vllm", "trtllm", "llamacpp")
@@ -32,6 +34,8 @@ MLA_DRAFT_ARCH = "Eagle3DeepseekV2ForCausalLM"
 MLA_DRAFT_ARCHS = (MLA_DRAFT_ARCH, "Eagle3DeepseekV3ForCausalLM")
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$")
+# llama.cpp names builds, not versions: b11434, or the bare build number
+_LLAMACPP_BUILD_RE = re.compile(r"^b?([0-9]+)$")
 
 
 class IdsAt(StrEnum):
@@ -104,7 +108,11 @@ def parse_engine(engine: "str | Engine") -> Engine:
     if name not in ENGINES:
         raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', "
                         f"'vllm[==VERSION]', 'trtllm' or 'llamacpp[==BUILD]'")
-    if "==" in text and not _VERSION_RE.match(version):
+    if "==" in text and name == "llamacpp":
+        if not _LLAMACPP_BUILD_RE.match(version):
+            raise BadOption(f"engine '{engine}': {version!r} is not a llama.cpp build; expected e.g. "
+                            f"llamacpp==b11434 (or the bare build number, llamacpp==11434)")
+    elif "==" in text and not _VERSION_RE.match(version):
         raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
                         + (" or plain 'vllm'" if name == "vllm" else ""))
     if runner and name != "vllm":
@@ -114,6 +122,14 @@ def parse_engine(engine: "str | Engine") -> Engine:
         raise BadOption(f"engine '{engine}': vLLM has no model runner ':{runner}' "
                         f"(expected vllm[==VERSION]:v1 or :v2)")
     return Engine(name, version or None, runner or None)
+
+
+def llamacpp_build_number(build: str) -> int:
+    """'b11434' or '11434' -> 11434: the build a llama.cpp engine names (``parse_engine`` checked it)."""
+    m = _LLAMACPP_BUILD_RE.match(str(build).strip().lower())
+    if m is None:
+        raise BadOption(f"{build!r} is not a llama.cpp build; expected e.g. b11434 (or 11434)")
+    return int(m.group(1))
 
 
 def version_tuple(version: str | None) -> tuple[int, ...]:
@@ -250,9 +266,13 @@ class DraftIds:
 
     ids: list[int] | None
     source: IdsAt
-    warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)   # advisory: IDS_IGNORED, IDS_READ, DRAFT_FORMAT
     lines: list = field(default_factory=list)   # cited engine source lines, when read from source
     use_aux: bool = True
+
+    @property
+    def warnings(self) -> list[str]:
+        return [str(p) for p in self.problems]
 
 
 def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, arch: str = "") -> DraftIds:
@@ -268,30 +288,34 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
     inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
-    warnings: list[str] = []
+    warnings: list[Problem] = []
     if name == "trtllm":
         if top is not None or inner is not None:
-            warnings.append("TensorRT-LLM takes eagle3_layers_to_capture from its speculative config, not "
-                            "from the "
-                            "draft's config.json: pass them as explicit ids")
+            warnings.append(warning(K.IDS_IGNORED, "TensorRT-LLM takes eagle3_layers_to_capture from its "
+                                    "speculative config, not from the draft's config.json: pass them as "
+                                    "explicit ids"))
         return DraftIds(None, IdsAt.NONE, warnings)
     if name == "vllm":
         reads_top, reads_nested, why = vllm_reads(version, arch, eng.runner)
         if top and reads_top:                   # vLLM tests truthiness: an empty list is no ids
             return DraftIds(top, IdsAt.TOP_LEVEL)
         if inner and reads_nested:
-            return DraftIds(inner, IdsAt.EAGLE_CONFIG, [f"vLLM reads eagle_config's ids here: {why}"])
+            return DraftIds(inner, IdsAt.EAGLE_CONFIG,
+                            [warning(K.IDS_READ, f"vLLM reads eagle_config's ids here: {why}")])
         layer_ids = nested.get("layer_ids")
         if (not top and isinstance(layer_ids, list) and layer_ids
                 and all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
                 and vllm_on_v2(version, arch, eng.runner) and at_least(version, VLLM_V2_READS_LAYER_IDS)):
             return DraftIds(list(layer_ids), IdsAt.EAGLE_CONFIG,
-                            [f"vLLM {version or VLLM_NEWEST_READ}'s V2 runner reads eagle_config.layer_ids = "
-                             f"{list(layer_ids)} (its last resort after the top-level key)"])
+                            [warning(K.IDS_READ,
+                                     f"vLLM {version or VLLM_NEWEST_READ}'s V2 runner reads "
+                                     f"eagle_config.layer_ids = {list(layer_ids)} (its last resort after the "
+                                     f"top-level key)")])
         skipped = [f"{where} {ids}" for where, ids in (("top-level", top), ("eagle_config", inner)) if ids]
         if skipped:
-            warnings.append(f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and serves its "
-                            f"default boundaries, without a warning")
+            warnings.append(warning(K.IDS_IGNORED,
+                                    f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and "
+                                    f"serves its default boundaries, without a warning"))
         return DraftIds(None, IdsAt.NONE, warnings)
     use_aux = bool(nested.get("use_aux_hidden_state", True))
     ids, origin = (inner, IdsAt.EAGLE_CONFIG) if inner is not None else (None, IdsAt.NONE)
@@ -299,15 +323,17 @@ def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, 
         if sglang_reads_top_level:
             ids, origin = top, IdsAt.TOP_LEVEL
         else:
-            warnings.append(
+            warnings.append(warning(
+                K.IDS_IGNORED,
                 f"the draft config has a top-level {IDS_KEY} = {top} (speculators/vLLM format); "
                 f"SGLang reads ids only from eagle_config.{IDS_KEY}, "
-                f"so it ignores them and uses its defaults")
+                f"so it ignores them and uses its defaults"))
     elif ids is not None and top is not None and top != ids:
-        warnings.append(f"top-level {IDS_KEY} = {top} differs from eagle_config's {ids}; "
-                        f"SGLang uses eagle_config's, vLLM the top-level one")
+        warnings.append(warning(K.IDS_READ, f"top-level {IDS_KEY} = {top} differs from eagle_config's "
+                                f"{ids}; SGLang uses eagle_config's, vLLM the top-level one"))
     if not use_aux:
-        warnings.append("eagle_config.use_aux_hidden_state is false: SGLang captures no aux hidden states")
+        warnings.append(warning(K.IDS_READ, "eagle_config.use_aux_hidden_state is false: SGLang captures "
+                                            "no aux hidden states"))
     return DraftIds(ids, origin, warnings, [], use_aux)
 
 
@@ -468,15 +494,16 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
                  cfg: dict | None, runner: str | None = None) -> WiringResult:
     """What a vLLM release serves: its rules as read from its wheels (VLLM_* above), not run here."""
     v = version or VLLM_NEWEST_READ
-    warnings: list[str] = []
-    errors: list[str] = []
+    warnings: list[Problem] = []
+    errors: list[Problem] = []
     if version is None:
-        warnings.append(f"no vLLM version given: the newest release read ({VLLM_NEWEST_READ}) is assumed")
+        warnings.append(warning(K.RULE_ASSUMED, f"no vLLM version given: the newest release read "
+                                                f"({VLLM_NEWEST_READ}) is assumed"))
     if not at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
     if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
-        warnings.append(f"vLLM {v} is newer than the releases read ({VLLM_NEWEST_READ}); "
-                        f"their rule is assumed")
+        warnings.append(warning(K.NEWER_THAN_READ, f"vLLM {v} is newer than the releases read "
+                                f"({VLLM_NEWEST_READ}); their rule is assumed"))
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
@@ -484,39 +511,41 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
         chosen.ids = check_ids(chosen.ids, num_layers)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
-    warnings += chosen.warnings
+    warnings += chosen.problems
     used = chosen.ids if chosen.ids is not None else default_ids(num_layers)
     first, final_from, zero_crashes = VLLM_CAPTURE.get(arch, ("0.8.5", "0.18.0", False))
     if arch not in VLLM_CAPTURE:
-        warnings.append(f"{arch} is not among the classes read from vLLM's source "
-                        f"({', '.join(VLLM_CAPTURE)}); "
-                        f"Llama's capture is assumed")
+        warnings.append(warning(K.RULE_ASSUMED, f"{arch} is not among the classes read from vLLM's "
+                                f"source ({', '.join(VLLM_CAPTURE)}); Llama's capture is assumed"))
     if not at_least(v, first):
-        errors.append(f"vLLM {v} has no EAGLE-3 capture for {arch}"
-                      + (f" (from {first})" if first else " in any release read (up to "
-                         f"{VLLM_NEWEST_READ})"))
+        errors.append(error(K.NO_CAPTURE, f"vLLM {v} has no EAGLE-3 capture for {arch}"
+                            + (f" (from {first})" if first else " in any release read (up to "
+                               f"{VLLM_NEWEST_READ})")))
         return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                             num_layers=num_layers, served_layout=(), layers_to_capture=[],
-                            ids_used=chosen.ids, ids_source=chosen.source, errors=errors, warnings=warnings)
+                            ids_used=chosen.ids, ids_source=chosen.source, problems=errors + warnings)
     captured = set()
     for i in sorted(set(used)):
         if i < 0:
-            errors.append(f"vLLM id {i} is not a boundary (0 = embedding output, {num_layers} = final state)")
+            errors.append(error(K.NEGATIVE_ID, f"vLLM id {i} is not a boundary (0 = embedding output, "
+                                f"{num_layers} = final state)"))
         elif i == num_layers and not at_least(v, final_from):
-            errors.append(f"vLLM {v} captures {arch} before each layer, "
-                          f"so id {num_layers} (the final boundary) "
-                          f"is never captured (from {final_from} it is): fewer features than fc slots")
+            errors.append(error(K.NEVER_CAPTURED, f"vLLM {v} captures {arch} before each layer, "
+                                f"so id {num_layers} (the final boundary) "
+                                f"is never captured (from {final_from} it is): fewer features than fc slots"))
         elif i == 0 and zero_crashes:
-            errors.append(f"vLLM {v}'s {arch} capture adds the residual, which is still None before layer 0: "
-                          f"id 0 (the embedding) fails on the first forward")
+            errors.append(error(K.BOUNDARY0_RESIDUAL_NONE,
+                                f"vLLM {v}'s {arch} capture adds the residual, which is still None before "
+                                f"layer 0: id 0 (the embedding) fails on the first forward"))
         else:
             captured.add(i)
     if len(set(used)) != len(used):
-        errors.append(f"ids {used} repeat a boundary; the draft's fc would get fewer features than slots")
+        errors.append(error(K.REPEATED, f"ids {used} repeat a boundary; the draft's fc would get "
+                            f"fewer features than slots"))
     return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                         num_layers=num_layers, served_layout=tuple(sorted(captured)),
                         layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
-                        errors=errors, warnings=warnings)
+                        problems=errors + warnings)
 
 
 def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
@@ -524,25 +553,28 @@ def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequenc
     """TensorRT-LLM: ``eagle3_layers_to_capture`` name layer outputs (each layer captures after its MLP),
     so id k is boundary k + 1; ``-1`` is the final state after the norm, which no boundary is
     (_torch/speculative/eagle3.py, save_hidden_state.py; documented, not read from a wheel)."""
-    warnings: list[str] = []
+    warnings: list[Problem] = []
     chosen = DraftIds(check_ids(ids, num_layers - 1), IdsAt.EXPLICIT) if ids is not None else (
         engine_ids(cfg, "trtllm") if cfg is not None else DraftIds(None, IdsAt.NONE))
-    warnings += chosen.warnings
+    warnings += chosen.problems
     used = chosen.ids if chosen.ids is not None else [1, num_layers // 2 - 1, num_layers - 4]
-    errors = []
+    errors: list[Problem] = []
     if -1 in used:
-        errors.append("id -1 is TensorRT-LLM's final state after the norm: a feature no boundary is, "
-                      "so only a draft trained on that post-norm state (TRT-LLM's own SaveHiddenStates "
-                      "with -1 listed) can use it")
+        errors.append(error(K.POST_NORM_STATE,
+                            "id -1 is TensorRT-LLM's final state after the norm: a feature no boundary is, "
+                            "so only a draft trained on that post-norm state (TRT-LLM's own SaveHiddenStates "
+                            "with -1 listed) can use it"))
     if len(set(used)) != len(used):
-        errors.append(f"ids {used} repeat a layer; the draft's fc would get fewer features than slots")
+        errors.append(error(K.REPEATED,
+                            f"ids {used} repeat a layer; the draft's fc would get fewer features than slots"))
     served = tuple(sorted(set(layer_outputs_to_boundaries([k for k in used if k >= 0]))))
     ltc = sorted(k for k in used if k >= 0) + ([-1] if -1 in used else [])   # TRT-LLM moves -1 to the end
     return WiringResult(engine="trtllm" + (f"=={version}" if version else ""), version=version, arch=arch,
                         num_layers=num_layers, served_layout=served, layers_to_capture=ltc,
-                        ids_used=chosen.ids, ids_source=chosen.source, errors=errors,
-                        warnings=warnings + ["TensorRT-LLM rule from docs/conventions.md; not read from its "
-                                             "source"])
+                        ids_used=chosen.ids, ids_source=chosen.source,
+                        problems=errors + warnings + [warning(K.RULE_NOT_RUN, "TensorRT-LLM rule from "
+                                                              "docs/conventions.md; not read from its "
+                                                              "source")])
 
 
 # --------------------------------------------------------------------------------------
@@ -586,18 +618,22 @@ LLAMACPP_LAYER_INPUTS: dict[int, tuple[str, ...]] = {
 LLAMACPP_FINAL_BOUNDARY = ("openai-moe",)
 
 
-def llamacpp_rule(build: str | None) -> tuple[int, str, list[str]]:
-    """(the build read whose rule applies, that rule, warnings) for ``build`` (None: the newest read)."""
+def llamacpp_rule(build: str | None) -> tuple[int, str, list[Problem]]:
+    """(the build read whose rule applies, that rule, warnings) for ``build`` ('b11434' or '11434'; None:
+    the newest read)."""
     warnings = []
-    b = version_tuple(build)[0] if build else LLAMACPP_NEWEST_READ
+    b = llamacpp_build_number(build) if build else LLAMACPP_NEWEST_READ
     if build is None:
-        warnings.append(f"no llama.cpp build given: b{LLAMACPP_NEWEST_READ}, the newest read, is assumed")
+        warnings.append(warning(K.RULE_ASSUMED, f"no llama.cpp build given: b{LLAMACPP_NEWEST_READ}, "
+                                f"the newest read, is assumed"))
     read = [r for r in sorted(LLAMACPP_BUILDS_READ) if r <= b]
     at = read[-1] if read else min(LLAMACPP_BUILDS_READ)
     if b not in LLAMACPP_BUILDS_READ:
         later = [r for r in sorted(LLAMACPP_BUILDS_READ) if r > b]
-        warnings.append(f"llama.cpp b{b} was not read: b{at}'s rule ({LLAMACPP_BUILDS_READ[at]}) is assumed"
-                        + (f" (b{later[0]} reads {LLAMACPP_BUILDS_READ[later[0]]})" if later else ""))
+        warnings.append(warning(K.RULE_ASSUMED,
+                                f"llama.cpp b{b} was not read: b{at}'s rule ({LLAMACPP_BUILDS_READ[at]}) is "
+                                f"assumed" + (f" (b{later[0]} reads {LLAMACPP_BUILDS_READ[later[0]]})"
+                                              if later else "")))
     return at, LLAMACPP_BUILDS_READ[at], warnings
 
 
@@ -607,22 +643,22 @@ def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Seque
     inputs (boundaries), in layer order."""
     at, rule, warnings = llamacpp_rule(version)
     engine = "llamacpp" + (f"=={version}" if version else "")
-    errors: list[str] = []
+    errors: list[Problem] = []
     base = dict(engine=engine, version=version, arch=arch, num_layers=num_layers)
     if rule == "none":
         first = min(k for k, v in LLAMACPP_BUILDS_READ.items() if v != "none")
         return WiringResult(**base, served_layout=(), layers_to_capture=[], ids_used=None,
-                            ids_source=IdsAt.NONE, warnings=warnings,
-                            errors=[f"llama.cpp b{at} has no EAGLE-3 (no src/models/eagle3.cpp); it is there "
-                                    f"by b{first}"])
+                            ids_source=IdsAt.NONE,
+                            problems=[error(K.NO_CAPTURE, f"llama.cpp b{at} has no EAGLE-3 (no "
+                                            f"src/models/eagle3.cpp); it is there by b{first}")] + warnings)
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg and cfg.get(IDS_KEY) is not None else None
     nested_cfg = (cfg or {}).get("eagle_config") if isinstance((cfg or {}).get("eagle_config"), dict) else {}
     inner = _ids(nested_cfg[IDS_KEY], "eagle_config.") if nested_cfg.get(IDS_KEY) is not None else None
     if ids is not None:
         chosen, where = check_ids(ids, num_layers), IdsAt.EXPLICIT
         if rule == "defaults":
-            warnings.append(f"llama.cpp b{at}'s converter ignores draft ids; the explicit ids stand for a "
-                            f"patched converter")
+            warnings.append(warning(K.IDS_IGNORED, f"llama.cpp b{at}'s converter ignores draft ids; "
+                                    f"the explicit ids stand for a patched converter"))
     elif rule in ("top-level", "nested") and top is not None:
         chosen, where = check_ids(top, num_layers), IdsAt.TOP_LEVEL
     elif rule == "nested" and inner is not None:
@@ -633,35 +669,42 @@ def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Seque
         if skipped:
             why = ("its converter reads no ids" if rule == "defaults"
                    else "its converter reads only the top-level key (llama.cpp PR #27040 was not merged)")
-            warnings.append(f"llama.cpp b{at} ignores the draft's {' and '.join(skipped)} ids ({why}) and "
-                            f"converts with the default [2, N//2, N-3], without a warning")
+            warnings.append(warning(K.IDS_IGNORED,
+                                    f"llama.cpp b{at} ignores the draft's {' and '.join(skipped)} ids "
+                                    f"({why}) and converts with the default [2, N//2, N-3], without a "
+                                    f"warning"))
     used = chosen if chosen is not None else [2, num_layers // 2, num_layers - 3]
     graph = LLAMACPP_GRAPH.get(arch)
     graphs = LLAMACPP_LAYER_INPUTS[max(k for k in LLAMACPP_LAYER_INPUTS
                                        if k <= max(at, min(LLAMACPP_LAYER_INPUTS)))]
     if graph is None:
-        warnings.append(f"{arch}'s llama.cpp graph is not recorded (conventions.LLAMACPP_GRAPH); "
-                        f"a graph exposing layer inputs is assumed")
+        warnings.append(warning(K.RULE_ASSUMED, f"{arch}'s llama.cpp graph is not recorded "
+                                f"(conventions.LLAMACPP_GRAPH); a graph exposing layer inputs is assumed"))
     elif graph not in graphs:
-        errors.append(f"llama.cpp b{at}'s {graph} graph (src/models/{graph}.cpp) exposes no layer inputs "
-                      f"(t_layer_inp), so an EAGLE-3 draft on {arch} gets no features")
+        errors.append(error(K.NO_CAPTURE, f"llama.cpp b{at}'s {graph} graph (src/models/{graph}.cpp) "
+                            f"exposes no layer inputs (t_layer_inp), so an EAGLE-3 draft on {arch} gets no "
+                            f"features"))
         return WiringResult(**base, served_layout=(), layers_to_capture=sorted(used), ids_used=chosen,
-                            ids_source=where, errors=errors, warnings=warnings)
+                            ids_source=where, problems=errors + warnings)
     if len(used) != 3:
-        errors.append(f"llama.cpp's eagle3.cpp requires exactly 3 extract_layers; the draft has {len(used)}")
+        errors.append(error(K.ID_COUNT, f"llama.cpp's eagle3.cpp requires exactly 3 extract_layers; "
+                            f"the draft has {len(used)}"))
     captured = set()
     for i in sorted(set(used)):
         if i < 0:
-            errors.append(f"llama.cpp id {i} is not a layer input (0 = embedding output)")
+            errors.append(error(K.LAYER_INPUT_MISSING,
+                                f"llama.cpp id {i} is not a layer input (0 = embedding output)"))
         elif i == num_layers and not (rule != "defaults" and graph in LLAMACPP_FINAL_BOUNDARY):
-            errors.append(f"llama.cpp b{at} has no layer input {num_layers} (the final state) for "
-                          f"{graph or arch}: extract_layer_inputs aborts ('layer input tensor not found')")
+            errors.append(error(K.LAYER_INPUT_MISSING,
+                                f"llama.cpp b{at} has no layer input {num_layers} (the final state) for "
+                                f"{graph or arch}: extract_layer_inputs aborts ('layer input tensor not "
+                                f"found')"))
         else:
             captured.add(i)
     return WiringResult(**base, served_layout=tuple(sorted(captured)), layers_to_capture=sorted(used),
-                        ids_used=chosen, ids_source=where, errors=errors,
-                        warnings=warnings + ["llama.cpp rule read from its sources (docs/conventions.md); "
-                                             "not run"])
+                        ids_used=chosen, ids_source=where,
+                        problems=errors + warnings + [warning(K.RULE_NOT_RUN, "llama.cpp rule read from "
+                                                              "its sources (docs/conventions.md); not run")])
 
 def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.

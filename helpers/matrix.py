@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from .boundaries import WiringError, WiringResult, layout_label
+from .boundaries import Problem, ProblemKind, WiringError, WiringResult, error, layout_label
 from .conventions import (
     LLAMACPP_BUILDS_READ,
     VLLM_CAPTURE,
@@ -87,9 +87,22 @@ class MatrixRow:
     status: str
     layers_to_capture: list[int]
     served: tuple[int, ...]
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     fingerprint: str = ""        # the text of the source lines the outcome rests on (release classes)
+
+    @property
+    def errors(self) -> list[str]:
+        return [str(p) for p in self.problems if p.blocking]
+
+    @property
+    def warnings(self) -> list[str]:
+        return [str(p) for p in self.problems if not p.blocking]
+
+    def example(self) -> str:
+        """The first error, else the first warning worth a reader's time (not the stub's placeholders)."""
+        said = ([p for p in self.problems if p.blocking]
+                or [p for p in self.problems if p.kind != ProblemKind.STUB_PLACEHOLDERS])
+        return str(said[0]) if said else ""
 
 
 @dataclass
@@ -123,22 +136,29 @@ def sglang_releases() -> list[str]:
     return [v for v in listed if version_tuple(v) >= version_tuple(FIRST_EAGLE3)]
 
 
+K = ProblemKind
+# The kinds that mean some of the ids' features never reach the fc, per engine.
+_SGLANG_DROPPED = {K.NEVER_CAPTURED, K.FEATURE_COUNT}
+_RULE_DROPPED = {K.NEVER_CAPTURED, K.NEGATIVE_ID, K.REPEATED}
+
+
 def status_of(r: WiringResult) -> str:
-    """One phrase for what a release does with the ids, so runs group by outcome, not by wording."""
-    text = " ".join(r.errors)
-    if any(h["kind"] == "boundary0-residual-none" for h in r.hazards):
+    """One phrase for what a release does with the ids, so runs group by outcome (the problems'
+    kinds), never by wording."""
+    kinds = r.kinds()
+    if K.BOUNDARY0_RESIDUAL_NONE in kinds:
         return "boundary 0 raises (unpatched)"
-    if "defines no set_eagle3_layers_to_capture" in text or "cannot turn on EAGLE3" in text:
+    if K.NO_CAPTURE in kinds:
         return "no EAGLE-3 capture"
-    if "failed" in text and "set_eagle3_layers_to_capture" in text:
+    if K.SETTER_RAISES in kinds:
         return "load fails (setter raises)"
-    if "are not boundaries" in text:
+    if K.NOT_BOUNDARIES in kinds:
         return "features are not boundaries"
-    if "never captured" in text or "matches no layer" in text or "would concatenate" in text:
+    if kinds & _SGLANG_DROPPED:
         return "features dropped"
-    if r.errors:
+    if kinds:
         return "error"
-    if any("no ids parameter" in w for w in r.warnings):
+    if any(p.kind == K.SETTER_TAKES_NO_IDS for p in r.problems):
         return "ids ignored, defaults served"
     return "served"
 
@@ -163,15 +183,15 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue
         except WiringError as exc:
-            if "no model class registered" not in str(exc):
+            if exc.kind != K.NO_MODEL_CLASS:
                 raise
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue
         except (ss.SglangSourceError, CacheError) as exc:
-            rows.append(MatrixRow(v, "source unavailable", [], (), [str(exc)]))
+            rows.append(MatrixRow(v, "source unavailable", [], (), [error(K.SOURCE_UNAVAILABLE, str(exc))]))
             continue
         rows.append(MatrixRow(v, status_of(r), list(r.layers_to_capture), tuple(r.served_layout),
-                              list(r.errors), list(r.warnings), fingerprint(r)))
+                              list(r.problems), fingerprint(r)))
     return rows
 
 
@@ -182,8 +202,8 @@ def runs(rows: Sequence[MatrixRow]) -> list[Run]:
         if out and (out[-1].status, out[-1].layers_to_capture, out[-1].served) == key:
             out[-1].last, out[-1].releases = row.version, out[-1].releases + 1
             continue
-        example = (row.errors or [w for w in row.warnings if "placeholders" not in w] or [""])[0]
-        out.append(Run(row.version, row.version, 1, row.status, row.layers_to_capture, row.served, example))
+        out.append(Run(row.version, row.version, 1, row.status, row.layers_to_capture, row.served,
+                       row.example()))
     return out
 
 
@@ -374,8 +394,7 @@ def _merge(spans: list[tuple[str, str, int, MatrixRow]]) -> list[Run]:
         if out and (out[-1].status, out[-1].layers_to_capture, out[-1].served) == key:
             out[-1].last, out[-1].releases = last, out[-1].releases + count
             continue
-        example = (row.errors or [w for w in row.warnings if "placeholders" not in w] or [""])[0]
-        out.append(Run(first, last, count, row.status, row.layers_to_capture, row.served, example))
+        out.append(Run(first, last, count, row.status, row.layers_to_capture, row.served, row.example()))
     return out
 
 
@@ -423,17 +442,18 @@ def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_confi
 
 
 def vllm_status(r: WiringResult) -> str:
-    """One phrase per vLLM outcome, free of version numbers, so releases group by what happens."""
-    text = " ".join(r.errors)
-    if "has no EAGLE-3 capture" in text:
+    """One phrase per outcome of a recorded rule (vLLM, llama.cpp), free of version numbers, so releases
+    group by what happens (the problems' kinds)."""
+    kinds = r.kinds()
+    if K.NO_CAPTURE in kinds:
         return "no EAGLE-3 capture"
-    if "fails on the first forward" in text:
+    if K.BOUNDARY0_RESIDUAL_NONE in kinds:
         return "boundary 0 raises"
-    if "never captured" in text or "not a boundary" in text or "repeat" in text:
+    if kinds & _RULE_DROPPED:
         return "features dropped"
-    if r.errors:
+    if kinds:
         return "error"
-    if any("ignores the draft's" in w for w in r.warnings) or (r.ids_used is None):
+    if any(p.kind == K.IDS_IGNORED for p in r.problems) or (r.ids_used is None):
         return "ids ignored, defaults served"
     return "served"
 
@@ -459,12 +479,12 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
     for v in versions:
         builds, why = vllm_draft_class(v, draft)
         if builds is False:              # the engine refuses the draft before any capture is set up
-            spans.append((v, v, 1, MatrixRow(v, "draft class not built", [], (), [why], [])))
+            spans.append((v, v, 1, MatrixRow(v, "draft class not built", [], (),
+                                             [error(K.DRAFT_CLASS, why)])))
             continue
         r = resolve_vllm(v, arch, num_layers, None, draft, runner)
-        errors = [e for e in r.errors]
         spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),
-                                         errors, [w for w in r.warnings if "newer than" not in w])))
+                                         [p for p in r.problems if p.kind != K.NEWER_THAN_READ])))
     how = (f"vLLM: the recorded rules (conventions.VLLM_*) over {len(versions)} releases listed in "
            f"data/releases.json" + (f" (runner {runner})" if runner else ""))
     return Drift(str(Engine("vllm", None, runner)), _merge(spans), how,
@@ -478,10 +498,8 @@ def llamacpp_across_builds(arch: str, num_layers: int, draft: dict,
     spans = []
     for b in sorted(LLAMACPP_BUILDS_READ):
         r = resolve_llamacpp(str(b), arch, num_layers, None, draft)
-        status = ("no EAGLE-3 capture" if any("has no EAGLE-3" in e or "exposes no layer inputs" in e
-                                              for e in r.errors)
-                  else vllm_status(r))
-        spans.append((str(b), str(b), 1, MatrixRow(str(b), status, list(r.layers_to_capture),
-                                                   tuple(r.served_layout), list(r.errors), [])))
+        spans.append((str(b), str(b), 1, MatrixRow(str(b), vllm_status(r), list(r.layers_to_capture),
+                                                   tuple(r.served_layout),
+                                                   [p for p in r.problems if p.blocking])))
     how = f"llama.cpp: the builds read ({', '.join(f'b{b}' for b in sorted(LLAMACPP_BUILDS_READ))})"
     return Drift("llama.cpp", _merge(spans), how, round(time.perf_counter() - started, 3))

@@ -7,11 +7,12 @@ rule when no source can be fetched, and prints. See docs/architecture.md for the
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from . import vllm_source
-from .boundaries import CapturePlan, WiringError, WiringResult
+from .boundaries import CapturePlan, ProblemKind, WiringError, WiringResult, warning
 from .conventions import (
     DEFAULT_ENGINE,
     DEFAULT_ENGINES,
@@ -61,21 +62,36 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
     if version is not None and src.version not in (version, "unknown"):
         raise WiringError(f"engine asks for sglang {version} but the source given is sglang {src.version}")
     result = resolve_sglang(src, arch, num_layers, ids, cfg, target_config)
-    for hazard in result.hazards:
-        if hazard["kind"] == BOUNDARY0_HAZARD and hazard["error"] in result.errors:
-            i = result.errors.index(hazard["error"])
-            result.errors[i] += f" ({sglang_patch.fix_advice(src, hazard['arch'], hazard['file'])})"
+    hazard = next((h for h in result.hazards if h["kind"] == BOUNDARY0_HAZARD), None)
+    if hazard is not None:
+        result.problems = [replace(p, advice=sglang_patch.fix_advice(src, hazard["arch"], hazard["file"]),
+                                   fix=patch_command(src, hazard["arch"], hazard["file"]))
+                           if p.kind == BOUNDARY0_HAZARD else p for p in result.problems]
     return result
+
+
+def patch_command(src: ss.SglangSource, arch: str, capture_file: str) -> str | None:
+    """The command that removes a boundary-0 hazard, or None where the workbook's patch does not fit
+    ``capture_file``: the condition ``sglang.patch.fix_advice`` words, kept as data."""
+    edit = next((e for e in sglang_patch.EDITS if e.file == capture_file), None)
+    if edit is None:
+        return None
+    state, _ = sglang_patch._file_state(src, edit)
+    if state not in (sglang_patch.PatchState.PRISTINE, sglang_patch.PatchState.PATCHED):
+        return None
+    where = {"root": f" --root {src.root}", "installed": " --target installed"}.get(src.origin, "")
+    return f"python -m helpers patch-sglang apply --version {src.version}{where} --arch {arch}"
 
 
 def _checked_against_vllm_source(result: WiringResult, version: str | None, arch: str) -> WiringResult:
     """The release's own files, fetched, cited, and compared with the rule just applied."""
     facts, disagree = vllm_source.verify(version or VLLM_NEWEST_READ, arch)
-    result.warnings = [w for w in result.warnings if "not read from vLLM source" not in w]
-    result.warnings += [f"vLLM {facts.version}'s source disagrees with the recorded rule: {d}"
+    result.problems += [warning(ProblemKind.SOURCE_DISAGREES,
+                                f"vLLM {facts.version}'s source disagrees with the recorded rule: {d}")
                         for d in disagree]
     if not disagree:
-        result.warnings.append(f"checked against vLLM {facts.version}'s own source: the rule holds")
+        result.problems.append(warning(ProblemKind.SOURCE_CHECKED,
+                                       f"checked against vLLM {facts.version}'s own source: the rule holds"))
     result.source_lines += facts.evidence()
     return result
 
@@ -118,9 +134,10 @@ def rule_plan(engine: str, num_layers: int, draft_config: dict, *, arch: str = "
         layout, rule = sglang_documented_layout(arch, version, found, sglang_where, num_layers)
     warnings = []
     if why:
-        warnings.append(warn_once(f"{engine}: engine source could not be read ({why[:240]}); documented rule "
-                                  f"used instead ({rule}) -> served layout {layout}"))
-    return CapturePlan(layout, num_layers, f"{engine} (rule)", (f"rule: {rule}",), warnings=tuple(warnings))
+        warnings.append(warning(ProblemKind.RULE_ASSUMED, warn_once(
+            f"{engine}: engine source could not be read ({why[:240]}); documented rule used instead ({rule}) "
+            f"-> served layout {layout}")))
+    return CapturePlan(layout, num_layers, f"{engine} (rule)", (f"rule: {rule}",), problems=tuple(warnings))
 
 
 def conventions_table(draft_or_ids: str | Path | dict | Sequence[int] | None, num_layers: int,

@@ -145,6 +145,7 @@ def test_capture_plan_to_dict():
     plan = CapturePlan((0, 3, 7), L, source="training", notes=("a", "b"))
     d = plan.to_dict()
     assert d == {"layout": [0, 3, 7], "num_layers": 12, "source": "training",
-                 "label": "(embed, b3, b7)", "notes": ["a", "b"], "errors": [], "warnings": []}
+                 "label": "(embed, b3, b7)", "notes": ["a", "b"], "errors": [], "warnings": [],
+                 "problems": []}
     import json
     assert json.loads(json.dumps(d)) == d             # plain JSON types only

@@ -2,8 +2,9 @@
 
 The id-to-layer step is never restated: the release's own ``set_eagle3_layers_to_capture`` runs
 on a stub (``stub``), and its forward loop is read (``inspect``) to learn which of those indices
-are really captured. Problems come back as errors; a boundary-0 hazard also comes back as a
-structured ``hazards`` entry, so the caller that knows about patches can attach its advice.
+are really captured. Problems come back typed (``boundaries.Problem``, by ``ProblemKind``); a
+boundary-0 capture that meets ``residual = None`` also comes back as a ``hazards`` entry (arch, file),
+so the caller that knows about patches can attach its advice.
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import types
 from pathlib import Path
 from typing import Sequence
 
-from ..boundaries import WiringError, WiringResult
+from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, error, warning
 from ..conventions import IDS_KEY, DraftIds, IdsAt, check_ids, engine_ids, sglang_format_warnings
+from . import classes
 from . import source as ss
 from .classes import UnknownArchitectureError, parse_file
 from .inspect import inspect_model
@@ -21,7 +23,8 @@ from .sites import SETTER, CaptureSite, CaptureStyle, ModelWiring, SourceLine, d
 from .source import SglangSource
 from .stub import SetterRun, run_setter
 
-BOUNDARY0_HAZARD = "boundary0-residual-none"
+K = ProblemKind
+BOUNDARY0_HAZARD = K.BOUNDARY0_RESIDUAL_NONE
 
 
 def source_for(version: str | None, root: str | Path | None) -> ss.SglangSource:
@@ -53,7 +56,8 @@ def sglang_draft_ids(cfg: dict, src: SglangSource | None = None) -> DraftIds:
     lines, top_level_read = (sglang_ids_site(src) if src is not None else ([], False))
     chosen = engine_ids(cfg, "sglang", sglang_reads_top_level=top_level_read)
     chosen.lines = lines
-    chosen.warnings.extend(sglang_format_warnings(cfg, knows_speculators(src) if src is not None else None))
+    chosen.problems.extend(warning(K.DRAFT_FORMAT, w) for w in
+                           sglang_format_warnings(cfg, knows_speculators(src) if src is not None else None))
     return chosen
 
 
@@ -90,8 +94,9 @@ def resolve_sglang(src: SglangSource, arch: str, num_layers: int, ids: Sequence[
     try:
         wiring = inspect_model(arch, source=src)
     except UnknownArchitectureError as exc:
-        raise WiringError(str(exc)) from None
-    warnings, lines = [], []
+        raise WiringError(str(exc), K.NO_MODEL_CLASS) from None
+    warnings: list[Problem] = []
+    lines = []
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
@@ -100,27 +105,32 @@ def resolve_sglang(src: SglangSource, arch: str, num_layers: int, ids: Sequence[
         lines.extend(chosen.lines)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
-    warnings.extend(chosen.warnings)
-    errors = list(wiring.errors)
+    warnings.extend(chosen.problems)
+    errors = _inspector_problems(src, arch, wiring.errors)
     result = WiringResult(engine=f"sglang=={src.version}", version=src.version, arch=arch,
                           num_layers=num_layers, served_layout=(), layers_to_capture=[], ids_used=chosen.ids,
-                          ids_source=chosen.source, errors=errors, warnings=warnings)
+                          ids_source=chosen.source)
     if not wiring.setters or wiring.owner is None:
         # nothing to run: the one error from the inspector says why, and a stub run would
         # only add a 'could not run' echo of it
+        result.problems = errors + warnings
         result.source_lines = [ln.to_dict() for ln in dedupe(lines)]
         return result
     run = run_setter(src, arch, num_layers, chosen.ids, target_config)
     if not run.takes_ids and chosen.ids is not None:
-        warnings.append(f"sglang {src.version}'s {SETTER} has no ids parameter, so no draft ids reach it: "
-                        f"{chosen.ids} are ignored and the defaults are served")
+        warnings.append(warning(K.SETTER_TAKES_NO_IDS,
+                                f"sglang {src.version}'s {SETTER} has no ids parameter, so no draft ids "
+                                f"reach it: {chosen.ids} are ignored and the defaults are served"))
     lines.extend(run.executed)
     lines.extend(wiring.source_lines())
     if run.touched:
-        warnings.append("the stub supplied placeholders for: " + ", ".join(run.touched))
+        warnings.append(warning(K.STUB_PLACEHOLDERS,
+                                "the stub supplied placeholders for: " + ", ".join(run.touched)))
     if wiring.capture is not None and wiring.capture.style == CaptureStyle.UNKNOWN:
-        warnings.append(f"the capture at {wiring.capture.file}:{wiring.capture.line} is not a style the "
-                        f"workbook recognises; the served layout assumes index v captures boundary v")
+        warnings.append(warning(K.RULE_ASSUMED,
+                                f"the capture at {wiring.capture.file}:{wiring.capture.line} is not a style "
+                                f"the workbook recognises; the served layout assumes index v captures "
+                                f"boundary v"))
     ltc = run.layers_to_capture or []
     if run.error:
         errors.append(_setter_failure(run, ltc, chosen.ids, num_layers, src))
@@ -130,25 +140,39 @@ def resolve_sglang(src: SglangSource, arch: str, num_layers: int, ids: Sequence[
                                                              run.flagged)
         errors.extend(capture_errors)
     if not chosen.use_aux:
-        errors.append("SGLang will not capture aux hidden states for this draft (use_aux_hidden_state false)")
+        errors.append(error(K.AUX_OFF, "SGLang will not capture aux hidden states for this draft "
+                                       "(use_aux_hidden_state false)"))
+    result.problems = errors + warnings
     result.served_layout = tuple(sorted(captured))
     result.layers_to_capture = ltc
     result.source_lines = [ln.to_dict() for ln in dedupe(lines)]
     return result
 
 
+def _inspector_problems(src: SglangSource, arch: str, errors: Sequence[str]) -> list[Problem]:
+    """The inspector's errors, typed by what happened rather than by their words: when the target's
+    class defines no setter (itself or through its bases), the first says capture cannot be turned
+    on; every other one is a setter chain or capture site that could not be read."""
+    if not errors:
+        return []
+    no_setter = classes.find_method(src, classes.class_for_arch(src, arch), SETTER) is None
+    return [error(K.NO_CAPTURE if no_setter and i == 0 else K.CAPTURE_UNREAD, e)
+            for i, e in enumerate(errors)]
+
+
 def _setter_failure(run: SetterRun, ltc: list[int], ids: list[int] | None, num_layers: int,
-                    src: SglangSource) -> str:
+                    src: SglangSource) -> Problem:
     """One error for a setter that raised, naming the index that made it raise when it is the
     Qwen-MoE ``setattr(self.layers[k], ...)`` meeting a k with no layer."""
     base = f"running sglang {src.version}'s {SETTER} failed: {run.error}"
     bad = [(k, v) for k, v in enumerate(ltc) if not -num_layers <= v < num_layers]
-    if run.error.startswith("IndexError") and bad:
+    if run.error_type == "IndexError" and bad:
         k, v = bad[0]
         src_id = f" (from id {ids[k]})" if ids is not None and k < len(ids) else ""
-        return (f"{base}: capture index {v}{src_id} has no layer self.layers[{v}] (the model has layers "
-                f"0..{num_layers - 1}), so SGLang raises while loading the model and serves nothing")
-    return base
+        return error(K.SETTER_RAISES,
+                     f"{base}: capture index {v}{src_id} has no layer self.layers[{v}] (the model has layers "
+                     f"0..{num_layers - 1}), so SGLang raises while loading the model and serves nothing")
+    return error(K.SETTER_RAISES, base)
 
 
 def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]:
@@ -174,9 +198,9 @@ def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]
 
 def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_layers: int,
               src: SglangSource, flagged: dict[str, list[int]] | None = None
-              ) -> tuple[set[int], list[str], list[dict]]:
+              ) -> tuple[set[int], list[Problem], list[dict]]:
     """Which capture indices happen, why the others do not, and hazards a patch can remove."""
-    errors: list[str] = []
+    errors: list[Problem] = []
     hazards: list[dict] = []
     capture = wiring.capture
     if capture is None:
@@ -196,50 +220,62 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
             if 0 <= layer < L and layer in marked:
                 captured.add(layer)
                 if v < 0:
-                    errors.append(
+                    errors.append(error(
+                        K.WRONG_LAYER,
                         f"capture index {v}{src_id} flags self.layers[{v}], which Python reads as layer "
-                        f"{layer}: sglang {src.version} captures boundary {layer} there, not the embedding")
+                        f"{layer}: sglang {src.version} captures boundary {layer} there, not the embedding"))
             else:
-                errors.append(
+                errors.append(error(
+                    K.NEVER_CAPTURED,
                     f"capture index {v}{src_id} is never captured by sglang {src.version}: the loop {where} "
                     f"captures only layers whose `{capture.flag}` the setter set, and it set none for "
-                    f"{v} (layers are 0..{L - 1})")
+                    f"{v} (layers are 0..{L - 1})"))
         elif v in inside:
             captured.add(v)
         elif v == L:
-            errors.append(f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never "
-                          f"captured by sglang {src.version}: the loop {where} visits {span} and nothing "
-                          f"captures after it")
+            errors.append(error(
+                K.NEVER_CAPTURED,
+                f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never "
+                f"captured by sglang {src.version}: the loop {where} visits {span} and nothing "
+                f"captures after it"))
         else:
-            errors.append(f"capture index {v}{src_id} matches no layer: the loop {where} visits {span}, "
-                          f"so that feature is missing from the concatenation")
+            errors.append(error(K.NEVER_CAPTURED,
+                                f"capture index {v}{src_id} matches no layer: the loop {where} visits "
+                                f"{span}, so that feature is missing from the concatenation"))
     if len(set(ltc)) != len(ltc):
-        errors.append(f"layers_to_capture {ltc} repeats an index; each layer is captured once")
+        errors.append(error(K.REPEATED,
+                            f"layers_to_capture {ltc} repeats an index; each layer is captured once"))
     if len(captured) != len(ltc):
         packer = any("AuxHiddenStatePacker" in n for n in capture.notes)
-        errors.append(f"the draft's fc expects {len(ltc)} features but sglang {src.version} would "
-                      f"concatenate {len(captured)}" + (" (AuxHiddenStatePacker.finalize() raises "
-                      f"'captured {len(captured)} of {len(ltc)} aux hidden states')" if packer else ""))
+        errors.append(error(K.FEATURE_COUNT,
+                            f"the draft's fc expects {len(ltc)} features but sglang {src.version} would "
+                            f"concatenate {len(captured)}"
+                            + (" (AuxHiddenStatePacker.finalize() raises "
+                               f"'captured {len(captured)} of {len(ltc)} aux hidden states')"
+                               if packer else "")))
     if capture.style == CaptureStyle.INLINE_HIDDEN_ONLY and captured - {0}:
         split = capture.split_residual
-        errors.append(
+        errors.append(error(
+            K.NOT_BOUNDARIES,
             f"capture indices {sorted(captured - {0})} are not boundaries in sglang {src.version}: "
             f"{capture.file}:{capture.line} appends `hidden_states` alone, but the loop gets the residual "
             f"back separately ({split.file}:{split.line} `{split.text}`), so each feature is the previous "
             f"layer's output branch without the residual stream (boundary b is hidden_states + residual); "
-            f"only index 0, before any residual exists, is the boundary it names")
+            f"only index 0, before any residual exists, is the boundary it names"))
     if 0 in captured and capture.style == CaptureStyle.UNKNOWN:
         why = (capture.notes[-1] if capture.notes
                else f"the capture at {capture.file}:{capture.line} is not one the workbook recognises")
-        errors.append(f"boundary 0 (embedding output) is not verified for sglang {src.version}: {why}")
+        errors.append(error(K.BOUNDARY0_UNVERIFIED,
+                            f"boundary 0 (embedding output) is not verified for sglang {src.version}: {why}"))
     if 0 in captured and capture.boundary0_hazard:
         add, rn, fr = capture.unguarded_add, capture.residual_none, capture.first_rank
-        errors.append(
+        errors.append(error(
+            BOUNDARY0_HAZARD,
             f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: "
             f"on the first "
             f"pipeline rank `residual` is None before layer 0 ({rn.file}:{rn.line}"
             + (f", under `{fr.text}`" if fr else "") + f") and {add.file}:{add.line} evaluates "
-            f"`{add.text}` -> TypeError on the first forward")
+            f"`{add.text}` -> TypeError on the first forward"))
         hazards.append({"kind": BOUNDARY0_HAZARD, "arch": wiring.arch, "file": capture.file,
-                        "error": errors[-1]})
+                        "error": errors[-1].message})
     return captured, errors, hazards

@@ -76,6 +76,11 @@ class SandboxRefusal(RuntimeError):
     """The release's code tried something the sandbox does not allow (a dunder, a write, a socket)."""
 
 
+class SandboxPermissionError(PermissionError):
+    """What the locked child's audit hook raises for a refused event (a write, a socket, an import):
+    told apart by its type, so a child that broke a rule is known without reading its message."""
+
+
 def _no_dunder(name) -> str:
     if not isinstance(name, str) or name.startswith("__"):
         raise SandboxRefusal(f"attribute {name!r} refused: the sandbox allows no dunder access")
@@ -219,6 +224,8 @@ class SetterRun:
     error: str | None = None
     flagged: dict[str, list[int]] = field(default_factory=dict)  # attribute -> layers it was set on
     takes_ids: bool = True  # False: the version's setter has no ids parameter, so draft ids never reach it
+    error_type: str | None = None   # the exception's class name when the setter raised ('IndexError')
+    refused: bool = False           # the audit hook refused an event: the child broke a rule
 
 
 def run_setter(src: SglangSource, arch: str, num_layers: int, ids: Sequence[int] | None,
@@ -275,7 +282,7 @@ def _run_setter_here(src: SglangSource, arch: str, num_layers: int, ids: Sequenc
             return tracer
         return None
 
-    error = None
+    error, error_type, refused = None, None, False
     old = sys.gettrace()
     sys.settrace(tracer)
     try:
@@ -285,11 +292,12 @@ def _run_setter_here(src: SglangSource, arch: str, num_layers: int, ids: Sequenc
         else:
             setter()
     except SandboxRefusal as exc:
-        error = f"SandboxRefusal: {exc}"
+        error, error_type = f"SandboxRefusal: {exc}", "SandboxRefusal"
     except Exception as exc:  # the version's code rejected the stub or the ids
-        error = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, PermissionError) and "sandbox" in str(exc):
-            error = f"SandboxRefusal: {exc}"
+        error, error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
+        if isinstance(exc, SandboxPermissionError):
+            error, error_type = f"SandboxRefusal: {exc}", "SandboxRefusal"
+        refused = _denied(exc)
     finally:
         sys.settrace(old)
     executed = _executed_lines(src, ctx.traced)
@@ -307,7 +315,18 @@ def _run_setter_here(src: SglangSource, arch: str, num_layers: int, ids: Sequenc
                 if k != "layer_id" and v is True:
                     flagged.setdefault(k, set()).add(layer.layer_id)
     return SetterRun(ltc, owner, executed, sorted(set(ctx.log)), error,
-                     {k: sorted(v) for k, v in flagged.items()}, takes_ids)
+                     {k: sorted(v) for k, v in flagged.items()}, takes_ids, error_type, refused)
+
+
+def _denied(exc: BaseException) -> bool:
+    """Whether the audit hook refused something on the way to ``exc`` (the release's code may wrap it)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, SandboxPermissionError):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _executed_lines(src: SglangSource, traced: list[tuple[str, int]]) -> list[SourceLine]:
@@ -376,14 +395,14 @@ def _audit(event: str, args: tuple) -> None:
         mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
         if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int)
                                                                            and flags & _WRITE_FLAGS):
-            raise PermissionError(f"sandbox: refused to open {args[0]!r} for writing")
+            raise SandboxPermissionError(f"sandbox: refused to open {args[0]!r} for writing")
         return
     if event == "import":
         if str(args[0]).split(".")[0] in _REFUSED_MODULES:
-            raise PermissionError(f"sandbox: refused to import {args[0]}")
+            raise SandboxPermissionError(f"sandbox: refused to import {args[0]}")
         return
     if event.startswith(_REFUSED_EVENTS):
-        raise PermissionError(f"sandbox: refused {event}")
+        raise SandboxPermissionError(f"sandbox: refused {event}")
 
 
 def _lock_down() -> list[str]:
@@ -484,7 +503,7 @@ def _call_worker(key: str, job: dict) -> dict:
     if worker is None or worker.proc.poll() is not None:
         worker = _WORKERS[key] = _Worker()
     reply = worker.call(job, SETTER_TIMEOUT_S)
-    if "run" not in reply or "sandbox:" in str((reply.get("run") or {}).get("error")):
+    if "run" not in reply or (reply.get("run") or {}).get("refused"):
         worker.close()            # a child that broke a rule, hung or died serves no further job
         _WORKERS.pop(key, None)
     return reply

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..boundaries import CapturePlan
+from ..boundaries import CapturePlan, ProblemKind
 from ..conventions import Engine, read_draft_config, read_target_config
 from ..fixes import with_engine_ids
 from .bench import LiveWiring, fixes_for
 from .install import VllmInstall
 
-BOUNDARY0_CRASH = "id 0 (the embedding) fails"
+# vLLM's boundary-0 capture adds a residual that is still None (conventions.resolve_vllm)
+BOUNDARY0_CRASH = ProblemKind.BOUNDARY0_RESIDUAL_NONE
 
 
 def with_vllm_fixes(plan: CapturePlan, ids: list[int], target_config: dict, install: VllmInstall
@@ -28,11 +29,11 @@ def with_vllm_fixes(plan: CapturePlan, ids: list[int], target_config: dict, inst
     applies: the layout is the ids, sorted (vLLM's order), and the source says which fix made it."""
     if not plan.errors or "boundary0" not in fixes_for(target_config, tuple(ids), install):
         return plan
-    if not all(BOUNDARY0_CRASH in e for e in plan.errors):
+    if plan.kinds() != {BOUNDARY0_CRASH}:
         return plan
     return CapturePlan(tuple(sorted(set(ids))), plan.num_layers,
-                       plan.source + " + the workbook's vLLM boundary0 fix (plugin)", plan.notes, (),
-                       plan.warnings)
+                       plan.source + " + the workbook's vLLM boundary0 fix (plugin)", plan.notes,
+                       tuple(p for p in plan.problems if not p.blocking))
 
 
 def vllm_wirings(pair, rules: Engine, install: VllmInstall, training_layout: tuple[int, ...] | None,
