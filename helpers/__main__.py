@@ -15,6 +15,7 @@ COMMANDS = {
                     "dump diagnosis cost at a 7168-wide draft: peak memory, s per 1000 tokens"),
     "capture": ("helpers.engine_capture", "capture hidden states through a serving SGLang into a dump"),
     "check": ("helpers.check", "pre-deployment gate: will the engine serve the trained layout? (no weights)"),
+    "fixes": ("helpers.fixes_cli", "write a draft's training record, or a fixed copy (ids, fc order)"),
     "wiring": ("helpers.wiring_cli", "resolve the boundaries an engine version feeds a draft"),
     "patch-sglang": ("helpers.sglang.patch", "apply / revert / check the boundary-0 capture patch"),
     "sglang-bench": ("helpers.sglang.server", "live SGLang server benchmark on a GPU host"),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .conventions import Engine, parse_engine
+from .guard import Mode
 from .live import LiveRow, LiveWiring
 from .sglang import bench as sglang_bench
 from .sglang.install import EngineUnavailable as SglangUnavailable
@@ -58,16 +59,18 @@ class Backend:
 
     def bench(self, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *, steps: int,
               max_new_tokens: int, repeats: int, log_dir: Path | None = None,
-              progress: bool = True) -> list[LiveRow]:
-        """Each wiring against one baseline engine on this backend (``helpers.live``)."""
+              progress: bool = True, guard: Mode = Mode.WARN) -> list[LiveRow]:
+        """Each wiring against one baseline engine on this backend (``helpers.live``); ``guard``: the
+        engine guard's mode in every launch (``helpers.guard``)."""
         if self.family == "vllm" and self.install is not None:
             return vllm_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                          max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
-                                         progress=progress, log_dir=log_dir)
+                                         progress=progress, log_dir=log_dir, guard=guard)
         if self.family == "sglang" and self.install is not None:
             return sglang_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                            max_new_tokens=max_new_tokens, repeats=repeats,
-                                           capture_rule=self.capture_rule, progress=progress, log_dir=log_dir)
+                                           capture_rule=self.capture_rule, progress=progress, log_dir=log_dir,
+                                           guard=guard)
         raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import cli
+from . import cli, guard
 from .backends import choose
 from .boundaries import CapturePlan
 from .conventions import parse_engine
@@ -244,8 +244,12 @@ def main(argv=None) -> int:
                          "engine from .venv-vllm, its own process; --engine then defaults to its release) or "
                          "sglang (the real engine from .venv-sglang; --engine sglang==0.5.9 runs that "
                          "release's own capture rule on the installed runtime)")
+    ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=str(guard.Mode.WARN),
+                    help="the engine guard inside a live engine (docs/guard.md): warn (default: the engine "
+                         "starts, the mismatch is measured), refuse (a miswired draft never starts) or off")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(cli.glue_option_values(argv, "--layout"))
+    a.guard = guard.Mode(a.guard)
     engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
@@ -340,7 +344,8 @@ def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]
             draft = with_engine_ids(pair.draft_dir, Path(tmp) / "draft", list(plan.layout), engine=a.engine)
         rows = backend.bench(pair.target_dir, [LiveWiring(a.layout, draft, tuple(plan.layout))],
                              [p.tolist() for p in prompt_ids], steps=a.steps, max_new_tokens=a.max_new_tokens,
-                             repeats=a.repeats, progress=not a.json, log_dir=Path(tmp) / "logs")
+                             repeats=a.repeats, progress=not a.json, log_dir=Path(tmp) / "logs",
+                             guard=a.guard)
     row = rows[0]
     row.reference = reference_figures(ref)
     if a.json:
@@ -352,6 +357,9 @@ def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]
         print(f"  note: {n}")
     for f in row.fixes:
         print(f"  {backend.family} fix {f['fix']}: {f['state']} ({f['why']})")
+    if row.guard:
+        g = row.guard
+        print(f"  guard ({g['mode']}, {g['seconds'] * 1000:.0f} ms at load): {g['kind']}: {g['line']}")
     print(f"  baseline     {row.baseline_tok_s:8.1f} tok/s")
     print(f"  speculative  {row.spec_tok_s:8.1f} tok/s   accept length {row.accept_length:.2f}   "
           f"per position {row.accepted_per_position}")

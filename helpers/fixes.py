@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from .boundaries import WiringError
 from .conventions import parse_engine
 from .draft import read_draft_config, read_draft_weights
+from .errors import BadOption
 from .sglang.source import fetch_sglang
 
 
@@ -27,7 +28,8 @@ def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
     draft_dir, out_dir = Path(draft_dir), Path(out_dir)
     read_draft_config(draft_dir)  # clear error when it is not a draft
     if out_dir.resolve() == draft_dir.resolve():
-        raise ValueError("write the fixed draft to a new directory; the original stays as it is")
+        raise BadOption(f"--out {out_dir} is the draft itself; write the fixed draft to a new directory (the "
+                        f"original stays as it is)")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     shutil.copytree(draft_dir, out_dir)
@@ -52,8 +54,8 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", 
         top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
     else:
         if has_top and layout is None:
-            raise ValueError("the draft also carries top-level (vLLM/speculators) ids; pass the layout those "
-                             "ids should mean, so both engines serve the same boundaries")
+            raise BadOption("the draft also carries top-level (vLLM/speculators) ids; pass the layout those "
+                            "ids should mean (--layout), so both engines serve the same boundaries")
         top, nested = ([int(b) for b in layout] if has_top else None), ids
     out = _fresh_copy(draft_dir, out_dir)
     cfg = json.loads((out / "config.json").read_text())

@@ -73,6 +73,7 @@ class LiveRow(PairedSpeedup):
     start_seconds: float = 0.0
     timing: PairedTiming | None = None   # the paired runs behind ``speedup``: interval and verdict
     metrics: str | None = field(default=None, repr=False)   # its /metrics page after the run (Prometheus)
+    guard: dict | None = None        # the engine guard's verdict at load (helpers.guard), None when off
 
     @property
     def tau_gap(self) -> float | None:
@@ -224,5 +225,5 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
                     lossless=all(same), lossless_per_prompt=same,
                     baseline_runs=[round(x, 2) for x in b_runs], spec_runs=[round(x, 2) for x in s_runs],
                     fixes=spec.fixes_report(), start_seconds=spec.start_seconds, timing=timing,
-                    metrics=spec.metrics_text()))
+                    metrics=spec.metrics_text(), guard=spec.guard_verdict()))
     return rows

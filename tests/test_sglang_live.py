@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from _pairs import tiny_default
+from _pairs import tiny_default, tiny_draft
 from conftest import scaled
 
 from helpers.conventions import Engine
@@ -63,7 +63,7 @@ def _serve(install, spec, prompts, tmp_path_factory) -> dict:
     t0 = time.perf_counter()
     with _engine(install, spec, tmp_path_factory) as e:
         gen = e.generate(prompts, NEW)
-        out = {"gen": gen, "fc": e.fc_inputs(), "record": e.record()}
+        out = {"gen": gen, "fc": e.fc_inputs(), "record": e.record(), "guard": e.guard_verdict()}
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -199,6 +199,40 @@ def test_patched_ids_under_0_5_9_setter_serve_fix_a(install, pair, prompts, tmp_
     ref = _reference(pair, tuple(predicted), prompts[:1])
     assert abs(gen.accept_length - ref["tau"]) <= 0.1, (gen.accept_length, ref["tau"])
     assert run["seconds"] < scaled(120)
+
+
+def test_guard_warns_in_the_workbooks_launch_and_names_this_releases_ids(deployed):
+    """EAGLE3_WORKBOOK_GUARD=warn (the workbook's default launch): the engine starts, so the symptom stays
+    measurable, and the guard's verdict names what the live setter serves and the ids that would fix it,
+    found by running 0.5.23's own setter (it adds 1 only when the first id is 1)."""
+    g = deployed["guard"]
+    assert g["kind"] == "miswired" and g["mode"] == "warn"
+    assert g["served"] == [2, 6, 9] and g["trained"] == [0, 3, 7] and g["ids"] == [2, 6, 9]
+    assert "to [0, 3, 7]" in g["fix"] and g["seconds"] < 5
+
+
+def test_guard_under_the_0_5_9_setter_names_fix_a(rule_059):
+    """The original case's rule (id + 1): the guard's fix is the seed's fix A, ids [-1, 2, 6]."""
+    g = rule_059["guard"]
+    assert g["kind"] == "miswired" and g["served"] == [3, 7, 10] and "to [-1, 2, 6]" in g["fix"]
+
+
+def test_guard_refuses_the_deployed_draft_and_starts_the_retrained(install, pair, prompts, tmp_path_factory):
+    """refuse: the deployed draft never serves a token (one line: served, trained, fix); the draft
+    retrained on what the original case's rule serves starts, and decodes losslessly."""
+    from helpers.guard import Mode
+    from helpers.sglang.engine import EngineStartError
+    with pytest.raises(EngineStartError) as info:
+        _engine(install, SglangLaunch(pair.target_dir, pair.draft_dir, steps=STEPS, guard=Mode.REFUSE),
+                tmp_path_factory)
+    line = str(info.value)
+    assert "eagle3-workbook guard" in line and "(2, 6, 9)" in line and "trained on (0, 3, 7)" in line
+    assert "fix:" in line
+    retrained = tiny_draft((3, 7, 10))
+    run = _serve(install, SglangLaunch(pair.target_dir, retrained, steps=STEPS, capture_rule="0.5.9",
+                                       guard=Mode.REFUSE), prompts[:1], tmp_path_factory)
+    assert run["guard"]["kind"] == "match" and run["guard"]["served"] == [3, 7, 10]
+    assert run["gen"].tokens[0] == _baseline(pair, prompts[:1])[0]
 
 
 def test_bench_backend_sglang_runs_the_original_case(install, capsys):

@@ -274,3 +274,47 @@ def test_check_reads_the_measured_layout(tmp_path):
     (dump / "capture.json").write_text("{}")
     with pytest.raises(InputError, match="no measured_boundaries"):
         check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+
+
+@pytest.mark.live
+def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, tmp_path):
+    """EAGLE3_WORKBOOK_GUARD=refuse inside vLLM 0.32 (the plugin judges the live model right after vLLM
+    set its capture layers): the embedded deployed draft is refused before a token, and so is the same
+    draft under a Llama target (LlamaModel's EagleModelMixin capture); the copy ``fixes ids`` writes from
+    the guard's own fix starts, judged a match, and serves (random Llama weights: the check is the wiring,
+    not the text)."""
+    from transformers import LlamaForCausalLM
+
+    from helpers.fixes_cli import main as fixes_main
+    from helpers.guard import Mode
+    from helpers.target import target_config
+    from helpers.vllm.engine import EngineStartError
+
+    def start(target, draft, fixes=()):
+        spec = LaunchSpec(target, draft, max_model_len=256, fixes=fixes, guard=Mode.REFUSE)
+        return VllmEngine(install, spec, progress=False, log_dir=tmp_path / "logs")
+
+    with pytest.raises(EngineStartError) as info:
+        start(TARGET, PAIR / "draft", ("rope3d", "mla_width"))
+    line = str(info.value)
+    assert "eagle3-workbook guard: vllm" in line and "(2, 6, 9)" in line and "trained on (0, 3, 7)" in line
+    assert "boundary0" in line        # DeepseekV2Model.forward adds a None residual at boundary 0 in 0.32
+
+    llama = tmp_path / "llama"
+    torch.manual_seed(0)
+    LlamaForCausalLM(target_config("llama", 4096, 12, hidden=256)).save_pretrained(llama)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TARGET / f, llama / f)
+    with pytest.raises(EngineStartError) as info:
+        start(llama, PAIR / "draft")
+    line = str(info.value)
+    assert "(2, 6, 9)" in line and "--ids 0,3,7" in line and "boundary0" not in line
+    fixed = tmp_path / "draft-fixed"
+    assert fixes_main(["ids", "--draft", str(PAIR / "draft"), "--out", str(fixed), "--engine", "vllm",
+                       "--ids", "0,3,7", "--layout", "0,3,7"]) == 0
+    prompt = [5, 9, 11, 3, 7, 2, 8, 4]
+    with start(llama, fixed) as e:
+        verdict = e.guard_verdict()
+        got = e.generate([prompt], 16).tokens[0]
+    assert verdict["kind"] == "match" and verdict["served"] == [0, 3, 7] and verdict["seconds"] < 5
+    assert len(got) == 16

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import live
+from ..guard import Mode
 from ..live import LiveRow, LiveWiring
 from .engine import SGLangEngine, SglangLaunch, rules_label
 from .install import SglangInstall
@@ -25,14 +26,14 @@ def capture_rule_for(install: SglangInstall, named_version: str | None) -> str |
 
 def live_bench(install: SglangInstall, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]],
                *, steps: int = 3, max_new_tokens: int = 64, repeats: int = 2, capture_rule: str | None = None,
-               progress: bool = True, log_dir: Path | None = None) -> list[LiveRow]:
+               progress: bool = True, log_dir: Path | None = None, guard: Mode = Mode.WARN) -> list[LiveRow]:
     """``helpers.live.live_bench`` on SGLang; every engine runs ``capture_rule``'s setter when named."""
     longest = max((len(p) for p in prompt_ids), default=0)
     context = longest + max_new_tokens + steps + 64
 
     def launch(draft: Path | None, layout: tuple[int, ...] | None) -> SGLangEngine:
         spec = SglangLaunch(target, draft, steps=steps, context_length=max(context, 256),
-                            capture_rule=capture_rule)
+                            capture_rule=capture_rule, guard=guard)
         return SGLangEngine(install, spec, progress=progress, log_dir=log_dir)
 
     return live.live_bench(launch, "sglang", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,

@@ -7,31 +7,28 @@ with bounded memory and threads and a progress line while it loads (10-25 s on a
 sglang is never imported here). On a CPU host each launch carries the workbook's accommodations
 (``helpers.sglang.cpu``), recorded in ``record()``; with ``capture_rule="0.5.9"`` the target runs that
 release's own ``set_eagle3_layers_to_capture`` (runtime 0.5.23, capture rule 0.5.9). The process group
-is stopped on ``close()``, on leaving a ``with`` block, at interpreter exit and on SIGTERM (the handler
-is installed when the first engine starts, not at import).
+is stopped on ``close()``, on leaving a ``with`` block, at interpreter exit and on SIGTERM
+(``helpers.stopping``: the handler is installed when the first engine starts, not at import).
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .. import guard
 from ..errors import InputError
+from ..stopping import track, untrack
 from . import cpu
 from .install import ROOT, SglangInstall
 from .server import ServerSpec, ServerStartError, SGLangServer, find_free_port, http_json, read_server_info
-
-_LIVE: "weakref.WeakSet[SGLangEngine]" = weakref.WeakSet()
-_HANDLERS = {"installed": False}
 
 
 class EngineStartError(InputError):
@@ -84,6 +81,7 @@ class SglangLaunch:
     capture_rule: str | None = None       # a release whose own setter replaces the runtime's, e.g. '0.5.9'
     probe: bool = False                   # save what the draft's fc receives (measured slots)
     extra_args: tuple[str, ...] = ()
+    guard: guard.Mode = guard.Mode.WARN   # the engine guard in this launch (docs/guard.md)
 
     def __post_init__(self):
         self.target = Path(self.target).resolve()
@@ -203,8 +201,10 @@ class SGLangEngine:
             self.probe_dir.mkdir(parents=True, exist_ok=True)
             env[cpu.PROBE_ENV] = str(self.probe_dir)
             hooks = hooks or "rules"
-        if hooks:
-            env[cpu.HOOKS_ENV] = hooks
+        env[guard.GUARD_ENV] = str(spec.guard)
+        if hooks or spec.guard is not guard.Mode.OFF:     # the guard alone needs only sitecustomize
+            if hooks:
+                env[cpu.HOOKS_ENV] = hooks
             env[cpu.REPORT_ENV] = str(self.report_path)
             inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
             env["PYTHONPATH"] = os.pathsep.join([str(cpu.SITE), str(ROOT)] + inherited)
@@ -218,8 +218,7 @@ class SGLangEngine:
                            topk=spec.topk, extra_args=tuple(args), env=env)
         self.server = SGLangServer(sspec, speculative=spec.draft is not None, log_path=self.log_path,
                                    startup_timeout=start_timeout, grace_s=10.0)
-        _install_handlers()
-        _LIVE.add(self)
+        track(self)
         started = time.perf_counter()
         bar = tqdm(total=None, desc=f"starting SGLang {self.version} ({spec.label})", disable=not progress,
                    bar_format="{desc}: {elapsed}", mininterval=5.0)
@@ -246,6 +245,9 @@ class SGLangEngine:
 
     def _why(self, message: str) -> str:
         lines = [ln for ln in message.splitlines() if ln.strip()]
+        refused = [ln[ln.index(guard.PREFIX):] for ln in lines if guard.PREFIX in ln]
+        if refused:                      # the engine guard refused: its whole line is the reason
+            return f"SGLang {self.version} refused {self.spec.label}: {refused[-1]} (log: {self.log_path})"
         errors = [ln.strip() for ln in lines if "Error" in ln or "error" in ln or "eagle3-workbook" in ln]
         tail = (errors or lines or [""])[-1][:300]
         return f"SGLang {self.version} would not start {self.spec.label}: {tail} (log: {self.log_path})"
@@ -256,7 +258,7 @@ class SGLangEngine:
         server, self.server = self.server, None
         if server is not None:
             server.stop()
-        _LIVE.discard(self)
+        untrack(self)
 
     def __enter__(self):
         return self
@@ -382,7 +384,7 @@ class SGLangEngine:
         SGLang's processes (once each, however many processes applied it)."""
         seen = {a["name"]: a for a in self.launch_notes}
         for row in self._hook_rows():
-            if row.get("event") != "capture" and row["name"] not in seen:
+            if row.get("event") not in ("capture", "guard") and row["name"] not in seen:
                 seen[row["name"]] = {k: row[k] for k in ("name", "what", "why", "where") if row.get(k)}
         return list(seen.values())
 
@@ -390,6 +392,11 @@ class SGLangEngine:
         """Each call of the target's setter: the ids it got and the ``layers_to_capture`` it left."""
         return [{k: r[k] for k in ("ids", "layers_to_capture")} for r in self._hook_rows()
                 if r.get("event") == "capture"]
+
+    def guard_verdict(self) -> dict | None:
+        """What the engine guard judged inside SGLang at load (``helpers.guard``), or None (off, no draft)."""
+        rows = [r["verdict"] for r in self._hook_rows() if r.get("event") == "guard"]
+        return rows[-1] if rows else None
 
     @property
     def rules(self) -> str:
@@ -400,27 +407,3 @@ class SGLangEngine:
                 "capture_rule": self.rule and {k: self.rule[k] for k in ("release", "file", "line")},
                 "start_seconds": self.start_seconds, "accommodations": self.accommodations(),
                 "captures": self.captures(), "log": str(self.log_path)}
-
-
-def _stop_all(*_args) -> None:
-    for engine in list(_LIVE):
-        engine.close()
-
-
-def _install_handlers() -> None:
-    """atexit and SIGTERM stop every live engine; installed when the first engine starts."""
-    if _HANDLERS["installed"]:
-        return
-    _HANDLERS["installed"] = True
-    atexit.register(_stop_all)
-    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def _on_sigterm(signum, frame):
-            # stop the engines, then die of the signal as the process would have: raising SystemExit
-            # here could be caught by the caller (a test runner) and let it start the next engine
-            _stop_all()
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        try:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        except ValueError:       # not the main thread: atexit still stops them
-            pass

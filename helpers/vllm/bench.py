@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import live
 from ..conventions import Engine, read_target_config
+from ..guard import Mode
 from ..live import LiveRow, LiveWiring
 from .engine import LaunchSpec, VllmEngine
 from .install import VllmInstall
@@ -33,7 +34,7 @@ def fixes_for(target_config: dict, layout: tuple[int, ...] | None, install: Vllm
 def live_bench(install: VllmInstall, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]],
                *, steps: int = 3, max_new_tokens: int = 64, repeats: int = 2, rules: Engine | None = None,
                max_model_len: int | None = None, progress: bool = True,
-               log_dir: Path | None = None) -> list[LiveRow]:
+               log_dir: Path | None = None, guard: Mode = Mode.WARN) -> list[LiveRow]:
     """``helpers.live.live_bench`` on vLLM: each engine gets the plugin fixes its layout needs."""
     tcfg = read_target_config(target)
     longest = max((len(p) for p in prompt_ids), default=0)
@@ -42,7 +43,7 @@ def live_bench(install: VllmInstall, target: Path, wirings: list[LiveWiring], pr
 
     def launch(draft: Path | None, layout: tuple[int, ...] | None) -> VllmEngine:
         spec = LaunchSpec(target, draft, steps=steps, max_model_len=max_len,
-                          fixes=fixes_for(tcfg, layout, install))
+                          fixes=fixes_for(tcfg, layout, install), guard=guard)
         return VllmEngine(install, spec, progress=progress, log_dir=log_dir)
 
     return live.live_bench(launch, "vllm", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,

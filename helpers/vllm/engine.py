@@ -3,32 +3,31 @@
 ``VllmEngine`` is the workbook's side of ``helpers/vllm/worker.py``: it finds ``.venv-vllm``
 (``install.find_vllm``), starts the worker with bounded memory and threads, shows a progress line
 while the engine loads (20-30 s on a 2-core CPU), and answers typed results. The process is stopped
-by its process group on ``close()``, on leaving a ``with`` block, on interpreter exit and on SIGTERM,
-so no engine outlives the notebook cell or test that started it.
+by its process group on ``close()``, on leaving a ``with`` block, on interpreter exit and on SIGTERM
+(``helpers.stopping``, installed when the first engine starts), so no engine outlives the notebook cell or
+test that started it.
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from .. import guard
 from ..errors import InputError
+from ..stopping import track, untrack
 from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
 
 WORKER = Path(__file__).with_name("worker.py")
-_LIVE: "weakref.WeakSet[VllmEngine]" = weakref.WeakSet()
 
 
 class EngineStartError(InputError):
@@ -63,6 +62,7 @@ class LaunchSpec:
     extract_ids: tuple[int, ...] | None = None   # hidden-state extraction (the speculators >= 0.5 dump path)
     storage: Path | None = None                  # where extraction writes one safetensors file per request
     device: str = "cpu"
+    guard: guard.Mode = guard.Mode.WARN          # the engine guard in this launch (docs/guard.md)
 
     def llm_kwargs(self) -> dict:
         target = str(Path(self.target).resolve())      # the worker runs in its log folder
@@ -127,6 +127,7 @@ class VllmEngine:
                 env[key] = os.environ[key]
         env[FIXES_ENV] = ",".join(self.spec.fixes)
         env[REPORT_ENV] = str(self.report_path)
+        env[guard.GUARD_ENV] = str(self.spec.guard)
         return env
 
     def _start(self, kv_cache_gib, threads, start_timeout, progress) -> None:
@@ -142,7 +143,7 @@ class VllmEngine:
             os.close(write_fd)
             log.close()
         self._reply = os.fdopen(read_fd, "r")
-        _LIVE.add(self)
+        track(self)
         started = time.perf_counter()
         bar = tqdm(total=None, desc=f"starting vLLM ({self.spec.label})", disable=not progress,
                    bar_format="{desc}: {elapsed}", mininterval=5.0)
@@ -155,6 +156,10 @@ class VllmEngine:
                     if not line:
                         raise EngineStartError(self._died("exited while starting"))
                     msg = json.loads(line)
+                    if not msg.get("ready") and guard.PREFIX in str(msg.get("error")):
+                        line = str(msg["error"])
+                        raise EngineStartError(f"vLLM refused {self.spec.label}: "
+                                               f"{line[line.index(guard.PREFIX):]} (log: {self.log_path})")
                     if not msg.get("ready"):
                         raise EngineStartError(f"vLLM would not start {self.spec.label}: {msg.get('error')} "
                                                f"(log: {self.log_path})")
@@ -207,7 +212,7 @@ class VllmEngine:
         if self._reply is not None:
             self._reply.close()
             self._reply = None
-        _LIVE.discard(self)
+        untrack(self)
 
     def __enter__(self):
         return self
@@ -223,11 +228,21 @@ class VllmEngine:
         """What the plugin did in the engine's process: one record per fix asked for."""
         if not self.report_path.is_file():
             return []
-        rows = [json.loads(ln) for ln in self.report_path.read_text().splitlines() if ln.strip()]
         seen = {}
-        for r in rows:
-            seen[r["fix"]] = {"fix": r["fix"], "state": r["state"], "why": r["why"]}
+        for r in self._report_rows():
+            if "fix" in r:
+                seen[r["fix"]] = {"fix": r["fix"], "state": r["state"], "why": r["why"]}
         return list(seen.values())
+
+    def _report_rows(self) -> list[dict]:
+        if not self.report_path.is_file():
+            return []
+        return [json.loads(ln) for ln in self.report_path.read_text().splitlines() if ln.strip()]
+
+    def guard_verdict(self) -> dict | None:
+        """What the engine guard judged inside vLLM at load (``helpers.guard``), or None (off, no draft)."""
+        rows = [r["guard"] for r in self._report_rows() if "guard" in r]
+        return rows[-1] if rows else None
 
     # -- requests --------------------------------------------------------------------------
 
@@ -267,19 +282,3 @@ class VllmEngine:
         """Per prompt, per position from 1: (log p of the actual token, the argmax token)."""
         return [[(float(a), int(t)) for a, t in rows] for rows in self._ask(
             {"op": "prompt_logprobs", "prompts": prompts})["logprobs"]]
-
-
-def _stop_all(*_args) -> None:
-    for engine in list(_LIVE):
-        engine.close()
-
-
-atexit.register(_stop_all)
-if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-    def _on_sigterm(signum, frame):
-        _stop_all()
-        sys.exit(128 + signum)
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:      # not the main thread (a notebook's helper thread): atexit still stops them
-        pass

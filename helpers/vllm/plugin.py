@@ -9,8 +9,12 @@ code, whether that release needs it, and records what it did (``applied`` / ``no
 as one JSON line in the file ``EAGLE3_WORKBOOK_VLLM_REPORT`` names, so a report can say which engine
 code measured what. docs/vllm.md says why each fix exists and what checks it.
 
+It also installs the engine guard (``helpers.guard``) when ``EAGLE3_WORKBOOK_GUARD`` is ``warn`` or
+``refuse``: after vLLM has set the target's capture layers, the live model is compared with the
+draft's training record before the first token.
+
 This module runs in ``.venv-vllm`` (vLLM's pinned transformers), never in the notebooks' kernel:
-it imports only vLLM, torch and the standard library.
+it imports only vLLM, torch, the standard library and the torch-free ``helpers.guard``.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ def requested() -> list[str]:
 
 def register() -> None:
     """The entry point. Safe to call more than once per process (vLLM may)."""
+    _install_guard()
     for name in requested():
         if name in _applied:
             continue
@@ -218,6 +223,82 @@ def _fix_boundary0() -> dict:
     return {"state": "applied",
             "why": f"DeepseekV2Model.forward: {guard.count} aux capture(s) of hidden_states + residual "
                    f"now take hidden_states alone while residual is None (boundary 0)"}
+
+
+# --------------------------------------------------------------------------------------
+# The guard: judge the capture vLLM set up, on the live model, before the first token.
+
+
+def _capture_holder(model):
+    for module in model.modules():
+        if hasattr(module, "aux_hidden_state_layers") and hasattr(module, "layers"):
+            return module
+    return None
+
+
+def _highest_index(holder) -> int:
+    """The last capture index the live forward loop tests: L when it also captures after the last layer
+    (``EagleModelMixin``'s ``idx + 1`` after each layer, or an ``end_layer`` test, as in 0.32's llama.py
+    and deepseek_v2.py), else L - 1 (captures at layer entries only), read from the class's own source."""
+    n = len(holder.layers)
+    try:
+        source = inspect.getsource(type(holder).forward)
+    except (OSError, TypeError):
+        return n - 1
+    after_last = "end_layer in self.aux_hidden_state_layers" in source or (
+        "_maybe_add_hidden_state" in source and "idx + 1" in source)
+    return n if after_last else n - 1
+
+
+def _boundary0_hazard(holder) -> dict[int, str]:
+    """{0: what serving boundary 0 needs} when this release's forward adds a residual that is still None
+    there (the seed's bug; ``_GuardResidual`` finds it) and the boundary0 fix is not applied."""
+    if _applied.get("boundary0", {}).get("state") == "applied":
+        return {}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(holder).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    finder = _GuardResidual()
+    finder.visit(tree)
+    if not finder.count:
+        return {}
+    return {0: f"boundary 0 crashes {type(holder).__name__}.forward here (it adds a residual that is still "
+               f"None): launch with {FIXES_ENV}=boundary0"}
+
+
+def _install_guard() -> None:
+    from helpers import guard
+
+    if guard.mode() is guard.Mode.OFF or "guard" in _applied:
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    setup = "_setup_eagle3_aux_hidden_state_outputs"     # its own method from 0.2x; inside load_model before
+    name = setup if hasattr(GPUModelRunner, setup) else "load_model"
+    original = getattr(GPUModelRunner, name)
+
+    def judged(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        spec = getattr(self, "speculative_config", None)
+        draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
+        model = self.get_model() if hasattr(self, "get_model") else getattr(self, "model", None)
+        holder = _capture_holder(model) if model is not None else None
+        if not getattr(self, "use_aux_hidden_state_outputs", False) or draft is None or holder is None:
+            return out
+        import vllm
+
+        from_config = getattr(self, "_get_eagle3_aux_layers_from_config", None)
+        ids = from_config() if from_config else None
+        guard.at_load(family="vllm", version=vllm.__version__, draft=draft, holder=holder,
+                      attr="aux_hidden_state_layers", highest=_highest_index(holder), ids=ids,
+                      hazards=_boundary0_hazard(holder),
+                      set_ids=lambda layers: model.set_aux_hidden_state_layers(tuple(layers)),
+                      report=lambda row: _report({"guard": row}))
+        return out
+
+    setattr(GPUModelRunner, name, judged)
+    _applied["guard"] = {"state": "installed", "why": f"GPUModelRunner.{name} judged by the guard"}
 
 
 _FIX_FUNCS = {"rope3d": _fix_rope3d, "mla_width": _fix_mla_width, "boundary0": _fix_boundary0}

@@ -6,7 +6,8 @@ before any other module binds their names, so no SGLang file is edited. Each adj
 record (name, what, why, where) to the report file the engine reads back into the run's record.
 
 With ``EAGLE3_WORKBOOK_SGLANG_HOOKS=cpu`` all hooks apply; with ``rules`` (a CUDA host) only the
-capture-rule override and the capture records. Everything here names private symbols of sglang 0.5.23
+capture-rule override and the capture records; with it unset and ``EAGLE3_WORKBOOK_GUARD`` set (a user's
+own deployment), only the capture record and the guard. Everything here names private symbols of sglang 0.5.23
 (line numbers below are that wheel's), so ``install`` refuses any other release.
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ SETTER = "set_eagle3_layers_to_capture"
 _after: dict[str, list] = {}
 _before: dict[str, list] = {}
 _done: set[str] = set()
+_depth: list[int] = []
+_probing: list[int] = []
 
 
 def report(name: str, what: str, why: str, where: str = "", **extra) -> None:
@@ -157,17 +160,76 @@ def _record_setter(cls) -> None:
         return
 
     def setter(self, layer_ids=None, *args, **kwargs):
-        out = inner(self, layer_ids, *args, **kwargs)
-        model = getattr(self, "model", None)
-        ltc = getattr(model, "layers_to_capture", None)
+        if _probing:                          # the guard trying ids: no records, no nested judgement
+            return inner(self, layer_ids, *args, **kwargs)
+        _depth.append(1)
+        try:
+            out = inner(self, layer_ids, *args, **kwargs)
+        finally:
+            _depth.pop()
+        holder = _capture_holder(self)
+        ltc = getattr(holder, "layers_to_capture", None)
         report("layers-to-capture", f"{cls.__name__}.{SETTER}({layer_ids}) -> layers_to_capture {ltc}",
                "the served layout as the live model holds it", "", event="capture",
                ids=None if layer_ids is None else [int(i) for i in layer_ids],
                layers_to_capture=None if ltc is None else [int(i) for i in ltc])
+        if ltc is not None and not _depth:     # a wrapper's setter delegating: judged once, outermost
+            def set_ids(ids):
+                _probing.append(1)
+                try:
+                    inner(self, ids, *args, **kwargs)
+                finally:
+                    _probing.pop()
+
+            _guard(self, holder, layer_ids, set_ids)
         return out
 
     setter._workbook_recorded = True
     setattr(cls, SETTER, setter)
+
+
+def _capture_holder(model):
+    """The module whose forward loop tests ``layers_to_capture`` (``self.model`` for most classes; a
+    wrapper such as kimi_k25's keeps it one level further down)."""
+    for module in model.modules():
+        if hasattr(module, "layers_to_capture") and hasattr(module, "layers"):
+            return module
+    return getattr(model, "model", None)
+
+
+def _draft_path():
+    """The draft the launch serves, from the ``server_args`` of the model runner that called the setter
+    (every release keeps them there); None in capture-only launches, which have no draft."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        for name in ("self", "model_runner", "server_args"):
+            obj = frame.f_locals.get(name)
+            args = obj if name == "server_args" else getattr(obj, "server_args", None)
+            path = getattr(args, "speculative_draft_model_path", None)
+            if path:
+                return path
+        frame = frame.f_back
+    return None
+
+
+def _guard(model, holder, layer_ids, set_ids) -> None:
+    """``EAGLE3_WORKBOOK_GUARD``: judge the live capture against the draft's training record
+    (``helpers.guard``); refusing raises inside the scheduler, so SGLang stops before serving."""
+    from helpers import guard
+
+    if guard.mode() is guard.Mode.OFF:
+        return
+    draft = _draft_path()
+    if draft is None:
+        return
+    layers = getattr(holder, "layers", None)
+    num_layers = len(layers) if layers is not None else int(model.config.num_hidden_layers)
+    # the loop tests i in layers_to_capture at the entry of layer i only (deepseek_v2.py:3194 in 0.5.23)
+    guard.at_load(family="sglang", version=_release(), draft=draft, holder=holder, attr="layers_to_capture",
+                  highest=num_layers - 1, ids=layer_ids, set_ids=set_ids,
+                  ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
+                  report=lambda row: report("guard", row["line"], "EAGLE3_WORKBOOK_GUARD=" + row["mode"],
+                                            "", event="guard", verdict=row))
 
 
 def _probe_draft(cls) -> None:
@@ -231,9 +293,17 @@ def _release() -> str:
 
 
 def install() -> None:
-    """Called from sitecustomize; refuses (exit status 2, one line) any release but ``RELEASE``."""
+    """Called from sitecustomize. The accommodations (``cpu``) and the capture-rule override (``rules``)
+    name private symbols of one release and refuse (exit status 2, one line) any other; the guard alone
+    (``EAGLE3_WORKBOOK_GUARD`` with the hooks unset) uses only the model registry and the setter every
+    EAGLE-3 release has, so it installs on any release."""
     mode = os.environ.get(HOOKS_ENV, "")
     found = _release()
+    if not mode:
+        _after.setdefault("sglang.srt.models.registry", []).append(_registry)
+        if not any(isinstance(f, _Watcher) for f in sys.meta_path):
+            sys.meta_path.insert(0, _Watcher())
+        return
     if found != RELEASE:
         sys.stderr.write(f"eagle3-workbook: the SGLang hooks are written for sglang=={RELEASE}; found "
                          f"sglang=={found}\n")

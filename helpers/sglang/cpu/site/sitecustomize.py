@@ -3,7 +3,7 @@ PYTHONPATH only then): installs the import hooks of ``helpers.sglang.cpu.hooks``
 scheduler and the detokenizer (spawned, fresh interpreters) all get the same accommodations."""
 import os
 
-if os.environ.get("EAGLE3_WORKBOOK_SGLANG_HOOKS"):
+if os.environ.get("EAGLE3_WORKBOOK_SGLANG_HOOKS") or os.environ.get("EAGLE3_WORKBOOK_GUARD", "off") != "off":
     from helpers.sglang.cpu import hooks
 
     hooks.install()

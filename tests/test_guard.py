@@ -1,0 +1,230 @@
+"""The engine guard's judgement (helpers/guard.py), the training record (helpers/record.py) and the
+``fixes`` command that writes both kinds of fix and the record; no engine here (the live guard is tested
+inside vLLM in test_vllm.py and inside SGLang in test_sglang_live.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import guard
+from helpers.errors import BadConfig, BadOption
+from helpers.fixes_cli import main as fixes
+from helpers.record import read_record, write_record
+
+REPO = Path(__file__).resolve().parents[1]
+DRAFT = REPO / "data" / "tiny-kimi" / "draft"
+
+
+@pytest.fixture
+def draft(tmp_path):
+    out = tmp_path / "draft"
+    shutil.copytree(DRAFT, out)
+    return out
+
+
+def _record(layout):
+    return SimpleNamespace(layout=tuple(layout))
+
+
+def _judge(indices, trained, highest=11, engine="sglang 0.5.23", **kw):
+    return guard.judge(engine=engine, draft="d", indices=indices, highest=highest, record=_record(trained),
+                       **kw)
+
+
+# -- the judgement ------------------------------------------------------------------------------------
+
+
+def test_mode_is_parsed_once_and_a_typo_is_refused(monkeypatch):
+    assert guard.mode_from(None) is guard.Mode.OFF and guard.mode_from(" Refuse ") is guard.Mode.REFUSE
+    with pytest.raises(ValueError, match="expected off, warn or refuse"):
+        guard.mode_from("strict")
+    monkeypatch.setenv(guard.GUARD_ENV, "warn")
+    assert guard.mode() is guard.Mode.WARN
+
+
+@pytest.mark.parametrize("indices, trained, kind", [
+    ([3, 7, 10], (3, 7, 10), guard.Kind.MATCH),
+    ([2, 6, 9], (0, 3, 7), guard.Kind.MISWIRED),
+    ([0, 3, 7], (7, 0, 3), guard.Kind.ORDER),
+])
+def test_kinds(indices, trained, kind):
+    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=indices, highest=11, record=_record(trained))
+    assert v.kind is kind and v.served == tuple(sorted(indices)) and v.trained == trained
+    assert v.blocking == (kind is not guard.Kind.MATCH)
+
+
+def test_no_record_says_so_and_does_not_guess():
+    v = guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12, record=None)
+    assert v.kind is guard.Kind.NO_RECORD and not v.blocking and v.trained is None
+    assert "does not guess" in guard.render(v)
+
+
+def test_indices_past_the_loop_are_dropped_not_served():
+    v = _judge([3, 7, 12], (3, 7, 12))
+    assert v.served == (3, 7) and v.dropped == (12,) and v.kind is guard.Kind.MISWIRED
+    v = _judge([3, 7, 12], (3, 7, 12), highest=12, engine="vllm 0.32.0")
+    assert v.kind is guard.Kind.MATCH      # a loop that also captures after the last layer serves L
+
+
+def _setter(rule):
+    """A live model stand-in whose setter follows ``rule`` (ids -> capture indices)."""
+    holder = SimpleNamespace(layers_to_capture=[2, 6, 9])
+
+    def set_ids(ids):
+        holder.layers_to_capture = rule(list(ids))
+    return holder, set_ids
+
+
+@pytest.mark.parametrize("rule, want", [
+    (lambda ids: [i + 1 for i in ids], [-1, 2, 6]),                                  # sglang 0.5.9
+    (lambda ids: [i + 1 for i in ids] if ids and ids[0] == 1 else ids, [0, 3, 7]),   # sglang 0.5.23
+])
+def test_the_fix_is_found_by_running_the_engines_own_setter_and_the_model_is_restored(rule, want):
+    holder, set_ids = _setter(rule)
+    original = holder.layers_to_capture
+
+    def restore():
+        holder.layers_to_capture = original
+    ids_for = guard.probe_ids(set_ids, lambda: holder.layers_to_capture, 11, restore)
+    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=original, highest=11,
+                    record=_record((0, 3, 7)), ids_for=ids_for)
+    assert v.kind is guard.Kind.MISWIRED and f"to {want}" in v.fix
+    assert holder.layers_to_capture is original
+
+
+def test_non_ascending_training_has_no_ids_fix():
+    v = _judge([2, 6, 9], (7, 0, 3), ids_for=lambda layout: [0, 0, 0])
+    assert v.kind is guard.Kind.MISWIRED and "no ids serve" in v.fix and "ascending" in v.fix
+
+
+def test_a_flag_the_engine_does_not_run_blocks_even_on_the_right_layout():
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "norm_before_residual": True}
+    ignored = guard.ignored_flags(cfg, "sglang==0.5.23")
+    assert [f for f, _, _ in ignored] == ["norm_before_residual"]
+    assert guard.ignored_flags(cfg, "vllm==0.32.0") == []
+    v = _judge([0, 3, 7], (0, 3, 7), ignored=ignored)
+    assert v.kind is guard.Kind.IGNORED_FLAG and v.blocking and "vllm>=" in v.fix
+
+
+def test_warn_logs_once_refuse_raises_only_when_blocking(capsys):
+    rows = []
+    bad = guard.judge(engine="sglang 0.5.23", draft="d-warn", indices=[2, 6, 9], highest=11,
+                      record=_record((0, 3, 7)))
+    guard.enforce(bad, guard.Mode.WARN, rows.append)
+    guard.enforce(bad, guard.Mode.WARN, rows.append)
+    assert capsys.readouterr().err.count("eagle3-workbook guard") == 1 and len(rows) == 2
+    with pytest.raises(guard.GuardRefused, match="trained on"):
+        guard.enforce(bad, guard.Mode.REFUSE)
+    ok = _judge([0, 3, 7], (0, 3, 7))
+    guard.enforce(ok, guard.Mode.REFUSE)           # starts
+    guard.enforce(bad, guard.Mode.OFF)             # off: nothing at all
+    assert "d-warn" not in capsys.readouterr().err
+
+
+def test_at_load_reads_the_record_and_restores_the_live_model(monkeypatch, draft):
+    monkeypatch.setenv(guard.GUARD_ENV, "refuse")
+    holder, set_ids = _setter(lambda ids: [i + 1 for i in ids])
+    original = holder.layers_to_capture
+    with pytest.raises(guard.GuardRefused) as info:
+        guard.at_load(family="sglang", version="0.5.9", draft=draft, holder=holder, attr="layers_to_capture",
+                      highest=11, ids=[1, 5, 8], set_ids=set_ids)
+    assert "trained on (0, 3, 7)" in str(info.value) and "[-1, 2, 6]" in str(info.value)
+    assert holder.layers_to_capture is original
+    monkeypatch.setenv(guard.GUARD_ENV, "off")
+    assert guard.at_load(family="sglang", version="0.5.9", draft=draft, holder=holder,
+                         attr="layers_to_capture", highest=11, ids=None, set_ids=set_ids) is None
+
+
+def test_sglang_hooks_install_the_guard_alone_on_any_release(monkeypatch):
+    """A user's deployment: the guard without the CPU accommodations, which are pinned to one release."""
+    from helpers.sglang.cpu import HOOKS_ENV, hooks
+    monkeypatch.delenv(HOOKS_ENV, raising=False)
+    monkeypatch.setattr(hooks, "_release", lambda: "0.5.30")
+    monkeypatch.setattr(hooks, "_after", {})
+    before = list(sys.meta_path)
+    try:
+        hooks.install()
+        assert list(hooks._after) == ["sglang.srt.models.registry"]
+    finally:
+        sys.meta_path[:] = before
+    monkeypatch.setenv(HOOKS_ENV, "cpu")
+    with pytest.raises(SystemExit):
+        hooks.install()
+
+
+# -- the training record ------------------------------------------------------------------------------
+
+
+def test_record_round_trip_keeps_what_it_does_not_read(draft):
+    rec = read_record(draft)
+    assert rec.layout == (0, 3, 7) and rec.full_acc[0] == pytest.approx(0.7007) and rec.ttt_steps == 5
+    new = write_record(draft, training_boundaries=[3, 7, 10], trainer="speculators==0.4.0")
+    again = read_record(draft / "config.json")
+    assert again.layout == new.layout == (3, 7, 10) and again.trainer == "speculators==0.4.0"
+    assert again.raw["data_pipeline"] == rec.raw["data_pipeline"]
+
+
+@pytest.mark.parametrize("raw, match", [
+    ([0, 3, 7], "expected an object"),
+    ({"training_boundaries": [0, -3, 7]}, "non-negative"),
+    ({"training_boundaries": [3, 3]}, "distinct"),
+    ({"training_boundaries": [0, 3], "final_val": {"full_acc": [0.5, 1.2]}}, "fractions"),
+    ({"training_boundaries": [0, 3], "forward_flags": {"fc_norm": "yes"}}, "forward_flags"),
+])
+def test_one_validation_for_every_reader(draft, raw, match):
+    (draft / "training.json").write_text(json.dumps(raw))
+    with pytest.raises(BadConfig, match=match):
+        read_record(draft)
+
+
+def test_a_bad_value_writes_nothing(draft):
+    before = (draft / "training.json").read_text()
+    with pytest.raises(BadConfig):
+        write_record(draft, training_boundaries=[1, 1])
+    assert (draft / "training.json").read_text() == before
+    with pytest.raises(BadOption, match="not a draft folder"):
+        write_record(draft.parent / "nowhere", training_boundaries=[1])
+
+
+# -- the fixes command ---------------------------------------------------------------------------------
+
+
+def test_fixes_record_from_the_user_from_a_trainer_and_from_diagnose(draft, tmp_path, capsys):
+    assert fixes(["record", "--draft", str(draft), "--layout", "3,7,10"]) == 0
+    assert read_record(draft).layout == (3, 7, 10) and "was (0, 3, 7)" in capsys.readouterr().err
+    assert fixes(["record", "--draft", str(draft), "--trainer", "specforge-sglang==0.5.9", "--train-ids",
+                  "2,6,9", "--target", str(REPO / "data" / "tiny-kimi" / "target")]) == 0
+    rec = read_record(draft)
+    assert rec.layout == (3, 7, 10) and rec.train_ids == (2, 6, 9)
+    assert rec.trainer == "specforge-sglang==0.5.9"
+    out = tmp_path / "d.json"
+    out.write_text(json.dumps({"best_layout": [0, 3, 7], "confident": True, "best_full_acc": [0.6, 0.4]}))
+    assert fixes(["record", "--draft", str(draft), "--from-diagnose", str(out)]) == 0
+    rec = read_record(draft)
+    assert rec.layout == (0, 3, 7) and rec.source == "diagnose" and rec.full_acc == (0.6, 0.4)
+
+
+def test_fixes_record_refuses_an_undecided_diagnosis(draft, tmp_path):
+    out = tmp_path / "d.json"
+    out.write_text(json.dumps({"best_layout": [0, 3, 7], "confident": False,
+                               "confident_set": [[0, 3, 7], [1, 3, 7]]}))
+    before = (draft / "training.json").read_text()
+    with pytest.raises(BadOption, match="could not separate 2 layouts"):
+        fixes(["record", "--draft", str(draft), "--from-diagnose", str(out)])
+    assert (draft / "training.json").read_text() == before
+
+
+def test_fixes_ids_and_reorder_write_new_folders(draft, tmp_path):
+    assert fixes(["ids", "--draft", str(draft), "--out", str(tmp_path / "a"), "--engine", "sglang",
+                  "--ids", "-1,2,6"]) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"] == [-1, 2, 6]
+    assert fixes(["reorder", "--draft", str(draft), "--out", str(tmp_path / "r"), "--served", "3,7,0"]) == 0
+    assert read_record(tmp_path / "r").layout == (3, 7, 0)
+    with pytest.raises(BadOption, match="is the draft itself"):
+        fixes(["ids", "--draft", str(draft), "--out", str(draft), "--engine", "vllm", "--ids", "0,3,7"])
