@@ -39,6 +39,7 @@ from .conventions import (
     vllm_reads,
 )
 from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, read_json_file
+from .record import read_record
 from .sglang import source as ss
 from .sglang.classes import entry_class_index
 from .topology import check_sizes, topology
@@ -165,14 +166,8 @@ def _fc_in(shapes: dict[str, list[int]]) -> tuple[str, int] | None:
 
 
 def _record(draft_dir: Path) -> dict | None:
-    path = draft_dir / "training.json"
-    if not path.is_file():
-        return None
-    rec = read_json_file(path, "training record")
-    if not isinstance(rec, dict):
-        raise BadConfig(f"{path} holds a JSON {type(rec).__name__}; "
-                        f"expected an object with training_boundaries")
-    return rec
+    rec = read_record(draft_dir)      # the one reader and validation (helpers/record.py)
+    return rec.raw if rec else None
 
 
 # --------------------------------------------------------------------------------------

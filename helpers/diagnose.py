@@ -13,7 +13,7 @@ from pathlib import Path
 from . import cli
 from .boundaries import layout_label
 from .conventions import parse_engine
-from .draft import forward_verdict, read_training_record, run_as
+from .draft import forward_verdict, run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
 from .evaluate import (
@@ -28,6 +28,7 @@ from .evaluate import (
 from .layout_search import SearchResult, search
 from .metrics import Expected, MetricsVerdict, explain, read_metrics
 from .pair import MAX_STEPS, eval_captures, load_pair, plan_problems
+from .record import read_record
 
 
 @dataclass
@@ -255,13 +256,12 @@ def metrics_verdict(source, draft_dir, target_dir=None, engine=None, text=None, 
     layout ``engine`` is predicted to serve, simulated on the same text."""
     profile = read_metrics(source)                       # before any weights load: a bad source fails fast
     k = len(profile.accepted_per_position)
-    record = read_training_record(draft_dir)
-    trained = tuple(record["training_boundaries"]) if record and record.get("training_boundaries") else None
+    record = read_record(draft_dir)
+    trained = record.layout if record else None
     expected = None
-    full = ((record or {}).get("final_val") or {}).get("full_acc")
-    if isinstance(full, list) and len(full) >= k > 0:
-        expected = Expected([float(x) for x in full[:k]],
-                            "training record: teacher-forced validation accuracy per step")
+    full = record.full_acc if record else None
+    if full and len(full) >= k > 0:
+        expected = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step")
     served_pred = served = None
     notes = []
     if target_dir is not None and k:

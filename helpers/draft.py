@@ -49,13 +49,18 @@ from .conventions import (
     is_eagle_reference_config,
     read_draft_config,
 )
-from .errors import BadCheckpoint, BadConfig, check_finite_weights, read_json_file
+from .errors import BadCheckpoint, BadConfig, check_finite_weights
+from .record import read_record
 
 SGLANG_ARCH = SGLANG_DRAFT_ARCH
 
 
 class DraftFormatError(BadCheckpoint):
     """A draft checkpoint that does not fit the target or is not an EAGLE-3 draft."""
+
+
+class NoEmbeddingError(DraftFormatError):
+    """The draft ships no embed_tokens and no target was given to borrow the embedding from."""
 
 
 class ServingMismatchWarning(UserWarning):
@@ -887,7 +892,7 @@ def load_draft(path: str | Path, target=None, device="cpu", dtype=torch.float32)
         draft = Eagle3Draft(cfg)
     if not own_embedding:
         if target is None:
-            raise DraftFormatError("the draft has no embed_tokens; pass the target to borrow its embedding")
+            raise NoEmbeddingError("the draft has no embed_tokens; pass the target to borrow its embedding")
         state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().to(dtype, copy=True)
     state["d2t"], state["t2d"] = _vocab_buffers(state, cfg, source)
     expected = draft.state_dict()
@@ -957,14 +962,10 @@ def check_fits_target(cfg: DraftConfig, target, has_own_embedding: bool = False)
 
 
 def read_training_record(path: str | Path) -> dict | None:
-    """``training.json`` beside a draft built here: its training layout and metric log."""
-    f = Path(path) / "training.json"
-    if not f.is_file():
-        return None
-    record = read_json_file(f, "training record")
-    if not isinstance(record, dict):
-        raise BadConfig(f"{f} holds a JSON {type(record).__name__}; expected an object (a training record)")
-    return record
+    """``training.json`` beside a draft, as written (its layout and metric log), through the one reader and
+    validation every command shares (``helpers.record``)."""
+    rec = read_record(path)
+    return rec.raw if rec else None
 
 
 # A small MLA attention in the proportions of the Kimi-K2.5 MLA drafts (kv_lora_rank 512 and q_lora_rank

@@ -15,11 +15,12 @@ import torch
 from . import cli
 from .boundaries import layout_label, parse_layout
 from .conventions import read_draft_config, read_target_config
-from .draft import DraftFormatError, load_draft
+from .draft import NoEmbeddingError, load_draft
 from .dump_diagnose import RANKED_BY, diagnose_dump
 from .dumps import FORMATS, check_new_dir, open_dump, write_dump
-from .errors import BadOption, BadText, fail, print_json, read_json_file, read_text_file
+from .errors import BadOption, BadText, fail, print_json, read_text_file
 from .pair import check_device, text_windows
+from .record import read_record
 from .target import load_target
 from .target_heads import load_target_heads
 
@@ -73,8 +74,8 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
         raise BadOption("--data needs --draft DIR: the draft to score on the dump")
     try:
         draft = load_draft(draft_dir, target=heads, device=device)
-    except DraftFormatError as exc:
-        if heads is None and "embed_tokens" in str(exc):
+    except NoEmbeddingError:
+        if heads is None:
             raise BadOption(f"{draft_dir} ships no embed_tokens and borrows the target's: pass --target DIR "
                             f"with its safetensors (only its config, embed_tokens, final norm and lm_head "
                             f"are read, never the whole model)") from None
@@ -124,12 +125,8 @@ def run_dump_diagnosis(a) -> int:
 
 def _recorded(draft_dir: Path) -> tuple[int, ...] | None:
     """The draft's training record's layout (training.json), which settles the training layout by rule."""
-    path = draft_dir / "training.json"
-    rec = read_json_file(path, "training record") if path.is_file() else None
-    tb = rec.get("training_boundaries") if isinstance(rec, dict) else None
-    if isinstance(tb, list) and tb and all(isinstance(b, int) and not isinstance(b, bool) for b in tb):
-        return tuple(tb)
-    return None
+    rec = read_record(draft_dir)
+    return rec.layout if rec else None
 
 
 def _row_text(r: dict | None) -> str:

@@ -21,6 +21,7 @@ from .boundaries import WiringError
 from .conventions import parse_engine
 from .draft import read_draft_config, read_draft_weights
 from .errors import BadOption
+from .record import read_record, write_record
 from .sglang.source import fetch_sglang
 
 
@@ -94,12 +95,9 @@ def reorder_fc(draft_dir, out_dir, trained_layout, served_layout) -> Path:
         stale.unlink()  # one weight file in the copy, so no loader can pick the unreordered one
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
-    record = out / "training.json"
-    if record.is_file():
-        rec = json.loads(record.read_text())
-        rec["fc_reordered"] = {"from": list(trained), "to": list(served)}
-        rec["training_boundaries"] = list(served)
-        record.write_text(json.dumps(rec, indent=2) + "\n")
+    if read_record(out) is not None:
+        write_record(out, fc_reordered={"from": list(trained), "to": list(served)},
+                     training_boundaries=list(served))
     return out
 
 

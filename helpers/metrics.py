@@ -313,6 +313,17 @@ def explain(profile: ServedProfile, expected: Expected | None, served_predicted:
         return v
     e0 = expected.rates[0]
     if not _below(acc[0], n, e0):
+        if mismatch:        # acceptance alone cannot clear a draft fed other states than it learned
+            v.explanation = Explanation.WIRING
+            v.evidence.append(f"it reaches the expected {e0:.3f} ({expected.source}), so this traffic is "
+                              f"easier than the draft's validation text; but the engine's rules predict it "
+                              f"serves {tuple(served_layout)} and the draft was trained on "
+                              f"{tuple(trained_layout)}: fed its training layout it would accept more")
+            if served_predicted is not None:
+                v.evidence.append(f"on the same held-out text the served layout simulates to "
+                                  f"{served_predicted.rates[0]:.3f} at position 0 against {e0:.3f}")
+            v.next.append("python -m helpers check --target T --draft D --engine E (this release's fix)")
+            return v
         v.explanation = Explanation.OK
         v.evidence.append(f"it reaches the expected {e0:.3f} ({expected.source}) within {TOLERANCE:.2f}")
         return v

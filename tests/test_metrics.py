@@ -126,6 +126,17 @@ def test_verdicts_on_synthetic_counters():
     assert unknown.explanation == Explanation.UNDETERMINED and "--target" in unknown.next[0]
 
 
+def test_a_known_mismatch_is_never_ok_even_on_easy_traffic():
+    """Measured on vLLM 0.32 serving the embedded deployed draft on its own greedy continuations: position
+    0 at 0.686 of 105, level with the training record's 0.70, while vLLM serves (2, 6, 9) to a draft
+    trained on (0, 3, 7). The counts alone would say ok; the layouts say the draft is fed other states."""
+    v = explain(profile([0.686, 0.457, 0.295], 105), TRAINED, Expected([0.45, 0.2, 0.1], "sim"), (2, 6, 9),
+                (0, 3, 7))
+    assert v.explanation == Explanation.WIRING and "easier" in " ".join(v.evidence)
+    assert explain(profile([0.686, 0.457, 0.295], 105), TRAINED, None, (0, 3, 7), (0, 3, 7)).explanation \
+        == Explanation.OK
+
+
 def test_forty_drafts_cannot_separate_030_from_035():
     lo, hi = wilson(12, 40)
     assert lo < 0.30 < 0.35 < hi

@@ -10,12 +10,12 @@ runs the V1 model runner, which reads the top-level key and falls back to ``eagl
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..boundaries import CapturePlan, ProblemKind
 from ..conventions import Engine, read_draft_config, read_target_config
 from ..fixes import with_engine_ids
+from ..record import read_record
 from .bench import LiveWiring, fixes_for
 from .install import VllmInstall
 
@@ -49,8 +49,8 @@ def vllm_wirings(pair, rules: Engine, install: VllmInstall, training_layout: tup
         found["fix A"] = (fix_a, with_vllm_fixes(plan, ids, tcfg, install))
     if retrained is not None:
         rec = read_draft_config(retrained)
-        record = Path(retrained) / "training.json"
-        layout = (json.loads(record.read_text()).get("training_boundaries") if record.is_file() else None)
+        record = read_record(retrained)
+        layout = record.layout if record else None
         if layout is not None:
             fix_b = with_engine_ids(retrained, out_dir / "vllm-fix-b", [int(b) for b in layout], engine=rules)
             found["fix B"] = (fix_b, pair.served(rules, config=read_draft_config(fix_b)))
