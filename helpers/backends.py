@@ -51,7 +51,7 @@ class Backend:
         """Which runtime and which rules, in one phrase for every table and headline."""
         if self.install is None:
             return "the reference engine (this workbook's)"
-        if self.family == "sglang":
+        if isinstance(self.install, SglangInstall):
             rule = f", capture rule {self.capture_rule}" if self.capture_rule else ""
             return (f"SGLang runtime {self.install.version}{rule} ({self.install.device}, "
                     f"{self.install.venv.name})")
@@ -62,11 +62,11 @@ class Backend:
               progress: bool = True, guard: Mode = Mode.WARN) -> list[LiveRow]:
         """Each wiring against one baseline engine on this backend (``helpers.live``); ``guard``: the
         engine guard's mode in every launch (``helpers.guard``)."""
-        if self.family == "vllm" and self.install is not None:
+        if isinstance(self.install, VllmInstall):
             return vllm_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                          max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
                                          progress=progress, log_dir=log_dir, guard=guard)
-        if self.family == "sglang" and self.install is not None:
+        if isinstance(self.install, SglangInstall):
             return sglang_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                            max_new_tokens=max_new_tokens, repeats=repeats,
                                            capture_rule=self.capture_rule, progress=progress, log_dir=log_dir,
@@ -76,8 +76,9 @@ class Backend:
 
 def choose(family: str, rules: str | Engine) -> Backend:
     """``family`` (reference, vllm, sglang) and the named rules -> the Backend this host can run.
-    A host without the engine keeps the named rules and says why in one line."""
-    named = rules if isinstance(rules, Engine) else parse_engine(rules)
+    A host without the engine keeps the named rules and says why in one line. An entry point: the
+    notebooks name both as text (``ENGINE``, ``ENGINE_VERSION``), parsed here."""
+    named = parse_engine(rules)
     if family == "vllm":
         try:
             install = find_vllm()
@@ -89,7 +90,8 @@ def choose(family: str, rules: str | Engine) -> Backend:
             install = find_sglang()
         except SglangUnavailable as exc:
             return Backend("reference", named, None, str(exc))
-        rules_engine = named if named.name == "sglang" and named.version else install.engine
+        # the named release's rules when they are SGLang's (its setter runs live), else the runtime's own
+        rules_engine = named if named.rules is install.engine.rules and named.version else install.engine
         return Backend("sglang", rules_engine, install,
                        capture_rule=sglang_bench.capture_rule_for(install, rules_engine.version))
     if family != "reference":

@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 from . import cli, guard
 from .backends import choose
 from .boundaries import CapturePlan
-from .conventions import parse_engine
 from .draft import run_as
 from .engine import (
     GenerationResult,
@@ -261,7 +260,7 @@ def main(argv=None) -> int:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
     backend = None
     try:
-        a.engine = parse_engine(a.engine)      # a typo in --engine fails before any model loads
+        a.engine = cli.engine_value(a.engine)      # a typo in --engine fails before any model loads
         if a.backend != "reference":
             # vLLM runs its own release's rules; SGLang the named release's (its setter installed live)
             backend = choose(a.backend, a.engine if engine_named else a.backend)

@@ -36,7 +36,6 @@ from .conventions import (
     read_draft_config,
     read_target_config,
     sets_norm_before_residual,
-    vllm_reads,
 )
 from .errors import BadCheckpoint, BadConfig, BadOption, InputError, fail, read_json_file
 from .record import read_record
@@ -188,7 +187,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     if algorithm.upper() not in ALGORITHMS:
         raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
                         f"(the engine's speculative algorithm)")
-    eng = parse_engine(engine)
+    engine = eng = parse_engine(engine)     # an entry point: parsed here, the Engine from here on
     name, version = eng.name, eng.version
     if trainer is not None:
         parse_trainer(trainer)
@@ -208,7 +207,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     ids, where = ids_in_config(cfg)
     # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
     # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
-    captures = not (name == "sglang" and releases.status_of(served) == "no EAGLE-3 capture")
+    captures = not (eng.rules.reports_inner_capture and releases.status_of(served) == "no EAGLE-3 capture")
     report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
                          tuple(served.served_layout) if captures else (),
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
@@ -227,7 +226,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     _layout_fixes(report, served, engine, name, version, root)
     _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
-    _forward_flags(report, cfg, engine, name)
+    _forward_flags(report, cfg, eng)
     _sglang_draft_class(report, cfg, eng, root)
     _vocab(report, cfg, shapes, tcfg)
     if algorithm.upper() == "EAGLE":
@@ -249,13 +248,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
 def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tcfg: dict) -> None:
     """Every release of the named engine, in runs: the same draft served otherwise after an upgrade
     is the failure people meet most (SGLang PR #25454 changed DeepSeek's rule in 0.5.13)."""
-    if eng.name == "sglang":
-        drift = releases.sglang_across_releases(arch, n, cfg, tcfg)
-    elif eng.name == "vllm":
-        drift = releases.vllm_across_releases(arch, n, cfg, eng.runner)
-    elif eng.name == "llamacpp":
-        drift = releases.llamacpp_across_builds(arch, n, cfg, tcfg)
-    else:
+    drift = eng.rules.across_releases(eng, arch, n, cfg, tcfg)
+    if drift is None:
         return
     report.served_across_releases = drift.entries()
     report.release_drift = drift.line(eng.version)
@@ -269,7 +263,7 @@ def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int,
     A release that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees."""
     ids, where = ids_in_config(cfg)
     model_type = cfg.get("model_type")
-    for spec in writers_of(cfg, eng.version if eng.name == "sglang" else None):
+    for spec in writers_of(cfg, eng.rules.capture_release(eng)):
         rule = rule_for(*parse_trainer(spec))
         train = (training_ids_from_config(spec, ids, model_type)
                  if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
@@ -415,7 +409,7 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
     ids = ids_for_layout(trained, report.arch, report.num_layers, engine, root=root)
     if ids is not None:
         fixes.append(f"write ids {ids} in {key} (fix A, no engine change)")
-    elif name == "sglang":
+    elif engine.rules.patchable:
         for candidate in ([b - 1 for b in sorted(trained)], sorted(trained)):
             try:
                 r = resolve(engine, report.arch, report.num_layers, ids=candidate, root=root)
@@ -438,31 +432,22 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: 
 
 
 def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> None:
-    name = eng.name
-    if name == "trtllm":
+    home = eng.rules.ids_home
+    if home is None:
         return   # TensorRT-LLM reads its capture layers from the speculative config, never the draft's
     if ids is None:
         report.problems.append(Problem(
             "ids-missing",
-            f"the draft config carries no {IDS_KEY}: {name} serves its default boundaries (vLLM "
+            f"the draft config carries no {IDS_KEY}: {eng.name} serves its default boundaries (vLLM "
             f"PR #50170: about 1% acceptance when those are not the trained ones)",
-            f"write the trained ids into {'eagle_config' if name == 'sglang' else 'the top level'}",
+            f"write the trained ids into {'eagle_config' if home == IdsAt.EAGLE_CONFIG else 'the top level'}",
             blocking=False))
-    elif name == "sglang" and where == IdsAt.TOP_LEVEL:
-        report.problems.append(Problem(
-            "ids-key", f"the ids {ids} are top-level (speculators/vLLM format); SGLang reads only "
-            f"eagle_config.{IDS_KEY} and serves its defaults", f"move them into eagle_config.{IDS_KEY}",
-            blocking=False))
-    elif name == "vllm" and where == IdsAt.EAGLE_CONFIG and cfg.get(IDS_KEY) is None:
-        _, reads_nested, why = vllm_reads(eng.version, report.arch, eng.runner)
-        report.problems.append(Problem(
-            "ids-key", f"the ids {ids} sit under eagle_config (SGLang format); "
-            + ("vLLM reads them here only as a fallback" if reads_nested else f"vLLM ignores them: {why}"),
-            f"write the boundaries at the top level ({IDS_KEY}), where every vLLM release since 0.11.1 reads "
-            f"them", blocking=False))
+    elif (misplaced := eng.rules.misplaced_ids(cfg, ids, where, eng, report.arch)) is not None:
+        report.problems.append(Problem("ids-key", *misplaced, blocking=False))
 
 
-def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, served: WiringResult) -> None:
+def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: Engine,
+              served: WiringResult) -> None:
     if shapes is None:
         report.notes.append("no safetensors in the draft folder: fc width not checked (a .bin cannot be read "
                             "without loading it)")
@@ -503,8 +488,9 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: str, s
             f"give {k} ids"))
 
 
-def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> None:
-    if name == "sglang" and is_speculators_format(cfg):
+def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
+    rules = engine.rules
+    if rules.reads_speculators_format is False and is_speculators_format(cfg):
         archs = ", ".join(cfg.get("architectures") or ["no architectures"])
         report.problems.append(Problem(
             "speculators-format", f"speculators-format draft ({archs}): "
@@ -517,7 +503,7 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
     if is_eagle_reference_config(cfg):
         archs = ", ".join(cfg.get("architectures") or [])
         head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"
-        if name == "sglang":
+        if rules.builds_reference_head is False:
             report.problems.append(Problem(
                 "draft-class",
                 f"{head}: SGLang builds the draft from architectures[0] as written (configs/model_config.py "
@@ -525,13 +511,13 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
                 f"no parameter for: fc.* and midlayer.* never load and the aux states are never read",
                 "set architectures to [\"LlamaForCausalLMEagle3\"] in the draft's config.json (the weights "
                 "already carry SGLang's fc.* / midlayer.* names)"))
-        elif name == "vllm":
+        elif rules.builds_reference_head:
             report.notes.append(f"{head}: vLLM's EAGLEConfig renames it Eagle3{archs.split(',')[0]}, "
                                 f"which its registry must hold (conventions.VLLM_DRAFT_CLASS_FIRST)")
         else:
-            report.notes.append(f"{head}: whether {name} loads this class as an EAGLE-3 head is not "
+            report.notes.append(f"{head}: whether {engine.name} loads this class as an EAGLE-3 head is not "
                                 f"recorded here")
-    if sets_norm_before_residual(cfg) and name != "trtllm" and not honours_norm_before_residual(engine):
+    if sets_norm_before_residual(cfg) and honours_norm_before_residual(engine) is False:
         report.problems.append(Problem(
             "norm-before-residual",
             f"the draft was trained with norm_before_residual=true; {report.engine}'s "
@@ -544,7 +530,8 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: str, name: str) -> No
 def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> None:
     """SGLang builds the draft from architectures[0] and refuses a name no model file registers
     (vLLM's Eagle3LlamaForCausalLM, say), read from the release's own EntryClass lists."""
-    if eng.name != "sglang" or any(p.kind in ("draft-class", "speculators-format") for p in report.problems):
+    if not eng.rules.runs_release_source or any(p.kind in ("draft-class", "speculators-format")
+                                                 for p in report.problems):
         return
     arch = str((cfg.get("architectures") or [""])[0])
     try:

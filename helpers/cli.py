@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .conventions import DEFAULT_ENGINE, parse_engine
+from .conventions import DEFAULT_ENGINE, Engine, parse_engine
 from .errors import BadOption, InputError, one_line, print_json
 
 
@@ -31,9 +31,9 @@ def parser(command: str, doc: str | None) -> OneLineParser:
 
 
 class EngineOption(argparse.Action):
-    """``--engine``: parsed here, once, into a ``conventions.Engine`` every function below takes as is
-    (``parse_engine`` passes an Engine through). Text that does not parse is kept as text, so the
-    command's own ``parse_engine`` call, first thing in its error handling, turns it into its one
+    """``--engine``: parsed here, once, into a ``conventions.Engine`` every function below takes as is.
+    Text that does not parse is kept as text, so the command's ``engine_value`` call (or the entry
+    function it hands the value to), first thing in its error handling, turns it into its one
     ``error:`` line and exit 2 before any model loads."""
 
     def __call__(self, parser, namespace, value, option_string=None):
@@ -42,6 +42,11 @@ class EngineOption(argparse.Action):
         except InputError:
             pass
         setattr(namespace, self.dest, value)
+
+
+def engine_value(value: str | Engine) -> Engine:
+    """``--engine``'s value as the Engine ``EngineOption`` parsed; text it kept raises its BadOption."""
+    return parse_engine(value)
 
 
 def add_pair_args(p: argparse.ArgumentParser, *,

@@ -75,13 +75,16 @@ class Engine:
 
     ``name`` and ``version`` say whose rules decide what "served" means; ``runner`` is vLLM's model
     runner when the user pins it ('v1' or 'v2'; None: the release's default for the architecture);
-    ``live`` marks an engine that actually runs (``bench``/``capture --backend``), not only its rules.
+    ``live`` marks an engine that actually runs (``bench``/``capture --backend``), not only its rules,
+    and ``runtime`` the release that runs then (None: only the rules are consulted). ``rules`` is the
+    family's rule object (``helpers.engines``): code below the edge asks it, never the name.
     """
 
     name: str
     version: str | None = None
     runner: str | None = None
     live: bool = False
+    runtime: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         text = f"{self.name}=={self.version}" if self.version else self.name
@@ -89,7 +92,25 @@ class Engine:
 
     def at(self, version: str | None) -> "Engine":
         """The same engine at another release (a live backend reports the one it runs)."""
-        return Engine(self.name, version, self.runner, self.live)
+        return Engine(self.name, version, self.runner, self.live, self.runtime)
+
+    @property
+    def rules(self):
+        """The family's rule object (``helpers.engines.EngineRules``): what this engine reads and serves."""
+        return rules_of(self.name)
+
+    @property
+    def effective_version(self) -> str | None:
+        """The release whose rules apply: the one named, else the newest read (``rules.assumed`` says so)."""
+        return self.rules.effective_version(self.version)
+
+
+def rules_of(name: str):
+    """The rule object of the family ``name`` (one of ENGINES). ``helpers.engines`` builds on this module,
+    so it is imported when first asked."""
+    from .engines import FAMILIES
+
+    return FAMILIES[name]
 
 
 RUNNERS = ("v1", "v2")
@@ -108,17 +129,13 @@ def parse_engine(engine: "str | Engine") -> Engine:
     if name not in ENGINES:
         raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', "
                         f"'vllm[==VERSION]', 'trtllm' or 'llamacpp[==BUILD]'")
-    if "==" in text and name == "llamacpp":
-        if not _LLAMACPP_BUILD_RE.match(version):
-            raise BadOption(f"engine '{engine}': {version!r} is not a llama.cpp build; expected e.g. "
-                            f"llamacpp==b11434 (or the bare build number, llamacpp==11434)")
-    elif "==" in text and not _VERSION_RE.match(version):
-        raise BadOption(f"engine '{engine}': {version!r} is not a version number; expected e.g. {name}==0.5.9"
-                        + (" or plain 'vllm'" if name == "vllm" else ""))
-    if runner and name != "vllm":
+    rules = rules_of(name)
+    if "==" in text:
+        rules.check_version(str(engine), version)
+    if runner and not rules.runners:
         raise BadOption(f"engine '{engine}': ':{runner}' names a model runner; only vLLM has them "
                         f"(expected vllm[==VERSION]:v1 or :v2)")
-    if runner and runner not in RUNNERS:
+    if runner and runner not in rules.runners:
         raise BadOption(f"engine '{engine}': vLLM has no model runner ':{runner}' "
                         f"(expected vllm[==VERSION]:v1 or :v2)")
     return Engine(name, version or None, runner or None)
@@ -275,52 +292,73 @@ class DraftIds:
         return [str(p) for p in self.problems]
 
 
-def engine_ids(cfg: dict, engine: str, *, sglang_reads_top_level: bool = False, arch: str = "") -> DraftIds:
-    """The ids ``engine`` reads from a draft config.
+def engine_ids(cfg: dict, engine: Engine, *, sglang_reads_top_level: bool = False,
+               arch: str = "") -> DraftIds:
+    """The ids ``engine`` reads from a draft config (its family's ``reads_ids``).
 
     SGLang reads only ``eagle_config``'s key (unless the version's own code, read by the
     caller, also falls back to the top level). vLLM's reading depends on the release and on
     which model runner serves ``arch`` (``vllm_reads``). A key the engine skips is a warning,
     since nothing else reports it.
     """
-    eng = parse_engine(engine)
-    name, version = eng.name, eng.version
+    return engine.rules.reads_ids(cfg, engine, arch=arch, also_top_level=sglang_reads_top_level)
+
+
+def _config_ids(cfg: dict) -> tuple[dict, list[int] | None, list[int] | None]:
+    """(eagle_config, its ids, the top-level ids) as the config writes them."""
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     top = _ids(cfg[IDS_KEY], "top-level ") if cfg.get(IDS_KEY) is not None else None
     inner = _ids(nested[IDS_KEY], "eagle_config.") if nested.get(IDS_KEY) is not None else None
+    return nested, inner, top
+
+
+def ids_trtllm_reads(cfg: dict) -> DraftIds:
+    """TensorRT-LLM reads no ids from the draft's config: a key there is ignored, and said."""
+    _, inner, top = _config_ids(cfg)
     warnings: list[Problem] = []
-    if name == "trtllm":
-        if top is not None or inner is not None:
-            warnings.append(warning(K.IDS_IGNORED, "TensorRT-LLM takes eagle3_layers_to_capture from its "
-                                    "speculative config, not from the draft's config.json: pass them as "
-                                    "explicit ids"))
-        return DraftIds(None, IdsAt.NONE, warnings)
-    if name == "vllm":
-        reads_top, reads_nested, why = vllm_reads(version, arch, eng.runner)
-        if top and reads_top:                   # vLLM tests truthiness: an empty list is no ids
-            return DraftIds(top, IdsAt.TOP_LEVEL)
-        if inner and reads_nested:
-            return DraftIds(inner, IdsAt.EAGLE_CONFIG,
-                            [warning(K.IDS_READ, f"vLLM reads eagle_config's ids here: {why}")])
-        layer_ids = nested.get("layer_ids")
-        if (not top and isinstance(layer_ids, list) and layer_ids
-                and all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
-                and vllm_on_v2(version, arch, eng.runner) and at_least(version, VLLM_V2_READS_LAYER_IDS)):
-            return DraftIds(list(layer_ids), IdsAt.EAGLE_CONFIG,
-                            [warning(K.IDS_READ,
-                                     f"vLLM {version or VLLM_NEWEST_READ}'s V2 runner reads "
-                                     f"eagle_config.layer_ids = {list(layer_ids)} (its last resort after the "
-                                     f"top-level key)")])
-        skipped = [f"{where} {ids}" for where, ids in (("top-level", top), ("eagle_config", inner)) if ids]
-        if skipped:
-            warnings.append(warning(K.IDS_IGNORED,
-                                    f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and "
-                                    f"serves its default boundaries, without a warning"))
-        return DraftIds(None, IdsAt.NONE, warnings)
+    if top is not None or inner is not None:
+        warnings.append(warning(K.IDS_IGNORED, "TensorRT-LLM takes eagle3_layers_to_capture from its "
+                                "speculative config, not from the draft's config.json: pass them as "
+                                "explicit ids"))
+    return DraftIds(None, IdsAt.NONE, warnings)
+
+
+def ids_vllm_reads(cfg: dict, version: str | None, arch: str, runner: str | None) -> DraftIds:
+    """The ids this vLLM release reads (``vllm_reads``: which key, by release and model runner)."""
+    nested, inner, top = _config_ids(cfg)
+    warnings: list[Problem] = []
+    reads_top, reads_nested, why = vllm_reads(version, arch, runner)
+    if top and reads_top:                   # vLLM tests truthiness: an empty list is no ids
+        return DraftIds(top, IdsAt.TOP_LEVEL)
+    if inner and reads_nested:
+        return DraftIds(inner, IdsAt.EAGLE_CONFIG,
+                        [warning(K.IDS_READ, f"vLLM reads eagle_config's ids here: {why}")])
+    layer_ids = nested.get("layer_ids")
+    if (not top and isinstance(layer_ids, list) and layer_ids
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)
+            and vllm_on_v2(version, arch, runner) and at_least(version, VLLM_V2_READS_LAYER_IDS)):
+        return DraftIds(list(layer_ids), IdsAt.EAGLE_CONFIG,
+                        [warning(K.IDS_READ,
+                                 f"vLLM {_vllm_version(version)}'s V2 runner reads "
+                                 f"eagle_config.layer_ids = {list(layer_ids)} (its last resort after the "
+                                 f"top-level key)")])
+    skipped = [f"{where} {ids}" for where, ids in (("top-level", top), ("eagle_config", inner)) if ids]
+    if skipped:
+        warnings.append(warning(K.IDS_IGNORED,
+                                f"vLLM ignores the draft's {' and '.join(skipped)} ids ({why}) and "
+                                f"serves its default boundaries, without a warning"))
+    return DraftIds(None, IdsAt.NONE, warnings)
+
+
+def ids_sglang_reads(cfg: dict, reads_top_level: bool = False) -> DraftIds:
+    """The ids SGLang reads: ``eagle_config``'s, or the top level's where the release's own code (read by
+    the caller) falls back to them."""
+    nested, inner, top = _config_ids(cfg)
+    warnings: list[Problem] = []
     use_aux = bool(nested.get("use_aux_hidden_state", True))
     ids, origin = (inner, IdsAt.EAGLE_CONFIG) if inner is not None else (None, IdsAt.NONE)
     if ids is None and top is not None:
-        if sglang_reads_top_level:
+        if reads_top_level:
             ids, origin = top, IdsAt.TOP_LEVEL
         else:
             warnings.append(warning(
@@ -461,15 +499,21 @@ VLLM_CAPTURE: dict[str, tuple[str | None, str | None, bool]] = {
 }
 
 
+def _vllm_version(version: str | None) -> str:
+    """The vLLM release whose rules apply: the one named, else the newest read (the family's rule)."""
+    return rules_of("vllm").effective_version(version)
+
+
 def at_least(version: str | None, first: str | None) -> bool:
-    return first is not None and version_tuple(version or VLLM_NEWEST_READ) >= version_tuple(first)
+    """Whether a vLLM ``version`` (None: the newest read) is ``first`` or later."""
+    return first is not None and version_tuple(_vllm_version(version)) >= version_tuple(first)
 
 
 def vllm_reads(version: str | None, arch: str, runner: str | None = None) -> tuple[bool, bool, str]:
     """(reads the top-level ids, reads eagle_config's ids, why) for this release serving ``arch``.
     ``runner`` pins the model runner; None takes the release's default for ``arch`` (a CPU host runs
     V1 whatever the default: the V2 runner needs Triton, which has no CPU backend)."""
-    v = version or VLLM_NEWEST_READ
+    v = _vllm_version(version)
     if not at_least(v, VLLM_READS_TOP_LEVEL):
         return False, False, (f"vLLM {v} reads no draft ids at all "
                               f"(from {VLLM_READS_TOP_LEVEL} it reads the top level)")
@@ -486,19 +530,19 @@ def vllm_on_v2(version: str | None, arch: str, runner: str | None = None) -> boo
     if runner is not None:
         return runner == "v2"
     v2 = next((archs for first, archs in reversed(VLLM_V2_DEFAULT)
-               if at_least(version or VLLM_NEWEST_READ, first)), ())
+               if at_least(version, first)), ())
     return v2 is None or arch in v2
 
 
 def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
                  cfg: dict | None, runner: str | None = None) -> WiringResult:
     """What a vLLM release serves: its rules as read from its wheels (VLLM_* above), not run here."""
-    v = version or VLLM_NEWEST_READ
+    v = _vllm_version(version)
     warnings: list[Problem] = []
     errors: list[Problem] = []
-    if version is None:
-        warnings.append(warning(K.RULE_ASSUMED, f"no vLLM version given: the newest release read "
-                                                f"({VLLM_NEWEST_READ}) is assumed"))
+    assumed = rules_of("vllm").assumed(version)
+    if assumed:
+        warnings.append(warning(K.RULE_ASSUMED, assumed))
     if not at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
     if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
@@ -507,7 +551,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
     elif cfg is not None:
-        chosen = engine_ids(cfg, Engine("vllm", v, runner), arch=arch)
+        chosen = ids_vllm_reads(cfg, v, arch, runner)
         chosen.ids = check_ids(chosen.ids, num_layers)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
@@ -555,7 +599,7 @@ def resolve_trtllm(version: str | None, arch: str, num_layers: int, ids: Sequenc
     (_torch/speculative/eagle3.py, save_hidden_state.py; documented, not read from a wheel)."""
     warnings: list[Problem] = []
     chosen = DraftIds(check_ids(ids, num_layers - 1), IdsAt.EXPLICIT) if ids is not None else (
-        engine_ids(cfg, "trtllm") if cfg is not None else DraftIds(None, IdsAt.NONE))
+        ids_trtllm_reads(cfg) if cfg is not None else DraftIds(None, IdsAt.NONE))
     warnings += chosen.problems
     used = chosen.ids if chosen.ids is not None else [1, num_layers // 2 - 1, num_layers - 4]
     errors: list[Problem] = []
@@ -622,10 +666,10 @@ def llamacpp_rule(build: str | None) -> tuple[int, str, list[Problem]]:
     """(the build read whose rule applies, that rule, warnings) for ``build`` ('b11434' or '11434'; None:
     the newest read)."""
     warnings = []
-    b = llamacpp_build_number(build) if build else LLAMACPP_NEWEST_READ
-    if build is None:
-        warnings.append(warning(K.RULE_ASSUMED, f"no llama.cpp build given: b{LLAMACPP_NEWEST_READ}, "
-                                f"the newest read, is assumed"))
+    b = llamacpp_build_number(rules_of("llamacpp").effective_version(build))
+    assumed = rules_of("llamacpp").assumed(build)
+    if assumed:
+        warnings.append(warning(K.RULE_ASSUMED, assumed))
     read = [r for r in sorted(LLAMACPP_BUILDS_READ) if r <= b]
     at = read[-1] if read else min(LLAMACPP_BUILDS_READ)
     if b not in LLAMACPP_BUILDS_READ:
@@ -635,6 +679,25 @@ def llamacpp_rule(build: str | None) -> tuple[int, str, list[Problem]]:
                                 f"assumed" + (f" (b{later[0]} reads {LLAMACPP_BUILDS_READ[later[0]]})"
                                               if later else "")))
     return at, LLAMACPP_BUILDS_READ[at], warnings
+
+
+def ids_llamacpp_reads(cfg: dict, at: int, rule: str) -> DraftIds:
+    """The ids the converter of llama.cpp build ``at`` (whose ``rule`` is LLAMACPP_BUILDS_READ's) reads."""
+    _, inner, top = _config_ids(cfg)
+    if rule in ("top-level", "nested") and top is not None:
+        return DraftIds(top, IdsAt.TOP_LEVEL)
+    if rule == "nested" and inner is not None:
+        return DraftIds(inner, IdsAt.EAGLE_CONFIG)
+    warnings: list[Problem] = []
+    skipped = [f"{w} {v}" for w, v in (("top-level", top), ("eagle_config", inner)) if v is not None]
+    if skipped:
+        why = ("its converter reads no ids" if rule == "defaults"
+               else "its converter reads only the top-level key (llama.cpp PR #27040 was not merged)")
+        warnings.append(warning(K.IDS_IGNORED,
+                                f"llama.cpp b{at} ignores the draft's {' and '.join(skipped)} ids "
+                                f"({why}) and converts with the default [2, N//2, N-3], without a "
+                                f"warning"))
+    return DraftIds(None, IdsAt.NONE, warnings)
 
 
 def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
@@ -651,28 +714,15 @@ def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Seque
                             ids_source=IdsAt.NONE,
                             problems=[error(K.NO_CAPTURE, f"llama.cpp b{at} has no EAGLE-3 (no "
                                             f"src/models/eagle3.cpp); it is there by b{first}")] + warnings)
-    top = _ids(cfg[IDS_KEY], "top-level ") if cfg and cfg.get(IDS_KEY) is not None else None
-    nested_cfg = (cfg or {}).get("eagle_config") if isinstance((cfg or {}).get("eagle_config"), dict) else {}
-    inner = _ids(nested_cfg[IDS_KEY], "eagle_config.") if nested_cfg.get(IDS_KEY) is not None else None
+    read = ids_llamacpp_reads(cfg or {}, at, rule)
     if ids is not None:
         chosen, where = check_ids(ids, num_layers), IdsAt.EXPLICIT
         if rule == "defaults":
             warnings.append(warning(K.IDS_IGNORED, f"llama.cpp b{at}'s converter ignores draft ids; "
                                     f"the explicit ids stand for a patched converter"))
-    elif rule in ("top-level", "nested") and top is not None:
-        chosen, where = check_ids(top, num_layers), IdsAt.TOP_LEVEL
-    elif rule == "nested" and inner is not None:
-        chosen, where = check_ids(inner, num_layers), IdsAt.EAGLE_CONFIG
     else:
-        chosen, where = None, IdsAt.NONE
-        skipped = [f"{w} {v}" for w, v in (("top-level", top), ("eagle_config", inner)) if v is not None]
-        if skipped:
-            why = ("its converter reads no ids" if rule == "defaults"
-                   else "its converter reads only the top-level key (llama.cpp PR #27040 was not merged)")
-            warnings.append(warning(K.IDS_IGNORED,
-                                    f"llama.cpp b{at} ignores the draft's {' and '.join(skipped)} ids "
-                                    f"({why}) and converts with the default [2, N//2, N-3], without a "
-                                    f"warning"))
+        chosen, where = check_ids(read.ids, num_layers), read.source
+        warnings += read.problems
     used = chosen if chosen is not None else [2, num_layers // 2, num_layers - 3]
     graph = LLAMACPP_GRAPH.get(arch)
     graphs = LLAMACPP_LAYER_INPUTS[max(k for k in LLAMACPP_LAYER_INPUTS
@@ -706,7 +756,7 @@ def resolve_llamacpp(version: str | None, arch: str, num_layers: int, ids: Seque
                         problems=errors + warnings + [warning(K.RULE_NOT_RUN, "llama.cpp rule read from "
                                                               "its sources (docs/conventions.md); not run")])
 
-def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
+def engine_fc_slots(cfg: dict, engine: Engine) -> tuple[int | None, str]:
     """How many target states ``engine`` sizes the draft's ``fc`` for, and the rule it used.
 
     The engine builds ``fc`` from the config before loading weights, so a checkpoint whose fc is
@@ -714,18 +764,13 @@ def engine_fc_slots(cfg: dict, engine: str) -> tuple[int | None, str]:
     it reads ``num_aux_hidden_states``, then the nested ids' count. vLLM reads the same two keys
     (never the top-level ids: vLLM PR #54598 reports the 4-slot speculators draft that crashes).
     """
-    eng = parse_engine(engine)
-    name, version = eng.name, eng.version
+    return engine.rules.fc_slots(cfg, engine)
+
+
+def fc_slots_from_config(cfg: dict) -> tuple[int, str]:
+    """The fc width a release that sizes fc from the config builds (SGLang from 0.5.12, vLLM from
+    VLLM_FC_FROM_CONFIG), and the key it came from."""
     nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
-    if name == "trtllm":
-        return None, "TensorRT-LLM's fc sizing is not recorded here"
-    if name == "llamacpp":
-        return 3, "llama.cpp's eagle3.cpp requires exactly 3 extract_layers"
-    if name == "sglang" and version is not None and version_tuple(version) < (0, 5, 12):
-        return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
-    if name == "vllm" and not at_least(version, VLLM_FC_FROM_CONFIG):
-        return 3, (f"vllm {version} llama_eagle3 builds fc for 3 states "
-                   f"(from the config from {VLLM_FC_FROM_CONFIG})")
     if isinstance(cfg.get("num_aux_hidden_states"), int):
         return cfg["num_aux_hidden_states"], "num_aux_hidden_states"
     if isinstance(nested.get(IDS_KEY), list):
@@ -743,12 +788,10 @@ NORM_BEFORE_RESIDUAL_ON_SGLANG = (
     "it was trained with; vLLM's llama_eagle3.py honours it.")
 
 
-def honours_norm_before_residual(engine: str) -> bool:
+def honours_norm_before_residual(engine: Engine) -> bool | None:
     """Whether ``engine``'s EAGLE-3 draft forward implements ``norm_before_residual`` (vLLM from 0.10.1;
-    no SGLang release read so far)."""
-    eng = parse_engine(engine)
-    name, version = eng.name, eng.version
-    return name == "vllm" and at_least(version, VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
+    no SGLang release read so far; None: its draft files are not read, TensorRT-LLM)."""
+    return engine.rules.honours_norm_before_residual(engine)
 
 
 def sets_norm_before_residual(cfg: dict) -> bool:
@@ -855,7 +898,7 @@ def engine_draft_class(arch: str) -> str:
 
 def vllm_draft_class(version: str | None, cfg: dict) -> tuple[bool | None, str]:
     """Whether this vLLM release builds a draft class for the config at all (None: not recorded)."""
-    v = version or VLLM_NEWEST_READ
+    v = _vllm_version(version)
     arch = str((cfg.get("architectures") or [""])[0])
     if is_speculators_format(cfg):
         if at_least(v, VLLM_SPECULATORS_CONFIG_FIRST):
@@ -873,34 +916,37 @@ def vllm_draft_class(version: str | None, cfg: dict) -> tuple[bool | None, str]:
     return False, f"vLLM {v} cannot build a draft from {arch} (from {first} it can)"
 
 
-def serves_draft_class(engine: "str | Engine", arch: str, cfg: dict | None = None) -> tuple[bool | None, str]:
+def serves_draft_class(engine: Engine, arch: str, cfg: dict | None = None) -> tuple[bool | None, str]:
     """Whether the release has a model class for this draft architecture at all. With the config,
     vLLM's rule is the release's own registry (``vllm_draft_class``)."""
-    eng = parse_engine(engine)
-    if eng.name == "vllm" and cfg is not None:
-        return vllm_draft_class(eng.version, cfg)
+    return engine.rules.serves_draft_class(engine, arch, cfg)
+
+
+def mla_draft_class(engine: Engine, arch: str) -> tuple[bool | None, str]:
+    """Whether the release has a model class for this draft architecture, by FIRST_MLA_DRAFT (the
+    release its family's MLA draft file, ``rules.mla_draft_file``, first ships in)."""
+    eng = engine
     if engine_draft_class(arch) != MLA_CLASS or eng.name not in FIRST_MLA_DRAFT:
         known = eng.name in FIRST_MLA_DRAFT
         return (True, "") if known else (None, f"{eng.name}'s draft classes are not recorded")
     first = FIRST_MLA_DRAFT[eng.name]
-    if at_least(eng.version or FLAGS_NEWEST_READ[eng.name], first):
+    if at_least(eng.effective_version, first):
         return True, f"{eng.name} has {arch} from {first}"
-    file = "kimi_k25_eagle3.py" if eng.name == "sglang" else "deepseek_eagle3.py"
-    return False, f"{eng} has no {arch} ({eng.name}'s {file} first ships in {first})"
+    return False, f"{eng} has no {arch} ({eng.name}'s {eng.rules.mla_draft_file} first ships in {first})"
 
 
-def honours_flag(engine: "str | Engine", flag: str, arch: str = SGLANG_DRAFT_ARCH,
+def honours_flag(engine: Engine, flag: str, arch: str = SGLANG_DRAFT_ARCH,
                  speculators_format: bool = False) -> tuple[bool | None, str]:
     """(whether ``engine`` runs ``flag`` for a draft of class ``arch``, why). None: not recorded
     (TRT-LLM, an unknown engine). A release newer than the newest read is given that one's rule,
     and says so."""
-    eng = parse_engine(engine)
+    eng = engine
     cls = engine_draft_class(arch)
     rules = FLAG_FIRST.get((eng.name, cls))
     if rules is None:
         return None, f"whether {eng.name} runs {flag} is not recorded here"
     newest = FLAGS_NEWEST_READ[eng.name]
-    version = eng.version or newest
+    version = eng.effective_version
     where = DRAFT_FILES[(eng.name, cls)]
     first = rules[flag]
     newer = (f" ({eng} is newer than the releases read, up to {newest}: their rule assumed)"
@@ -909,9 +955,10 @@ def honours_flag(engine: "str | Engine", flag: str, arch: str = SGLANG_DRAFT_ARC
         return False, f"{where} does not implement {flag} in any release read (up to {newest}){newer}"
     if not at_least(version, first):
         return False, f"{where} implements {flag} from {first}; {eng} does not"
-    if eng.name == "vllm" and speculators_format and not at_least(version, VLLM_SPECULATORS_PASSES[flag]):
+    passes = eng.rules.speculators_passes       # a mapping that drops flags on the way (vLLM's algos.py)
+    if passes and speculators_format and not at_least(version, passes[flag]):
         return False, (f"vLLM's speculators config mapping (algos.py) passes {flag} on from "
-                       f"{VLLM_SPECULATORS_PASSES[flag]}; {eng} drops it before {where} sees it")
+                       f"{passes[flag]}; {eng} drops it before {where} sees it")
     return True, f"{where} implements {flag} from {first}{newer}"
 
 
@@ -919,20 +966,20 @@ def _later(a: str, b: str) -> str:
     return a if version_tuple(a) >= version_tuple(b) else b
 
 
-def ignored_flag_problems(cfg: dict, engine: "str | Engine") -> list[tuple[str, str, str]]:
+def ignored_flag_problems(cfg: dict, engine: Engine) -> list[tuple[str, str, str]]:
     """(kind, message, fix) for each way ``engine`` runs this draft otherwise than it was trained:
     no class for its architecture (an MLA draft on a release before kimi_k25_eagle3.py), or a forward
     flag the draft sets that the release's draft file does not implement. norm_before_residual is
     left to its own long-standing rule (``honours_norm_before_residual``). TensorRT-LLM's draft files
     are not read: nothing is said for it."""
-    eng = parse_engine(engine)
-    if eng.name not in FIRST_MLA_DRAFT:
+    eng = engine
+    if not eng.rules.draft_files_read:
         return []
     arch = str((cfg.get("architectures") or [""])[0])
     out = []
     has, why = serves_draft_class(eng, arch, cfg)
     if has is False:
-        first = VLLM_DRAFT_CLASS_FIRST.get(arch) if eng.name == "vllm" else None
+        first = eng.rules.draft_class_first(arch)
         if engine_draft_class(arch) == MLA_CLASS:
             fix = f"serve with sglang>={FIRST_MLA_DRAFT['sglang']} or vllm>={FIRST_MLA_DRAFT['vllm']}"
         elif is_speculators_format(cfg):
@@ -963,7 +1010,8 @@ def flag_fix(flag: str | Sequence[str], arch: str, speculators_format: bool = Fa
     spec = speculators_format
     firsts = []
     for (name, c), rules in FLAG_FIRST.items():
-        if c != cls or (spec and name == "sglang") or not all(rules[f] for f in flags):
+        if c != cls or (spec and rules_of(name).reads_speculators_format is False) or not all(
+                rules[f] for f in flags):
             continue
         need = [_later(rules[f], VLLM_SPECULATORS_PASSES[f]) if spec else rules[f] for f in flags]
         firsts.append(f"{name}>={max(need, key=version_tuple)}")

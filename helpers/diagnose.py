@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import cli
 from .boundaries import layout_label
-from .conventions import parse_engine
+from .conventions import Engine
 from .draft import forward_verdict, run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
                  f"{a.windows}")
     try:
-        a.engine = parse_engine(a.engine)      # a typo in --engine fails before any weights load
+        a.engine = cli.engine_value(a.engine)      # a typo in --engine fails before any weights load
     except InputError as exc:
         return fail(exc)
     if a.metrics is not None:
@@ -295,7 +295,7 @@ def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
         engine = a.engine
         profile_engine = read_metrics(a.metrics).engine
         if not engine_named and profile_engine == "vllm":
-            engine = parse_engine("vllm")       # the engine that exported the metrics, not the default's
+            engine = Engine("vllm")       # the engine that exported the metrics, not the default's
         text = read_text_file(a.text, "text file") if a.text else None
         v = metrics_verdict(a.metrics, a.draft, a.target if target_named else None, engine, text, a.windows,
                             a.device)

@@ -47,6 +47,7 @@ from .conventions import (
     honours_flag,
     ids_in_config,
     is_eagle_reference_config,
+    parse_engine,
     read_draft_config,
 )
 from .errors import BadCheckpoint, BadConfig, check_finite_weights
@@ -68,8 +69,11 @@ class ServingMismatchWarning(UserWarning):
 
 
 def _flag_rules(draft, engine) -> list[tuple[str, bool | None, str]]:
-    """(flag, honoured, why) for each forward flag the draft was trained with (``honours_flag``)."""
-    return [(flag, *honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators"))
+    """(flag, honoured, why) for each forward flag the draft was trained with (``honours_flag``). The
+    first step of ``run_as``, ``ignored_flags`` and ``forward_verdict``, entry points the notebooks name
+    the engine to as text: parsed here."""
+    eng = parse_engine(engine)
+    return [(flag, *honours_flag(eng, flag, draft.cfg.arch, draft.cfg.format == "speculators"))
             for flag in FORWARD_FLAGS if getattr(draft.cfg, flag)]
 
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from .boundaries import WiringError
-from .conventions import parse_engine
+from .conventions import Engine, parse_engine
 from .draft import read_draft_config, read_draft_weights
 from .errors import BadOption
 from .record import read_record, write_record
@@ -37,7 +37,7 @@ def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", layout=None) -> Path:
+def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str | Engine = "sglang", layout=None) -> Path:
     """A copy of the draft whose config makes ``engine`` serve the intended layout.
 
     Engines read different keys with different conventions: SGLang reads only the nested
@@ -51,7 +51,7 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str = "sglang", 
     cfg = read_draft_config(draft_dir)
     has_top = "eagle_aux_hidden_state_layer_ids" in cfg
     has_nested = "eagle_aux_hidden_state_layer_ids" in (cfg.get("eagle_config") or {})
-    if parse_engine(engine).name == "vllm":
+    if parse_engine(engine).rules.fix_writes_top_level:       # an entry point: notebooks name it as text
         top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
     else:
         if has_top and layout is None:

@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .cli import glue_option_values, parse_int_list, parser
+from .cli import engine_value, glue_option_values, parse_int_list, parser
+from .conventions import IdsAt
 from .errors import BadOption, read_json_file, say
 from .record import read_record, write_record
 
@@ -111,15 +112,15 @@ def record(a) -> int:
 
 
 def ids(a) -> int:
-    from .conventions import parse_engine
     from .fixes import with_engine_ids
 
-    engine = parse_engine(a.engine)
+    engine = engine_value(a.engine)
     layout = parse_int_list(a.layout, "--layout", "0,3,7") if a.layout else None
-    out = with_engine_ids(a.draft, a.out, parse_int_list(a.ids, "--ids"), engine=engine.name, layout=layout)
+    out = with_engine_ids(a.draft, a.out, parse_int_list(a.ids, "--ids"), engine=engine, layout=layout)
     cfg = json.loads((out / "config.json").read_text())
     nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    written = nested if engine.name == "sglang" else cfg.get("eagle_aux_hidden_state_layer_ids")
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    written = nested if engine.rules.ids_home == IdsAt.EAGLE_CONFIG else top
     say(f"wrote {out}: the ids {engine.name} reads are {written}")
     return 0
 

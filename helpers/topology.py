@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from .boundaries import WiringError
-from .conventions import VLLM_PP_AUX_RELAY, Engine, at_least, vllm_reads
+from .conventions import VLLM_PP_AUX_RELAY, VLLM_READS_TOP_LEVEL, Engine, at_least, vllm_on_v2
 from .errors import BadOption
 from .sglang import source as ss
 from .sglang.inspect import inspect_model
@@ -47,7 +47,7 @@ def check_sizes(tp: int, pp: int) -> None:
             raise BadOption(f"{name} {v!r}: expected a positive number of GPUs (default 1)")
 
 
-def pp_stages(engine: str, num_layers: int, pp: int) -> list[tuple[int, int]]:
+def pp_stages(engine: Engine, num_layers: int, pp: int) -> list[tuple[int, int]]:
     """The engine's default layer split when its PP partition variable is unset: SGLang gives the
     remainder to the last stages (srt/distributed/utils.py get_pp_indices, 0.5.23), vLLM to the
     stages just before the last (distributed/utils.py get_pp_indices, 0.32.0)."""
@@ -55,7 +55,7 @@ def pp_stages(engine: str, num_layers: int, pp: int) -> list[tuple[int, int]]:
         raise BadOption(f"--pp {pp} is more stages than the target's {num_layers} layers")
     base, extra = divmod(num_layers, pp)
     sizes = [base] * pp
-    if engine == "vllm":
+    if engine.rules.pp_remainder_before_last:
         for i in range(2, extra + 2):
             sizes[-i] += 1
     else:
@@ -80,7 +80,7 @@ def _capture_stage(boundary: int, stages: Sequence[tuple[int, int]]) -> int:
 def topology(eng: Engine, arch: str, num_layers: int, served: Sequence[int], tp: int = 1, pp: int = 1,
              root=None) -> Topology:
     check_sizes(tp, pp)
-    stages = pp_stages(eng.name, num_layers, pp)
+    stages = pp_stages(eng, num_layers, pp)
     last = len(stages) - 1
     # conservative at the edge: a boundary equal to the last stage's first layer is also the previous
     # stage's output, which an after-layer capture (gpt-oss from SGLang 0.5.17) takes there
@@ -89,51 +89,51 @@ def topology(eng: Engine, arch: str, num_layers: int, served: Sequence[int], tp:
     if pp == 1:
         topo.evidence = "one pipeline stage: every capture is on the stage that runs the draft"
         return topo
-    carried, topo.evidence = _carried(eng, arch, root)
+    carried, topo.evidence = eng.rules.pp_carried(eng, arch, root)
     topo.carried = carried
     if off and not carried:
         topo.fix = _fix(eng, num_layers, pp, tp, served)
     return topo
 
 
-def _carried(eng: Engine, arch: str, root) -> tuple[bool | None, str]:
-    if eng.name == "sglang":
-        try:
-            src = ss.source_at(root, eng.version) if root is not None else ss.fetch_sglang(eng.version)
-            wiring = inspect_model(arch, source=src)
-        except (ss.SglangSourceError, WiringError, OSError) as exc:
-            return False, (f"SGLang {eng.version}'s source could not be read ({str(exc)[:120]}); no release "
-                           f"read carries aux states across stages")
-        guard = next((s for s in wiring.setters if s.last_rank_only), None)
-        if guard is not None:
-            return False, (f"sglang {eng.version} {guard.file}:{guard.line} {guard.cls}.set_eagle3_layers_to_"
-                           f"capture returns early unless pp_group.is_last_rank (SGLang PR #39644), and no "
-                           f"PPProxyTensors entry carries aux states")
-        return False, (f"sglang {eng.version}: no PPProxyTensors entry carries aux hidden states between "
-                       f"stages, so a non-last stage's captures are dropped")
-    if eng.name == "vllm":
-        first, decoders = VLLM_PP_AUX_RELAY
-        _, _, why = vllm_reads(eng.version, arch, eng.runner)
-        on_v2 = "V2 model runner" in why
-        if on_v2 and at_least(eng.version, first):
-            if arch in decoders:
-                return True, (f"vLLM {eng.version or 'newest'} V2 runner relays aux states over PP for "
-                              f"{arch} "
-                              f"(v1/worker/gpu/pp_utils.py, supports_aux_hidden_states_over_pp; read in "
-                              f"{first})")
-            return None, (f"vLLM {eng.version or 'newest'} V2 runner refuses EAGLE-3 with pipeline "
-                          f"parallelism for {arch} (eagle3_utils.verify_supports_aux_hidden_states_over_pp "
-                          f"raises at load; read in {first})")
-        return False, (f"vLLM {eng.version or 'newest'} {'V1' if not on_v2 else 'V2'} runner: a non-last "
-                       f"stage returns IntermediateTensors of hidden_states and residual only, so its aux "
-                       f"states are dropped (vLLM PR #45985)")
-    if eng.name == "llamacpp":
-        return True, "llama.cpp splits layers across devices within one graph, not into pipeline ranks"
-    return False, "TensorRT-LLM's PP handling of EAGLE-3 captures is not recorded here"
+def sglang_carried(eng: Engine, arch: str, root) -> tuple[bool | None, str]:
+    """SGLang's family ``pp_carried``: read from the release's own source."""
+    try:
+        src = ss.source_at(root, eng.version) if root is not None else ss.fetch_sglang(eng.version)
+        wiring = inspect_model(arch, source=src)
+    except (ss.SglangSourceError, WiringError, OSError) as exc:
+        return False, (f"SGLang {eng.version}'s source could not be read ({str(exc)[:120]}); no release "
+                       f"read carries aux states across stages")
+    guard = next((s for s in wiring.setters if s.last_rank_only), None)
+    if guard is not None:
+        return False, (f"sglang {eng.version} {guard.file}:{guard.line} {guard.cls}.set_eagle3_layers_to_"
+                       f"capture returns early unless pp_group.is_last_rank (SGLang PR #39644), and no "
+                       f"PPProxyTensors entry carries aux states")
+    return False, (f"sglang {eng.version}: no PPProxyTensors entry carries aux hidden states between "
+                   f"stages, so a non-last stage's captures are dropped")
+
+
+def vllm_carried(eng: Engine, arch: str) -> tuple[bool | None, str]:
+    """vLLM's family ``pp_carried``: the recorded rule (VLLM_PP_AUX_RELAY), by the model runner serving."""
+    first, decoders = VLLM_PP_AUX_RELAY
+    on_v2 = (at_least(eng.version, VLLM_READS_TOP_LEVEL)       # before it, no runner reads any ids
+             and vllm_on_v2(eng.version, arch, eng.runner))
+    if on_v2 and at_least(eng.version, first):
+        if arch in decoders:
+            return True, (f"vLLM {eng.version or 'newest'} V2 runner relays aux states over PP for "
+                          f"{arch} "
+                          f"(v1/worker/gpu/pp_utils.py, supports_aux_hidden_states_over_pp; read in "
+                          f"{first})")
+        return None, (f"vLLM {eng.version or 'newest'} V2 runner refuses EAGLE-3 with pipeline "
+                      f"parallelism for {arch} (eagle3_utils.verify_supports_aux_hidden_states_over_pp "
+                      f"raises at load; read in {first})")
+    return False, (f"vLLM {eng.version or 'newest'} {'V1' if not on_v2 else 'V2'} runner: a non-last "
+                   f"stage returns IntermediateTensors of hidden_states and residual only, so its aux "
+                   f"states are dropped (vLLM PR #45985)")
 
 
 def _fix(eng: Engine, num_layers: int, pp: int, tp: int, served: Sequence[int]) -> str:
-    var = "VLLM_PP_LAYER_PARTITION" if eng.name == "vllm" else "SGLANG_PP_LAYER_PARTITION"
+    var = eng.rules.pp_partition_var
     low = min(served) if served else 0
     start = low - 1        # the last stage must run the layer before the first captured boundary
     tp_only = f"or serve with TP only (--tp {tp * pp} --pp 1)"

@@ -59,6 +59,8 @@ class TrainerRule:
     export_offset: int = 0              # the exporter writes training id + offset into the draft config
     export_model_type: str | None = None   # ... only for draft configs of this model_type
     read_version: str | None = None     # the release whose wheel is read when none is named
+    minus_one: str | None = None        # what output id -1 names: "embedding" (a patched pipeline's
+    #                                     name, boundary 0) | "post-norm" (the final state after the norm)
 
     def exports_with_offset(self, model_type: str | None) -> bool:
         return bool(self.export_offset) and (self.export_model_type is None
@@ -93,7 +95,8 @@ TRAINERS: tuple[TrainerRule, ...] = (
                 package="speculators",
                 default_file="speculators/data_generation/vllm_hidden_states_generator.py",
                 capture_file="speculators/data_generation/custom_worker.py",
-                note="the trained draft's config carries no ids, so every engine serves its own defaults"),
+                note="the trained draft's config carries no ids, so every engine serves its own defaults",
+                minus_one="embedding"),
     TrainerRule("speculators", "0.5.0", None, "boundary",
                 _half, True, IdsAt.TOP_LEVEL,
                 "speculators 0.5.0-0.9.0 captures through vLLM's extract_hidden_states (vLLM numbering: id = "
@@ -153,7 +156,8 @@ TRAINERS: tuple[TrainerRule, ...] = (
                 "TensorRT-LLM _torch/speculative/eagle3.py (_get_eagle3_default_capture_layers), "
                 "save_hidden_state.py (SaveHiddenStates adds -1, 'always the last post norm state'); "
                 "layers call maybe_capture_hidden_states after their MLP",
-                note="-1 is the final state after the norm: a verifier state, not a boundary"),
+                note="-1 is the final state after the norm: a verifier state, not a boundary",
+                minus_one="post-norm"),
 )
 
 
@@ -324,12 +328,12 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
             raise WiringError(f"{rule.name} ids are boundaries 0..{n} (vLLM numbering); {bad} is outside")
         return list(ids)
     if rule.meaning == "output":
-        low = -1 if rule.name in ("trtllm", "speculators") else 0
+        low = -1 if rule.minus_one else 0
         bad = [i for i in ids if not low <= i <= n - 1]
         if bad:
             raise WiringError(f"{rule.name} ids name layer outputs {low}..{n - 1} for {n} layers; "
                               f"{bad} is outside")
-        if rule.name == "trtllm":
+        if rule.minus_one == "post-norm":
             return [POST_NORM if i == -1 else b for i, b in zip(ids, layer_outputs_to_boundaries(ids))]
         # speculators' -1 (a patched pipeline's name for the embedding) lands on boundary 0
         found = list(layer_outputs_to_boundaries(ids))

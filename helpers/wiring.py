@@ -16,18 +16,12 @@ from .boundaries import CapturePlan, ProblemKind, WiringError, WiringResult, war
 from .conventions import (
     DEFAULT_ENGINE,
     DEFAULT_ENGINES,
-    VLLM_NEWEST_READ,
+    Engine,
     IdsAt,
     check_num_layers,
-    default_boundaries,
     ids_in_config,
     parse_engine,
     read_draft_config,
-    resolve_llamacpp,
-    resolve_trtllm,
-    resolve_vllm,
-    sglang_documented_layout,
-    vllm_ids_to_boundaries,
 )
 from .errors import CacheError, one_line, warn_once
 from .sglang import patch as sglang_patch
@@ -35,11 +29,12 @@ from .sglang import source as ss
 from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
 
 
-def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None = None,
+def resolve(engine: str | Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,
             draft: str | Path | dict | None = None, *, source: ss.SglangSource | None = None,
             root: str | Path | None = None, target_config: dict | None = None,
             read_vllm_source: bool = False) -> WiringResult:
-    """Resolve a draft's ids to the served layout the way ``engine`` itself would.
+    """Resolve a draft's ids to the served layout the way ``engine`` itself would (its family's
+    ``resolve``). An entry point: notebooks and tests name the engine as text, parsed here.
 
     ``ids`` are passed as given (``ids_source='explicit'``); otherwise they are read from
     ``draft`` with the engine's own rule; with neither, the engine's defaults apply.
@@ -47,17 +42,20 @@ def resolve(engine: str, arch: str, num_layers: int, ids: Sequence[int] | None =
     """
     num_layers = check_num_layers(num_layers)
     eng = parse_engine(engine)
-    name, version = eng.name, eng.version
     if ids is not None and draft is not None:
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
-    if name == "vllm":
-        result = resolve_vllm(version, arch, num_layers, ids, cfg, eng.runner)
-        return _checked_against_vllm_source(result, version, arch) if read_vllm_source else result
-    if name == "trtllm":
-        return resolve_trtllm(version, arch, num_layers, ids, cfg)
-    if name == "llamacpp":
-        return resolve_llamacpp(version, arch, num_layers, ids, cfg)
+    return eng.rules.resolve(eng, arch, num_layers, ids, cfg, source=source, root=root,
+                             target_config=target_config, read_vllm_source=read_vllm_source)
+
+
+def resolve_sglang_release(eng: Engine, arch: str, num_layers: int, ids: Sequence[int] | None,
+                           cfg: dict | None, *, source: ss.SglangSource | None = None,
+                           root: str | Path | None = None, target_config: dict | None = None,
+                           read_vllm_source: bool = False) -> WiringResult:
+    """SGLang's family ``resolve``: the release's own setter run on its source, with the patch's advice
+    attached to a boundary-0 hazard."""
+    version = eng.version
     src = source or source_for(version, root)
     if version is not None and src.version not in (version, "unknown"):
         raise WiringError(f"engine asks for sglang {version} but the source given is sglang {src.version}")
@@ -83,9 +81,9 @@ def patch_command(src: ss.SglangSource, arch: str, capture_file: str) -> str | N
     return f"python -m helpers patch-sglang apply --version {src.version}{where} --arch {arch}"
 
 
-def _checked_against_vllm_source(result: WiringResult, version: str | None, arch: str) -> WiringResult:
+def checked_against_vllm_source(result: WiringResult, eng: Engine, arch: str) -> WiringResult:
     """The release's own files, fetched, cited, and compared with the rule just applied."""
-    facts, disagree = vllm_source.verify(version or VLLM_NEWEST_READ, arch)
+    facts, disagree = vllm_source.verify(eng.effective_version, arch)
     result.problems += [warning(ProblemKind.SOURCE_DISAGREES,
                                 f"vLLM {facts.version}'s source disagrees with the recorded rule: {d}")
                         for d in disagree]
@@ -97,14 +95,16 @@ def _checked_against_vllm_source(result: WiringResult, version: str | None, arch
 
 
 def served_plan(draft: str | Path | dict | Sequence[int] | None, num_layers: int, arch: str,
-                engine: str = DEFAULT_ENGINE, *, root: str | Path | None = None, strict: bool = False,
-                target_config: dict | None = None) -> CapturePlan:
-    """The layout ``engine`` will feed this draft (a folder, a config dict or explicit ids).
+                engine: str | Engine = DEFAULT_ENGINE, *, root: str | Path | None = None,
+                strict: bool = False, target_config: dict | None = None) -> CapturePlan:
+    """The layout ``engine`` will feed this draft (a folder, a config dict or explicit ids). An entry
+    point: notebooks and tests name the engine as text, parsed here.
 
     Errors travel in the plan unless ``strict``. When no release source can be fetched (offline,
     no cache) the documented rule stands in, and a warning says so once; a version that does not
     exist is the user's to fix and raises.
     """
+    engine = parse_engine(engine)
     ids = list(draft) if isinstance(draft, (list, tuple)) else None
     config = None if ids is not None else draft
     try:
@@ -120,18 +120,11 @@ def served_plan(draft: str | Path | dict | Sequence[int] | None, num_layers: int
     return result.plan()
 
 
-def rule_plan(engine: str, num_layers: int, draft_config: dict, *, arch: str = "",
+def rule_plan(engine: Engine, num_layers: int, draft_config: dict, *, arch: str = "",
               ids: Sequence[int] | None = None, why: str = "") -> CapturePlan:
     """The documented rule of docs/conventions.md, for when the engine's source cannot be read."""
-    eng = parse_engine(engine)
-    name, version = eng.name, eng.version
     found, where = (list(ids), IdsAt.EXPLICIT) if ids is not None else ids_in_config(draft_config)
-    if name == "vllm":
-        layout = vllm_ids_to_boundaries(found) if found is not None else default_boundaries(num_layers)
-        rule = "vLLM id = boundary" if found is not None else "EAGLE-3 default boundaries"
-    else:
-        sglang_where = IdsAt.EAGLE_CONFIG if where == IdsAt.EXPLICIT else where
-        layout, rule = sglang_documented_layout(arch, version, found, sglang_where, num_layers)
+    layout, rule = engine.rules.documented_layout(engine, arch, num_layers, found, where)
     warnings = []
     if why:
         warnings.append(warning(ProblemKind.RULE_ASSUMED, warn_once(
@@ -161,9 +154,11 @@ def conventions_table(draft_or_ids: str | Path | dict | Sequence[int] | None, nu
     return pd.DataFrame(rows)
 
 
-def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: str = DEFAULT_ENGINE, *,
-                   root: str | Path | None = None) -> list[int] | None:
-    """Draft ids that make ``engine`` serve ``layout`` without errors, or None."""
+def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: str | Engine = DEFAULT_ENGINE,
+                   *, root: str | Path | None = None) -> list[int] | None:
+    """Draft ids that make ``engine`` serve ``layout`` without errors, or None. An entry point: notebooks
+    and tests name the engine as text, parsed here."""
+    engine = parse_engine(engine)
     target = tuple(sorted(layout))
     for candidate in ([b - 1 for b in target], list(target)):
         try:

@@ -417,7 +417,7 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
             problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
     try:
         eng = parse_engine(params.get("ENGINE_VERSION", DEFAULT_ENGINE))
-        if eng.name == "sglang" and not eng.version:
+        if eng.rules.runs_release_source and not eng.version:     # SGLang's rules are a release's source
             problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; "
                             f"expected e.g. {DEFAULT_ENGINE}")
     except ValueError as exc:

@@ -33,6 +33,7 @@ from helpers.errors import BadOption, InputError
 
 L = 12
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+E = parse_engine     # rule functions take an Engine: named as text only at the edge, parsed there
 
 
 # -- defaults -----------------------------------------------------------------------------------
@@ -105,30 +106,31 @@ def test_one_spelling_for_where_ids_sit():
 
 
 def test_sglang_reads_only_the_nested_key():
-    got = engine_ids(TOP, "sglang==0.5.9")
+    got = engine_ids(TOP, E("sglang==0.5.9"))
     assert (got.ids, got.source) == (None, IdsAt.NONE)
     assert any("ignores them" in w for w in got.warnings)
-    assert engine_ids(TOP, "sglang", sglang_reads_top_level=True).ids == [-1, 2, 6]
-    both = engine_ids(BOTH, "sglang==0.5.9")
+    assert engine_ids(TOP, E("sglang"), sglang_reads_top_level=True).ids == [-1, 2, 6]
+    both = engine_ids(BOTH, E("sglang==0.5.9"))
     assert both.ids == [2, 6, 9] and any("differs" in w for w in both.warnings)
 
 
 def test_vllm_reads_the_top_level_key_first():
-    assert engine_ids(BOTH, "vllm", arch="LlamaForCausalLM").ids == [0, 3, 7]
-    assert engine_ids(NESTED, "vllm==0.22.0", arch="LlamaForCausalLM").source == IdsAt.EAGLE_CONFIG
-    assert engine_ids(NESTED, "vllm==0.22.0", arch="Qwen3ForCausalLM").source == IdsAt.NONE   # the V2 runner
-    assert engine_ids(NESTED, "vllm==0.29.0", arch="GptOssForCausalLM").source == IdsAt.NONE  # V2 for all
-    assert engine_ids(BOTH, "vllm==0.11.0", arch="LlamaForCausalLM").source == IdsAt.NONE     # reads none yet
-    assert engine_ids({"architectures": ["LlamaForCausalLMEagle3"]}, "vllm").source == IdsAt.NONE
+    assert engine_ids(BOTH, E("vllm"), arch="LlamaForCausalLM").ids == [0, 3, 7]
+    assert engine_ids(NESTED, E("vllm==0.22.0"), arch="LlamaForCausalLM").source == IdsAt.EAGLE_CONFIG
+    # the V2 runner
+    assert engine_ids(NESTED, E("vllm==0.22.0"), arch="Qwen3ForCausalLM").source == IdsAt.NONE
+    assert engine_ids(NESTED, E("vllm==0.29.0"), arch="GptOssForCausalLM").source == IdsAt.NONE  # V2 for all
+    assert engine_ids(BOTH, E("vllm==0.11.0"), arch="LlamaForCausalLM").source == IdsAt.NONE  # reads none yet
+    assert engine_ids({"architectures": ["LlamaForCausalLMEagle3"]}, E("vllm")).source == IdsAt.NONE
 
 
 def test_vllm_v2_runner_reads_eagle_config_layer_ids_and_an_empty_list_is_no_ids():
     other_key = {"eagle_config": {"layer_ids": [1, 5, 9]}}
-    assert engine_ids(other_key, "vllm==0.32.0", arch="LlamaForCausalLM").ids == [1, 5, 9]      # V2 default
-    assert engine_ids(other_key, "vllm==0.26.0", arch="LlamaForCausalLM").ids is None           # before 0.27
-    assert engine_ids(other_key, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids is None        # V1 never
+    assert engine_ids(other_key, E("vllm==0.32.0"), arch="LlamaForCausalLM").ids == [1, 5, 9]  # V2 default
+    assert engine_ids(other_key, E("vllm==0.26.0"), arch="LlamaForCausalLM").ids is None  # before 0.27
+    assert engine_ids(other_key, E("vllm==0.32.0:v1"), arch="LlamaForCausalLM").ids is None        # V1 never
     empty_top = {IDS_KEY: [], "eagle_config": {IDS_KEY: [1, 5, 9]}}
-    assert engine_ids(empty_top, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [1, 5, 9]
+    assert engine_ids(empty_top, E("vllm==0.32.0:v1"), arch="LlamaForCausalLM").ids == [1, 5, 9]
 
 
 def test_ids_that_are_not_a_list_are_refused():
@@ -168,7 +170,7 @@ def test_sglang_documented_layout_by_version():
 
 
 def test_norm_before_residual_policy():
-    assert not honours_norm_before_residual("sglang==0.5.9") and honours_norm_before_residual("vllm")
+    assert not honours_norm_before_residual(E("sglang==0.5.9")) and honours_norm_before_residual(E("vllm"))
     warns = sglang_format_warnings({**TOP, "norm_before_residual": True})
     assert any("speculators-format" in w for w in warns) and any("norm_before_residual" in w for w in warns)
     assert sglang_format_warnings(NESTED) == []
@@ -226,8 +228,8 @@ def test_engine_is_parsed_once_and_pins_a_runner():
         parse_engine("vllm==0.32.0:v3")
     # the runner decides which key vLLM reads: V1 falls back to eagle_config's ids, V2 never does
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
-    assert engine_ids(nested, "vllm==0.32.0:v1", arch="LlamaForCausalLM").ids == [2, 6, 9]
-    assert engine_ids(nested, "vllm==0.32.0:v2", arch="LlamaForCausalLM").ids is None
+    assert engine_ids(nested, E("vllm==0.32.0:v1"), arch="LlamaForCausalLM").ids == [2, 6, 9]
+    assert engine_ids(nested, E("vllm==0.32.0:v2"), arch="LlamaForCausalLM").ids is None
 
 
 def test_vllm_draft_class_by_release():

@@ -23,6 +23,7 @@ from safetensors import safe_open
 
 from helpers.check import check
 from helpers.conventions import honours_flag, ignored_flag_problems
+from helpers.conventions import parse_engine as E
 from helpers.draft import (
     MLA_DRAFT_ARCH,
     DraftFormatError,
@@ -341,16 +342,16 @@ def test_run_as_drops_what_a_release_does_not_build(target):
 def test_flag_rules_by_release():
     """The first releases read honouring each flag (docs/conventions.md, "Forward flags")."""
     llama, mla = "LlamaForCausalLMEagle3", MLA_DRAFT_ARCH
-    assert honours_flag("sglang==0.5.16", "norm_before_fc", llama)[0] is False
-    assert honours_flag("sglang==0.5.17", "norm_before_fc", llama)[0] is True
-    assert honours_flag("sglang==0.5.23", "norm_before_fc", mla)[0] is False       # kimi_k25_eagle3: never
-    assert honours_flag("vllm==0.33.0", "norm_before_fc", mla)[0] is False         # deepseek_eagle3: never
-    assert honours_flag("vllm==0.22.0", "fc_norm", mla)[0] is False                # built, not applied
-    assert honours_flag("vllm==0.23.0", "fc_norm", mla)[0] is True
+    assert honours_flag(E("sglang==0.5.16"), "norm_before_fc", llama)[0] is False
+    assert honours_flag(E("sglang==0.5.17"), "norm_before_fc", llama)[0] is True
+    assert honours_flag(E("sglang==0.5.23"), "norm_before_fc", mla)[0] is False       # kimi_k25_eagle3: never
+    assert honours_flag(E("vllm==0.33.0"), "norm_before_fc", mla)[0] is False         # deepseek_eagle3: never
+    assert honours_flag(E("vllm==0.22.0"), "fc_norm", mla)[0] is False                # built, not applied
+    assert honours_flag(E("vllm==0.23.0"), "fc_norm", mla)[0] is True
     spec = "Eagle3Speculator"
-    assert honours_flag("vllm==0.24.0", "norm_output", spec, speculators_format=True)[0] is False
-    assert honours_flag("vllm==0.25.0", "norm_output", spec, speculators_format=True)[0] is True
-    assert honours_flag("trtllm", "norm_output")[0] is None
+    assert honours_flag(E("vllm==0.24.0"), "norm_output", spec, speculators_format=True)[0] is False
+    assert honours_flag(E("vllm==0.25.0"), "norm_output", spec, speculators_format=True)[0] is True
+    assert honours_flag(E("trtllm"), "norm_output")[0] is None
 
 
 def _source_rule_holds(root: Path, file: str, flag: str) -> bool:
@@ -370,7 +371,7 @@ def test_sglang_rules_agree_with_cached_sources(version):
         for flag in ("norm_before_fc", "fc_norm", "norm_output"):
             if not (root / "sglang" / "srt" / "models" / file).is_file():
                 continue
-            said = honours_flag(f"sglang=={version}", flag, arch)[0]
+            said = honours_flag(E(f"sglang=={version}"), flag, arch)[0]
             assert said == _source_rule_holds(root, file, flag), (version, file, flag)
 
 
@@ -401,7 +402,7 @@ def test_check_flags_a_release_that_ignores_a_trained_flag(tmp_path):
     assert "norm-before-fc" in kinds("nbf", "sglang==0.5.16")
     assert "norm-before-fc" not in kinds("nbf", "sglang==0.5.17")
     assert "norm-before-fc" in kinds("nbf", "vllm==0.17.0") and "norm-before-fc" not in kinds("nbf", "vllm")
-    assert ignored_flag_problems(mla, "trtllm") == []
+    assert ignored_flag_problems(mla, E("trtllm")) == []
 
 
 # -- scoring paths: dump scoring and diagnose on the workbook's DeepSeek target ---------------------

@@ -44,7 +44,7 @@ class SglangInstall:
     @property
     def engine(self) -> Engine:
         """The engine whose rules a live run is held to: this release, running."""
-        return Engine("sglang", self.version, live=True)
+        return Engine("sglang", self.version, live=True, runtime=self.version)
 
     @property
     def install_log(self) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, error, warning
-from ..conventions import IDS_KEY, DraftIds, IdsAt, check_ids, engine_ids, sglang_format_warnings
+from ..conventions import IDS_KEY, DraftIds, IdsAt, check_ids, ids_sglang_reads, sglang_format_warnings
 from . import classes
 from . import source as ss
 from .classes import UnknownArchitectureError, parse_file
@@ -54,7 +54,7 @@ def knows_speculators(src: SglangSource) -> bool | None:
 def sglang_draft_ids(cfg: dict, src: SglangSource | None = None) -> DraftIds:
     """The ids this release passes to the setter, with the lines of its source that read them."""
     lines, top_level_read = (sglang_ids_site(src) if src is not None else ([], False))
-    chosen = engine_ids(cfg, "sglang", sglang_reads_top_level=top_level_read)
+    chosen = ids_sglang_reads(cfg, top_level_read)
     chosen.lines = lines
     chosen.problems.extend(warning(K.DRAFT_FORMAT, w) for w in
                            sglang_format_warnings(cfg, knows_speculators(src) if src is not None else None))

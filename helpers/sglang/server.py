@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from .. import cli
-from ..conventions import IdsAt, engine_ids, ids_in_config, read_draft_config
+from ..conventions import IdsAt, ids_in_config, ids_sglang_reads, read_draft_config
 from ..errors import print_json
 from ..prompts import read_prompts
 
@@ -660,7 +660,7 @@ def draft_wiring_notes(draft: str) -> list[str]:
         return [f"{draft} is not a local directory; its ids are not checked here"]
     cfg = read_draft_config(draft)
     ids, where = ids_in_config(cfg)
-    chosen = engine_ids(cfg, "sglang")
+    chosen = ids_sglang_reads(cfg)
     if chosen.ids is not None:
         return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine "
                 f"sglang==VERSION` says which boundaries that version captures for them"] + chosen.warnings

@@ -42,7 +42,8 @@ class VllmInstall:
     def engine(self) -> Engine:
         """The engine whose rules a live run is held to: this release, on the V1 runner on CPU (the
         V2 runner needs Triton, which has no CPU backend: vLLM's ``config/vllm.py``)."""
-        return Engine("vllm", self.version, "v1" if self.device == "cpu" else None, live=True)
+        return Engine("vllm", self.version, "v1" if self.device == "cpu" else None, live=True,
+                      runtime=self.version)
 
 
 def venv_path() -> Path:
