@@ -176,13 +176,17 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
 
 def ignored_flags(cfg: dict, engine: str) -> list[tuple[str, str, str]]:
     """(flag, why, fix) for each forward flag the draft config sets that ``engine`` ("sglang==0.5.23")
-    does not run, by the workbook's rules read from every release's draft file (``conventions``)."""
+    does not run, by the workbook's rules read from every release's draft file (``conventions``). An
+    edge: the engine names itself as text inside its own process, parsed here."""
     from .conventions import (
         VLLM_HONOURS_NORM_BEFORE_RESIDUAL,
         honours_norm_before_residual,
         ignored_flag_problems,
+        parse_engine,
         sets_norm_before_residual,
     )
+
+    engine = parse_engine(engine)
 
     out = [(kind.replace("-", "_"), why, fix) for kind, why, fix in ignored_flag_problems(cfg, engine)
            if kind != "draft-class"]      # a missing class fails the engine's own load first

@@ -36,6 +36,7 @@ PARSED_AT = {
     ("check.py", "check"), ("wiring.py", "resolve"), ("wiring.py", "served_plan"),
     ("wiring.py", "ids_for_layout"), ("fixes.py", "with_engine_ids"), ("backends.py", "choose"),
     ("draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
+    ("guard.py", "ignored_flags"),        # inside a live engine, which names itself as text
     # the verdict's entry points (notebooks 02/03 name the engine as text): the one-verdict work moves
     # evaluate.layout_fix into helpers/verdict.py
     ("evaluate.py", "layout_fix"), ("verdict.py", "ways_out"), ("verdict.py", "writer_candidates"),
