@@ -45,13 +45,12 @@ from .topology import check_sizes, topology
 from .trainers import (
     TrainerResult,
     parse_trainer,
-    rule_for,
     trainer_layout,
-    training_ids_from_config,
     writers_of,
 )
+from .verdict import candidate_table, ways_out, writer_candidates
 from .wheels import PackageSourceError
-from .wiring import ids_for_layout, resolve
+from .wiring import resolve
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
 # ``Problem`` (boundaries) is the one shape of a finding: the resolvers' problems carry a ProblemKind and
@@ -188,7 +187,6 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
         raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
                         f"(the engine's speculative algorithm)")
     engine = eng = parse_engine(engine)     # an entry point: parsed here, the Engine from here on
-    name, version = eng.name, eng.version
     if trainer is not None:
         parse_trainer(trainer)
     draft_dir = Path(draft).expanduser()
@@ -223,7 +221,7 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
         if p.blocking:
             fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
             problems.append(Problem(ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
-    _layout_fixes(report, served, engine, name, version, root)
+    _layout_fixes(report, served, engine, root)
     _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, tcfg, engine, served)
     _forward_flags(report, cfg, eng)
@@ -258,29 +256,9 @@ def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tc
 
 def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int,
                 cannot_capture: Sequence[str] = ()) -> None:
-    """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
-    its ids a known meaning, so list the layout each would mean and whether this release serves it.
-    A release that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees."""
-    ids, where = ids_in_config(cfg)
-    model_type = cfg.get("model_type")
-    for spec in writers_of(cfg, eng.rules.capture_release(eng)):
-        rule = rule_for(*parse_trainer(spec))
-        train = (training_ids_from_config(spec, ids, model_type)
-                 if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
-        try:
-            res = trainer_layout(spec, n, train, arch=arch, read_source=False, model_type=model_type)
-        except (WiringError, InputError) as exc:
-            report.candidates.append({"trainer": spec, "training_layout": None, "served_agrees": None,
-                                      "note": str(exc).split("\n")[0][:200]})
-            continue
-        layout = list(res.training_layout) if res.training_layout else None
-        agrees = None if layout is None else (
-            not cannot_capture and tuple(layout) == tuple(report.served_layout))
-        said = "its default ids" if train is None and rule.meaning != "fixed" else (
-            "fixed boundaries" if rule.meaning == "fixed" else f"ids {train} ({rule.meaning} numbering)")
-        gone = [f"{eng} captures nothing for {arch} (engine-cannot-capture)"] if cannot_capture else []
-        report.candidates.append({"trainer": spec, "training_layout": layout, "served_agrees": agrees,
-                                  "note": "; ".join([said] + res.errors + gone)})
+    """No record and no trainer: the config format's writers and what each reads its ids as
+    (``verdict.writer_candidates``)."""
+    report.candidates = writer_candidates(cfg, eng, arch, n, report.served_layout, cannot_capture)
 
 
 def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: int, root) -> None:
@@ -394,41 +372,15 @@ def _fc_slots(shapes, tcfg: dict) -> int | None:
     return fc[1] // h
 
 
-def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, name: str, version: str | None,
-                  root) -> None:
+def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, root) -> None:
     if report.training_layout is None or report.agree:
         return
     trained = report.training_layout
-    key = {"sglang": f"eagle_config.{IDS_KEY}", "vllm": f"top-level {IDS_KEY}"}.get(
-        name, "eagle3_layers_to_capture of the speculative config")
-    fixes = []
-    if tuple(sorted(trained)) != tuple(trained):
-        fixes.append(f"the draft was trained on {trained}, not in ascending order, "
-                     f"and engines concatenate in "
-                     f"ascending order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids")
-    ids = ids_for_layout(trained, report.arch, report.num_layers, engine, root=root)
-    if ids is not None:
-        fixes.append(f"write ids {ids} in {key} (fix A, no engine change)")
-    elif engine.rules.patchable:
-        for candidate in ([b - 1 for b in sorted(trained)], sorted(trained)):
-            try:
-                r = resolve(engine, report.arch, report.num_layers, ids=candidate, root=root)
-            except WiringError:
-                continue
-            # the only thing in the way is a boundary-0 capture the workbook's patch removes
-            blocking = [p for p in r.problems if p.blocking]
-            patchable = blocking and all(p.kind == ProblemKind.BOUNDARY0_RESIDUAL_NONE and p.fix
-                                         for p in blocking)
-            if r.served_layout == tuple(sorted(trained)) and patchable:
-                fixes.append(f"patch the engine (`{blocking[0].fix}`), then write ids {candidate} in {key} "
-                             f"(fix A)")
-                break
-    fixes.append(f"{'or ' if fixes else ''}retrain the draft on the served layout {served.served_layout} "
-                 f"(fix B)")
+    ways = ways_out(trained, served.served_layout, engine, report.arch, report.num_layers, root=root)
     report.problems.append(Problem(
         "layout-mismatch", f"served {tuple(served.served_layout)} "
         f"{layout_label(served.served_layout, report.num_layers)} != trained {trained} "
-        f"{layout_label(trained, report.num_layers)} ({report.training_source})", "; ".join(fixes)))
+        f"{layout_label(trained, report.num_layers)} ({report.training_source})", ways.listed))
 
 
 def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> None:
@@ -593,12 +545,7 @@ def format_report(r: CheckReport) -> str:
 def format_candidates(r: CheckReport) -> list[str]:
     if not r.candidates:
         return []
-    lines = ["  who could have written this config (its format), and what its ids would mean:",
-             f"    {'trainer':<26} {'training layout':<34} {'served by ' + r.engine:<24}"]
-    for c in r.candidates:
-        layout = r._label(c["training_layout"]) if c["training_layout"] else "(none)"
-        agrees = {True: "agrees", False: "MISMATCH", None: "-"}[c["served_agrees"]]
-        lines.append(f"    {c['trainer']:<26} {layout:<34} {agrees:<24}")
+    lines = candidate_table(r.candidates, r.engine, r.num_layers)
     lines.append(f"    settle it: name the trainer (--trainer NAME[==VERSION]), or measure the layout from "
                  f"the trainer's dump: `python -m helpers diagnose --draft {r.draft} --data DUMP "
                  f"--target TARGET`")

@@ -16,19 +16,12 @@ from .conventions import Engine
 from .draft import forward_verdict, run_as
 from .dump_cli import run_dump_diagnosis
 from .errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
-from .evaluate import (
-    MIN_BLOCKS,
-    RANKED_BY,
-    EvalInputError,
-    WiringVerdict,
-    evaluate_layout,
-    layout_fix,
-    paired_test,
-)
+from .evaluate import MIN_BLOCKS, RANKED_BY, EvalInputError, evaluate_layout
 from .layout_search import SearchResult, search
 from .metrics import Expected, MetricsVerdict, explain, read_metrics
 from .pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 from .record import read_record
+from .verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
 
 
 @dataclass
@@ -55,8 +48,11 @@ class Diagnosis:
 
     @property
     def trained_layout(self) -> tuple[int, ...]:
-        """The record when there is one (it was written by the training run), else the search's answer."""
-        return tuple(self.recorded_layout) if self.recorded_layout else tuple(self.best_layout)
+        """The record when there is one (it was written by the training run), else what settled it by
+        rule (every writer of the config's format), else the search's answer."""
+        if self.recorded_layout:
+            return tuple(self.recorded_layout)
+        return tuple(self.wiring.trained) if self.wiring and self.wiring.trained else tuple(self.best_layout)
 
     @property
     def confident_set(self) -> list[tuple[int, ...]]:
@@ -112,7 +108,9 @@ def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_p
         raise ValueError(f"steps must be at least 1, got {steps}")
     served = pair.served(engine)  # first: a bad engine string should not wait for the search
     errors = plan_problems(pair, served)
-    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout)
+    # the layout every writer of the config's format reads its ids as is scored too, to be confirmed
+    by_format = None if pair.recorded_layout else format_settled(pair, engine, served).layout
+    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout or by_format)
              if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
     # named layouts get the final measure too
     res = search(pair.draft, caps, progress=progress, include=named, steps=steps)
@@ -129,19 +127,8 @@ def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_p
                  res.margin_ce)
     if srv is not None:
         check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
-    recorded = pair.recorded_layout
-    trained = tuple(recorded) if recorded else tuple(res.best)
-    cost = None
-    if srv is not None:
-        ref = best if trained == tuple(res.best) else evaluate_layout(pair.draft, caps, trained, steps)
-        cost = paired_test(ref.blocks(), srv.blocks())
-    wiring = WiringVerdict(tuple(served.layout) if served.layout else None, trained, bool(recorded),
-                           "training record" if recorded else "inferred by the layout search",
-                           res.confident_set, cost,
-                           layout_fix(trained, served.layout, engine, pair.arch, pair.num_layers),
-                           list(errors), rounds_per_s=rounds_per_s)
-    if srv is not None:
-        wiring.forward, wiring.forward_fix = forward_verdict(pair.draft, engine)
+    wiring = pair_verdict(pair, caps, engine, served, errors, steps, search=res, rounds_per_s=rounds_per_s,
+                          served_score=srv, scores=[best])
     return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
 
 
@@ -241,6 +228,9 @@ def main(argv=None) -> int:
         print(f"training record says: {d.recorded_layout}"
               + ("  (the search prefers another layout: stale record, or evaluate on more text)"
                  if d.record_disagrees else "  (the search agrees)"))
+    w = d.wiring
+    if w and w.candidates and not w.trained_known:
+        print("\n".join(candidate_table(w.candidates, a.engine, L)))
     print(d.verdict)
     return 0
 

@@ -27,19 +27,18 @@ from tqdm.auto import tqdm
 
 from .boundaries import layout_label
 from .capture import decoder_parts, run_and_capture
-from .draft import forward_verdict, run_as
+from .draft import run_as
 from .dumps import Dump, check_token_ids
 from .errors import BadCheckpoint, BadOption, BadText
 from .evaluate import (
     RANKED_BY,
     PairedTest,
-    WiringVerdict,
     accepted_run,
     accuracy_table,
-    layout_fix,
     paired_test,
     token_blocks,
 )
+from .verdict import Settled, WiringVerdict, by_format, judge, read_format
 from .wiring import served_plan
 
 
@@ -539,6 +538,15 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     scored = score_layouts(draft, dump, layouts, steps, heads, final_slot, max_records, max_tokens, progress,
                            target=target)
     ranking = rank(scored, bounds, L)
+    settled, outside_source = None, "training record (its boundaries are not all in this dump)"
+    if trained is None and outside is None and recorded is None and engine:
+        # neither the dump's slot choice nor a record: every writer of the config's format may still name it
+        settled = _by_format(ranking, k_fc, draft_config, engine, arch, L, served_layout, served_errors)
+        where = {b: s for s, b in enumerate(bounds) if b is not None}
+        if settled.known and all(b in where for b in settled.layout):
+            trained, trained_source = tuple(where[b] for b in settled.layout), settled.source
+        elif settled.known:
+            outside, outside_source = settled.layout, f"{settled.source}, not all in this dump"
     engine_row = None
     served_acc = scored["accs"].get(served_slots) if served_slots is not None else None
     if served_slots is not None and engine:
@@ -556,24 +564,35 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     d = DumpDiagnosis(dump, slots, ranking, scored["tokens"], scored["records"], steps, labels, trained,
                       served_layout, served_slots, served_source, served_errors, engine_row, L,
                       round(time.perf_counter() - t0, 2), notes)
-    d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source, outside)
-    if served_slots is not None and engine:
-        d.wiring.forward, d.wiring.forward_fix = forward_verdict(draft, engine)
+    d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source, outside, outside_source,
+                       settled, draft if served_slots is not None else None)
     return d
 
 
+def _by_format(ranking: pd.DataFrame, width: int, draft_config, engine, arch, num_layers, served_layout,
+               served_errors) -> Settled:
+    """The draft config's format's writers, confirmed by the dump's ranking where their layout is in it."""
+    candidates = read_format(draft_config, engine, arch, num_layers, served_layout, served_errors)
+    ranked = [tuple(x) for x in ranking["layout"] if x is not None]
+    within = [tuple(x) for x, w in zip(ranking["layout"], ranking["within_noise"]) if w and x is not None]
+    return by_format(candidates, width=width, ranked=ranked, confident_set=within)
+
+
 def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
-            source: str, recorded_outside: tuple[int, ...] | None = None) -> WiringVerdict:
+            source: str, recorded_outside: tuple[int, ...] | None = None,
+            outside_source: str = "training record (its boundaries are not all in this dump)",
+            settled: Settled | None = None, draft=None) -> WiringVerdict:
     """Both questions from the dump: equality by the format's slot choice when it fits the draft (else
-    by the training record, even when the dump cannot score it; else from the confidence set), the cost
-    as trained (or best) minus served on the same token blocks."""
+    by the training record or the config's format, even when the dump cannot score it; else from the
+    confidence set), the cost as trained (or best) minus served on the same token blocks. ``draft``: the
+    served slots were scored under the engine's forward, whose ignored flags the verdict names."""
     known = d.trained_layout is not None or recorded_outside is not None
     if d.trained_layout is not None:
         trained_slots, trained = d.trained_slots, d.trained_layout
     elif recorded_outside is not None:
         # e.g. a dump an engine wrote of the served slots only: equality is decided by the record
         trained_slots, trained = None, recorded_outside
-        source = "training record (its boundaries are not all in this dump)"
+        source = outside_source
     else:
         trained_slots, trained = d.best["slots"], d.best["layout"]
         source = "inferred: the best layout in the dump"
@@ -589,7 +608,6 @@ def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
     elif d.served_layout is not None and not d.served_errors:
         note = (f"its cost cannot be measured from this dump: the served boundaries {d.served_layout} are "
                 f"not all (known to be) in its slots {bounds}")
-    fix = layout_fix(trained, d.served_layout, engine, arch, d.num_layers) if trained else None
-    return WiringVerdict(tuple(d.served_layout) if d.served_layout is not None else None,
-                         tuple(trained) if trained is not None else None, known, source, confident, cost, fix,
-                         list(d.served_errors), note)
+    return judge(d.served_layout, trained, known=known, source=source, confident_set=confident, cost=cost,
+                 errors=d.served_errors, engine=engine, arch=arch, num_layers=d.num_layers, cost_note=note,
+                 draft=draft, settled=settled)

@@ -23,12 +23,12 @@ from helpers.evaluate import (
     BLOCK,
     MIN_BLOCKS,
     PairedTest,
-    WiringVerdict,
     accepted_run,
     accuracy_table,
     paired_test,
     token_blocks,
 )
+from helpers.verdict import WiringVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "ranking-table.jsonl"      # one line per case: how each measure ranks the training layout

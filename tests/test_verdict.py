@@ -1,0 +1,206 @@
+"""One verdict (helpers/verdict.py): the ways out of a mismatch, settled by format, and the judgement.
+
+The expected fixes below are what ``check`` (its own ``_layout_fixes``) and ``diagnose`` (``evaluate.
+layout_fix``) printed before the two copies became ``verdict.ways_out``: the one algorithm must give the
+same text to both, word for word.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from _pairs import tiny_llama
+
+from helpers.evaluate import PairedTest
+from helpers.verdict import (
+    WayKind,
+    by_format,
+    judge,
+    layout_fix,
+    ways_out,
+    writer_candidates,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_KIMI = REPO / "data" / "tiny-kimi"
+PATCH_0_5_9 = "python -m helpers patch-sglang apply --version 0.5.9 --arch DeepseekV3ForCausalLM"
+IDS = "eagle_aux_hidden_state_layer_ids"
+
+# (engine, arch, layers, trained, served, kinds, check's fix, diagnose's fix), as printed before the move
+CASES = [
+    ("sglang==0.5.9", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["patch-then-ids", "retrain"],
+     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or "
+     f"retrain the draft on the served layout (3, 7, 10) (fix B)",
+     f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
+     f"(3, 7, 10)"),
+    ("vllm==0.32.0", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["retrain"],
+     "retrain the draft on the served layout (3, 7, 10) (fix B)",
+     "no ids make vllm==0.32.0 serve (0, 3, 7): `python -m helpers check` lists the ways out, or retrain the "
+     "draft on (3, 7, 10)"),
+    ("sglang==0.5.23", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["write-ids", "retrain"],
+     f"write ids [0, 3, 7] in eagle_config.{IDS} (fix A, no engine change); or retrain the draft on the "
+     f"served layout (3, 7, 10) (fix B)",
+     "ids [0, 3, 7] in eagle_config, or retrain the draft on (3, 7, 10)"),
+    ("sglang==0.5.9", "DeepseekV3ForCausalLM", 61, (0, 3, 31), (3, 31, 59), ["patch-then-ids", "retrain"],
+     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 30] in eagle_config.{IDS} (fix A); or "
+     f"retrain the draft on the served layout (3, 31, 59) (fix B)",
+     f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 30] in eagle_config, or retrain the draft on "
+     f"(3, 31, 59)"),
+    ("sglang==0.5.9", "LlamaForCausalLM", 32, (3, 17, 30), (2, 16, 29), ["write-ids", "retrain"],
+     f"write ids [2, 16, 29] in eagle_config.{IDS} (fix A, no engine change); or retrain the draft on the "
+     f"served layout (2, 16, 29) (fix B)",
+     "ids [2, 16, 29] in eagle_config, or retrain the draft on (2, 16, 29)"),
+    ("vllm", "LlamaForCausalLM", 32, (2, 16, 29), (1, 15, 28), ["write-ids", "retrain"],
+     f"write ids [2, 16, 29] in top-level {IDS} (fix A, no engine change); or retrain the draft on the "
+     f"served layout (1, 15, 28) (fix B)",
+     "ids [2, 16, 29] in the top-level key, or retrain the draft on (1, 15, 28)"),
+    ("vllm", "LlamaForCausalLM", 12, (7, 3, 10), (3, 7, 10), ["reorder-fc", "write-ids", "retrain"],
+     f"the draft was trained on (7, 3, 10), not in ascending order, and engines concatenate in ascending "
+     f"order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids; write ids [3, 7, 10] in "
+     f"top-level {IDS} (fix A, no engine change); or retrain the draft on the served layout (3, 7, 10) "
+     f"(fix B)",
+     "permute the fc columns (helpers.fixes.reorder_fc), then write ids [3, 7, 10] in the top-level key, or "
+     "retrain the draft on (3, 7, 10)"),
+    ("sglang==0.5.9", "DeepseekV3ForCausalLM", 12, (7, 0, 3), (3, 7, 10),
+     ["reorder-fc", "patch-then-ids", "retrain"],
+     f"the draft was trained on (7, 0, 3), not in ascending order, and engines concatenate in ascending "
+     f"order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids; patch the engine "
+     f"(`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or retrain the draft on "
+     f"the served layout (3, 7, 10) (fix B)",
+     f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
+     f"(3, 7, 10)"),
+    ("trtllm", "LlamaForCausalLM", 32, (2, 16, 29), (1, 15, 28), ["write-ids", "retrain"],
+     "write ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config (fix A, no engine change); "
+     "or retrain the draft on the served layout (1, 15, 28) (fix B)",
+     "ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config, or retrain the draft on "
+     "(1, 15, 28)"),
+]
+
+
+@pytest.mark.parametrize("engine, arch, n, trained, served, kinds, listed, shortest", CASES,
+                         ids=[f"{c[0]}-{c[1][:5]}-{c[2]}-{'-'.join(map(str, c[3]))}" for c in CASES])
+def test_one_algorithm_gives_the_ways_out_check_and_diagnose_gave(engine, arch, n, trained, served, kinds,
+                                                                  listed, shortest):
+    ways = ways_out(trained, served, engine, arch, n)
+    assert [str(k) for k in ways.kinds()] == kinds
+    assert ways.listed == listed and ways.shortest == shortest
+    assert layout_fix(trained, served, engine, arch, n) == shortest
+
+
+def test_ways_out_are_data():
+    """The patch's command comes from the resolver's typed problem, the ids and their key as values."""
+    ways = ways_out((0, 3, 7), (3, 7, 10), "sglang==0.5.9", "DeepseekV3ForCausalLM", 12)
+    patch = ways.of(WayKind.PATCH_THEN_IDS)
+    assert patch.command == PATCH_0_5_9 and patch.ids == (-1, 2, 6) and patch.where == "eagle_config"
+    assert patch.layout == (0, 3, 7) and ways.of(WayKind.RETRAIN).layout == (3, 7, 10)
+    assert ways.of(WayKind.WRITE_IDS) is None
+    assert json.loads(json.dumps(ways.to_list()))[0]["kind"] == "patch-then-ids"
+    assert layout_fix(None, (3, 7, 10), "vllm", "LlamaForCausalLM", 12) is None
+
+
+def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
+    """data/tiny-kimi: check lists every way out, diagnose (from the pair and from its dump) names the
+    shortest, both from ``ways_out``."""
+    from helpers.check import check
+    from helpers.diagnose import diagnose
+    from helpers.dump_diagnose import diagnose_dump
+    from helpers.dumps import open_dump
+    from helpers.pair import eval_captures, load_pair
+
+    _, arch, n, trained, served, _, listed, shortest = CASES[0]
+    r = check(TINY_KIMI / "draft", "sglang==0.5.9", target=TINY_KIMI / "target", across_releases=False)
+    assert next(p.fix for p in r.problems if p.kind == "layout-mismatch") == listed
+    pair = load_pair(TINY_KIMI / "target", TINY_KIMI / "draft")
+    caps = eval_captures(pair, max_windows=2, window=64)
+    d = diagnose(pair, caps, "sglang==0.5.9", steps=2, progress=False)
+    assert d.wiring.trained_source == "training record" and d.wiring.fix == shortest
+    assert d.verdict.startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record)")
+    dd = diagnose_dump(pair.draft, open_dump(TINY_KIMI / "dump"), engine="sglang==0.5.9",
+                       draft_config=pair.draft_config, arch=arch, num_layers=n, steps=2, max_records=2,
+                       max_tokens=96, progress=False, recorded=pair.recorded_layout)
+    assert dd.wiring.fix == shortest
+
+
+# --------------------------------------------------------------------------------------
+# Settled by the config's format
+
+
+def _speculators_config(ids) -> dict:
+    return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", IDS: list(ids),
+            "transformer_layer_config": {"model_type": "llama"}}
+
+
+def test_every_writer_agrees_so_the_format_decides():
+    """A speculators-format Llama draft, top-level ids [2, 5, 7]: every writer of that format reads them
+    as (2, 5, 7), so the verdict decides by format instead of calling the layout inferred."""
+    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in cands] == [
+        ("speculators==0.9.0", [2, 5, 7], True)]
+    settled = by_format(cands, width=3, ranked=[(2, 5, 7), (2, 5, 6)], confident_set=[(2, 5, 7), (2, 5, 6)])
+    assert settled.known and settled.layout == (2, 5, 7) and settled.source.startswith("by format: ")
+    v = judge((2, 5, 7), settled.layout, known=True, source=settled.source,
+              confident_set=[(2, 5, 7), (2, 5, 6)], cost=PairedTest(0.0, 0.01, 0.0, 40), engine="vllm",
+              arch="LlamaForCausalLM", num_layers=12, settled=settled)
+    assert v.mismatch is False and v.line.startswith("OK: served (2, 5, 7) = trained (2, 5, 7) (by format: ")
+    assert "inferred" not in v.line and "UNDECIDED" not in v.line
+    # served otherwise: a mismatch by rule, with the fix
+    off = judge((1, 4, 6), settled.layout, known=True, source=settled.source, engine="vllm",
+                arch="LlamaForCausalLM", num_layers=12, settled=settled)
+    assert off.mismatch is True
+    assert off.line.startswith("MISMATCH: served (1, 4, 6) ≠ trained (2, 5, 7) (by format")
+    assert off.fix == "ids [2, 5, 7] in the top-level key, or retrain the draft on (1, 4, 6)"
+
+
+def test_format_refused_where_the_ranking_separates_it():
+    """The ids may have been edited after training: a format layout the ranking scores outside the
+    confidence set, or one that does not fit the fc, settles nothing."""
+    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    refused = by_format(cands, width=3, ranked=[(0, 3, 7), (2, 5, 7)], confident_set=[(0, 3, 7)])
+    assert not refused.known and refused.layout is None and "separates" in refused.note
+    assert "fc slots" in by_format(cands, width=4).note
+    assert by_format(cands, width=3).known       # not scored at all: nothing contradicts it
+
+
+def test_disagreeing_writers_are_listed():
+    """An MLA draft in SGLang's format: SpecForge/TorchSpec/ModelOpt read [2, 30, 58] as layer outputs,
+    TorchSpec's vLLM export and SpecForge's SGLang backend as boundaries, so the verdict stays inferred
+    and names them."""
+    cfg = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2",
+           "eagle_config": {IDS: [2, 30, 58], "use_aux_hidden_state": True}}
+    cands = writer_candidates(cfg, "sglang==0.5.23", "DeepseekV3ForCausalLM", 61, (2, 30, 58))
+    settled = by_format(cands, width=3)
+    assert not settled.known and settled.note == (
+        "the writers of its config format disagree: specforge-hf (3, 31, 59), specforge-sglang==0.5.23 "
+        "(2, 30, 58), torchspec (3, 31, 59), torchspec-vllm (2, 30, 58), modelopt (3, 31, 59)")
+    v = judge((2, 30, 58), (3, 31, 59), known=False, source="inferred by the layout search",
+              confident_set=[(3, 31, 59), (2, 30, 58)], engine="sglang==0.5.23", arch="DeepseekV3ForCausalLM",
+              num_layers=61, settled=settled)
+    assert v.mismatch is None and v.line.startswith("UNDECIDED")
+    assert settled.note in v.line and "torchspec-vllm (2, 30, 58)" in v.line
+    assert [c["trainer"] for c in v.to_dict()["candidates"]] == [c["trainer"] for c in cands]
+
+
+def test_diagnose_decides_by_format_without_a_record(tmp_path):
+    """diagnose on a speculators-format Llama draft whose record is gone and whose ids are those it was
+    trained on: every writer agrees, the search does not separate that layout from the best, so the
+    verdict is decided by format, not left inferred."""
+    from helpers.diagnose import diagnose
+    from helpers.pair import eval_captures, load_pair
+
+    d = tiny_llama()
+    draft = tmp_path / "draft"
+    shutil.copytree(d / "draft", draft)
+    trained = tuple(json.loads((draft / "training.json").read_text())["training_boundaries"])
+    (draft / "training.json").unlink()
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg[IDS] = list(trained)
+    (draft / "config.json").write_text(json.dumps(cfg))
+    pair = load_pair(d / "target", draft)
+    out = diagnose(pair, eval_captures(pair, max_windows=6, window=128), "vllm", steps=2, progress=False)
+    assert out.recorded_layout is None and trained in out.confident_set     # the tests' own invariant
+    w = out.wiring
+    assert w.trained_known and w.trained == trained and w.trained_source.startswith("by format: ")
+    assert out.trained_layout == trained and out.to_dict()["trained_source"] == w.trained_source
+    assert "by format" in out.verdict and "inferred" not in out.verdict
