@@ -42,7 +42,8 @@ class WayKind(StrEnum):
     RETRAIN = "retrain"                # fix B: retrain the draft on the served layout
 
 
-# where each engine reads the ids: the structured key, then how ``check`` and a verdict name it
+# where each engine reads the ids: the structured key, then how ``check`` and a verdict name it (by engine
+# name, as the texts always had it: llama.cpp's fix still names the speculative config)
 IDS_WHERE = {"sglang": "eagle_config", "vllm": "top-level"}
 SPECULATIVE_CONFIG = "speculative-config"
 _LISTED_WHERE = {"eagle_config": f"eagle_config.{IDS_KEY}", "top-level": f"top-level {IDS_KEY}",
@@ -131,7 +132,7 @@ def ways_out(trained: Sequence[int], served: Sequence[int], engine, arch: str, n
         ways.append(WayOut(WayKind.WRITE_IDS,
                            f"write ids {ids} in {_LISTED_WHERE[where]} (fix A, no engine change)",
                            tuple(ids), where, layout=ascending))
-    elif eng.name == "sglang":
+    elif eng.rules.patchable:
         patched = _patch_then_ids(eng, arch, num_layers, ascending, where, root)
         if patched is not None:
             ways.append(patched)
@@ -180,7 +181,7 @@ def writer_candidates(cfg: dict, engine, arch: str, num_layers: int, served: Seq
     ids, where = ids_in_config(cfg)
     model_type = cfg.get("model_type")
     out = []
-    for spec in writers_of(cfg, eng.version if eng.name == "sglang" else None):
+    for spec in writers_of(cfg, eng.rules.capture_release(eng)):
         rule = rule_for(*parse_trainer(spec))
         train = (training_ids_from_config(spec, ids, model_type)
                  if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
