@@ -267,29 +267,40 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
             hazards: dict[int, str] | None = None) -> GuardVerdict | None:
     """The guard at the moment the engine has set its capture layers: ``holder.<attr>`` holds the
     capture indices the forward loop will test, ``highest`` the last index it tests (``served_layout``),
-    ``set_ids`` is the engine's own setter (used only to
-    find the ids that would fix a mismatch; ``holder.<attr>`` is restored after). Returns the verdict,
-    or None when the guard is off; raises ``GuardRefused`` when refusing."""
+    ``set_ids`` is the engine's own setter (used only to find the ids that would fix a mismatch;
+    ``holder.<attr>`` is restored after). Returns the verdict, or None when the guard is off or could not
+    judge; raises ``GuardRefused`` when refusing. A draft whose record or config cannot be read is not
+    judged: ``warn`` says so and lets the engine start, ``refuse`` refuses with the reason."""
     how = mode()
     if how is Mode.OFF:
         return None
     started = time.perf_counter()
-    folder = local_draft(draft)
-    record = read_record(folder)
-    cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    engine = f"{family}=={release(version)}"
-    original = getattr(holder, attr)
-    indices = [int(i) for i in original]
+    try:
+        folder = local_draft(draft)
+        record = read_record(folder)
+        cfg_path = folder / "config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        engine = f"{family}=={release(version)}"
+        original = getattr(holder, attr)
+        indices = [int(i) for i in original]
 
-    def restore():
-        setattr(holder, attr, original)
+        def restore():
+            setattr(holder, attr, original)
 
-    ids_for = probe_ids(set_ids, lambda: getattr(holder, attr), highest, restore)
-    ignored = ignored_flags(cfg, engine) if cfg else ()
-    verdict = judge(engine=f"{family} {version}", draft=folder, indices=indices, highest=highest,
-                    ids=ids, record=record, ignored=ignored, ids_for=ids_for, ids_key=ids_key,
-                    hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} on the live model")
+        ids_for = probe_ids(set_ids, lambda: getattr(holder, attr), highest, restore)
+        ignored = ignored_flags(cfg, engine) if cfg else ()
+        verdict = judge(engine=f"{family} {version}", draft=folder, indices=indices, highest=highest,
+                        ids=ids, record=record, ignored=ignored, ids_for=ids_for, ids_key=ids_key,
+                        hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} (live model)")
+    except Exception as exc:      # noqa: BLE001 - the engine's start must not die of the guard in warn
+        line = f"{PREFIX}: cannot judge {draft}: {type(exc).__name__}: {exc}"
+        if report is not None:
+            report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
+                    "seconds": round(time.perf_counter() - started, 6)})
+        sys.stderr.write(line + "\n")
+        if how is Mode.REFUSE:
+            raise GuardRefused(line) from None
+        return None
     verdict = _with_seconds(verdict, time.perf_counter() - started)
     enforce(verdict, how, report)
     return verdict

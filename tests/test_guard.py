@@ -140,6 +140,20 @@ def test_at_load_reads_the_record_and_restores_the_live_model(monkeypatch, draft
                          attr="layers_to_capture", highest=11, ids=None, set_ids=set_ids) is None
 
 
+def test_an_unreadable_record_warns_and_starts_or_refuses_with_the_reason(monkeypatch, draft, capsys):
+    (draft / "training.json").write_text("[0, 3, 7]")
+    holder, set_ids = _setter(lambda ids: ids)
+    rows = []
+    kw = dict(family="vllm", version="0.32.0", draft=draft, holder=holder, attr="layers_to_capture",
+              highest=12, ids=None, set_ids=set_ids, report=rows.append)
+    monkeypatch.setenv(guard.GUARD_ENV, "warn")
+    assert guard.at_load(**kw) is None and rows[-1]["kind"] == "unjudged"
+    assert "cannot judge" in capsys.readouterr().err
+    monkeypatch.setenv(guard.GUARD_ENV, "refuse")
+    with pytest.raises(guard.GuardRefused, match="expected an object"):
+        guard.at_load(**kw)
+
+
 def test_sglang_hooks_install_the_guard_alone_on_any_release(monkeypatch):
     """A user's deployment: the guard without the CPU accommodations, which are pinned to one release."""
     from helpers.sglang.cpu import HOOKS_ENV, hooks
