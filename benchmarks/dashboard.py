@@ -35,7 +35,7 @@ def prompts(n: int = 4, length: int = 48) -> list[list[int]]:
 def wirings(engine: str, tmp: Path) -> list[tuple[str, Path, dict]]:
     """(name, draft, launch options): the deployed draft as the original case served it, and the draft
     retrained on the served layout with ids this engine turns into it."""
-    from helpers.fixes import with_engine_ids
+    from helpers.investigation.fixes import with_engine_ids
 
     retrained = PAIR / "draft-retrained"
     if engine == "vllm":
@@ -47,9 +47,9 @@ def wirings(engine: str, tmp: Path) -> list[tuple[str, Path, dict]]:
 
 def serve(engine: str, draft: Path, options: dict, ids: list[list[int]], log_dir: Path) -> str:
     if engine == "vllm":
-        from helpers.vllm.bench import fixes_for
-        from helpers.vllm.engine import LaunchSpec, VllmEngine
-        from helpers.vllm.install import find_vllm
+        from helpers.live.vllm.bench import fixes_for
+        from helpers.live.vllm.engine import LaunchSpec, VllmEngine
+        from helpers.live.vllm.install import find_vllm
 
         install = find_vllm()
         tcfg = json.loads((PAIR / "target" / "config.json").read_text())
@@ -58,8 +58,8 @@ def serve(engine: str, draft: Path, options: dict, ids: list[list[int]], log_dir
         with VllmEngine(install, spec, log_dir=log_dir) as e:
             e.generate(ids, 64)
             return e.metrics_text()
-    from helpers.sglang.engine import SGLangEngine, SglangLaunch
-    from helpers.sglang.install import find_sglang
+    from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
+    from helpers.live.sglang.install import find_sglang
 
     with SGLangEngine(find_sglang(), SglangLaunch(PAIR / "target", draft, steps=3, **options),
                       log_dir=log_dir) as e:
@@ -74,7 +74,7 @@ def main() -> int:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     ids = prompts()
-    from helpers import plots
+    from helpers.notebook import plots
 
     with tempfile.TemporaryDirectory(prefix="eagle3-dashboard-") as tmp:
         for engine in a.engines.split(","):

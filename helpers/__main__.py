@@ -7,19 +7,22 @@ import sys
 from .errors import InputError, fail, say
 
 COMMANDS = {
-    "build-default": ("helpers.build", "build the embedded target/draft pair (data/tiny-kimi)"),
-    "bench": ("helpers.bench", "baseline vs speculative tok/s and accept length, one process"),
-    "diagnose": ("helpers.diagnose", "which layout was the draft trained on, and what does the engine serve"),
-    "dump": ("helpers.dump_cli", "write a hidden-state dump in a trainer's layout (speculators, SpecForge)"),
-    "scale-check": ("helpers.scale_check",
+    "build-default": ("helpers.commands.build", "build the embedded target/draft pair (data/tiny-kimi)"),
+    "bench": ("helpers.commands.bench", "baseline vs speculative tok/s and accept length, one process"),
+    "diagnose": ("helpers.commands.diagnose",
+                 "which layout was the draft trained on, and what does the engine serve"),
+    "dump": ("helpers.commands.dump",
+             "write a hidden-state dump in a trainer's layout (speculators, SpecForge)"),
+    "scale-check": ("helpers.commands.scale_check",
                     "dump diagnosis cost at a 7168-wide draft: peak memory, s per 1000 tokens"),
-    "capture": ("helpers.engine_capture", "capture hidden states through a serving SGLang into a dump"),
-    "check": ("helpers.check", "pre-deployment gate: will the engine serve the trained layout? (no weights)"),
-    "fixes": ("helpers.fixes_cli", "write a draft's training record, or a fixed copy (ids, fc order)"),
-    "wiring": ("helpers.wiring_cli", "resolve the boundaries an engine version feeds a draft"),
-    "patch-sglang": ("helpers.sglang.patch", "apply / revert / check the boundary-0 capture patch"),
-    "sglang-bench": ("helpers.sglang.server", "live SGLang server benchmark on a GPU host"),
-    "run-workbook": ("helpers.workbook", "execute notebooks 01-06 and render reports/"),
+    "capture": ("helpers.commands.capture", "capture hidden states through a serving SGLang into a dump"),
+    "check": ("helpers.commands.check",
+              "pre-deployment gate: will the engine serve the trained layout? (no weights)"),
+    "fixes": ("helpers.commands.fixes", "write a draft's training record, or a fixed copy (ids, fc order)"),
+    "wiring": ("helpers.commands.wiring", "resolve the boundaries an engine version feeds a draft"),
+    "patch-sglang": ("helpers.rules.sglang.patch", "apply / revert / check the boundary-0 capture patch"),
+    "sglang-bench": ("helpers.live.sglang.server", "live SGLang server benchmark on a GPU host"),
+    "run-workbook": ("helpers.commands.workbook", "execute notebooks 01-06 and render reports/"),
 }
 
 

@@ -10,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .conventions import DEFAULT_ENGINE, Engine, parse_engine
 from .errors import BadOption, InputError, one_line, print_json
+from .rules.conventions import DEFAULT_ENGINE, Engine, parse_engine
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -2,7 +2,7 @@
 
 Every check that needs the layout a draft was trained on reads it here, with one validation, so a
 record that one command accepts is never refused (or read differently) by another. The engine guard
-(``helpers.guard``) reads it inside vLLM's and SGLang's own processes, so this module imports only the
+(``helpers.live.guard``) reads it inside vLLM's and SGLang's own processes, so this module imports only the
 standard library and ``errors``. docs/metrics.md "The training record" documents the schema.
 """
 from __future__ import annotations

@@ -13,3 +13,20 @@ def test_no_import_cycles_and_every_module_says_what_it_is_for():
 
 def test_the_docs_module_table_is_the_codes():
     assert doc_table() == table(), "regenerate it: .venv/bin/python tests/_architecture.py --write"
+
+
+# The folders top to bottom as docs/architecture.md draws them; everything else (cli, boundaries, record,
+# errors, progress) sits at the bottom, except cli, drawn at the top, which parses --engine.
+FOLDERS = ["commands", "notebook", "live", "investigation", "model", "rules"]
+EXCEPTIONS = {("helpers.cli", "helpers.rules.conventions"),
+              ("helpers.investigation.metrics", "helpers.live.sglang.server")}
+
+
+def test_imports_between_folders_point_down_the_picture():
+    def place(m):
+        part = m.split(".")[1] if m.count(".") else ""
+        return FOLDERS.index(part) if part in FOLDERS else len(FOLDERS)
+
+    graph = imports(modules())
+    up = {(m, d) for m, (top, lazy) in graph.items() for d in top | lazy if place(d) < place(m)}
+    assert up == EXCEPTIONS

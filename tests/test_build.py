@@ -52,8 +52,8 @@ def test_draft_weights_are_sglang_layout():
 
 
 def test_samples_follow_standardize_data_v1():
-    from helpers.draft_training import generate_samples, standardize_data_v1
-    from helpers.target import load_target
+    from helpers.investigation.draft_training import generate_samples, standardize_data_v1
+    from helpers.model.target import load_target
 
     target, tok = load_target(tiny_default() / "target")
     stream = torch.tensor(tok((tiny_default() / "heldout.txt").read_text()[:20000])["input_ids"])
@@ -81,7 +81,7 @@ def test_second_family_speculators_format():
 def test_target_training_is_deterministic():
     from transformers import AutoModelForCausalLM
 
-    from helpers.target import target_config, train_target
+    from helpers.model.target import target_config, train_target
 
     ids = torch.arange(4000) % 97
     losses = []
@@ -102,7 +102,7 @@ def test_target_training_is_deterministic():
     (["--training-boundaries", "3,3,7"], "three distinct boundaries"),
 ])
 def test_build_rejects_bad_input(tmp_path, capsys, args, msg):
-    from helpers.build import main
+    from helpers.commands.build import main
 
     out = tmp_path / "out"
     try:
@@ -115,7 +115,7 @@ def test_build_rejects_bad_input(tmp_path, capsys, args, msg):
 
 
 def test_a_draft_is_not_taken_for_a_target():
-    from helpers.target import load_target
+    from helpers.model.target import load_target
 
     draft = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi" / "draft"
     with pytest.raises(ValueError, match="holds an EAGLE-3 draft"):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from helpers.boundaries import WiringError
-from helpers.capture import capture_boundaries, decoder_parts, named, num_layers_of, run_and_capture
+from helpers.model.capture import capture_boundaries, decoder_parts, named, num_layers_of, run_and_capture
 
 ARCHS = ("llama", "qwen2", "qwen3", "deepseek_v3")
 CLASS_OF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",

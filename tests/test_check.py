@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from helpers.__main__ import main as cli
-from helpers.check import check, safetensors_shapes
+from helpers.commands.check import check, safetensors_shapes
 from helpers.errors import InputError
 
 H = 16                      # a narrow hidden size: the checks depend on ids, depths and versions, not width

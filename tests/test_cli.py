@@ -40,7 +40,7 @@ def test_every_command_module_has_main():
 
 
 def test_run_workbook_rejects_missing_paths(tmp_path, capsys):
-    from helpers.workbook import main
+    from helpers.commands.workbook import main
 
     assert main(["--out", str(tmp_path / "r"), "--target", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -58,7 +58,7 @@ def test_run_workbook_rejects_missing_paths(tmp_path, capsys):
 ])
 def test_run_workbook_checks_inputs_before_any_kernel(tmp_path, capsys, args, expected):
     """Bad input fails in a second and leaves an earlier run's reports as they were."""
-    from helpers.workbook import main
+    from helpers.commands.workbook import main
 
     out = tmp_path / "r"
     out.mkdir()
@@ -69,7 +69,7 @@ def test_run_workbook_checks_inputs_before_any_kernel(tmp_path, capsys, args, ex
 
 
 def test_notebook_names_accept_short_forms():
-    from helpers.workbook import normalise_notebook_name
+    from helpers.commands.workbook import normalise_notebook_name
 
     for name in ("01", "01_baseline_throughput", "01_baseline_throughput.ipynb",
                  "notebooks/01_baseline_throughput.ipynb"):

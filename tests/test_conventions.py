@@ -6,7 +6,8 @@ import json
 import pytest
 
 from helpers.boundaries import WiringError
-from helpers.conventions import (
+from helpers.errors import BadOption, InputError
+from helpers.rules.conventions import (
     DraftConfigError,
     Engine,
     IdsAt,
@@ -29,7 +30,6 @@ from helpers.conventions import (
     vllm_draft_class,
     vllm_ids_to_boundaries,
 )
-from helpers.errors import BadOption, InputError
 
 L = 12
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -263,7 +263,7 @@ def test_vllm_capture_of_wrapped_and_other_targets_by_release(arch, before, firs
 
 
 def test_flag_fix_names_the_releases_that_run_every_ignored_flag():
-    from helpers.conventions import flag_fix
+    from helpers.rules.conventions import flag_fix
     assert flag_fix(["fc_norm", "norm_output"], "Eagle3DeepseekV2ForCausalLM") == (
         "serve with sglang>=0.5.13 or vllm>=0.23.0, or retrain without fc_norm, norm_output")
     assert flag_fix("norm_before_fc", "Eagle3DeepseekV2ForCausalLM").startswith(

@@ -20,8 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers.conventions import DraftConfigError, ids_in_config
-from helpers.draft import (
+from helpers.model.draft import (
     SGLANG_ARCH,
     SPECULATORS_ARCH,
     DraftConfig,
@@ -38,6 +37,7 @@ from helpers.draft import (
     save_draft,
     vocab_maps,
 )
+from helpers.rules.conventions import DraftConfigError, ids_in_config
 
 H = 32
 VOCAB = 128
@@ -564,7 +564,7 @@ def _rotate(x, pos, theta):
 
 
 def _reference_logits(draft, rows, norm_before_residual: bool) -> torch.Tensor:
-    """The EAGLE-3 layer written out row by row in float64, independently of helpers.draft.
+    """The EAGLE-3 layer written out row by row in float64, independently of helpers.model.draft.
 
     ``rows`` is a list of (token id, position, source); source is a fused target feature
     (goes through fc) or the index of an earlier row whose pre-norm output is fed back (a
@@ -1009,8 +1009,8 @@ def test_run_as_sglang_drops_norm_before_residual_only_inside_the_block(tmp_path
     same weights compute unflagged; outside, and under vLLM, the trained forward is back."""
     import shutil
 
-    from helpers.draft import ServingMismatchWarning, load_draft, run_as
-    from helpers.target import load_target
+    from helpers.model.draft import ServingMismatchWarning, load_draft, run_as
+    from helpers.model.target import load_target
 
     data = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"
     target, _ = load_target(data / "target")

@@ -21,10 +21,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers.check import check
-from helpers.conventions import honours_flag, ignored_flag_problems
-from helpers.conventions import parse_engine as E
-from helpers.draft import (
+from helpers.commands.check import check
+from helpers.model.draft import (
     MLA_DRAFT_ARCH,
     DraftFormatError,
     DraftKVCache,
@@ -36,6 +34,8 @@ from helpers.draft import (
     save_draft,
     vocab_maps,
 )
+from helpers.rules.conventions import honours_flag, ignored_flag_problems
+from helpers.rules.conventions import parse_engine as E
 
 H, VOCAB, DV = 32, 128, 64
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,7 +300,7 @@ def test_mla_has_no_speculators_format(target, tmp_path):
 def test_yarn_rope_as_deepseek_scales_it(target):
     """Kimi's YaRN (factor 64 over 4096): the fastest rotary pairs keep their frequency, the slowest
     are divided by the factor, the softmax scale grows by (0.1 ln 64 + 1)^2 (mscale_all_dim 1)."""
-    from helpers.draft import KIMI_YARN, MLAAttention
+    from helpers.model.draft import KIMI_YARN, MLAAttention
 
     cfg = new_draft_config(SimpleNamespace(hidden_size=256, vocab_size=VOCAB), DV, [1, 2, 3],
                            **mla_variant(256))
@@ -362,7 +362,7 @@ def _source_rule_holds(root: Path, file: str, flag: str) -> bool:
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.16", "0.5.17", "0.5.23"])
 def test_sglang_rules_agree_with_cached_sources(version):
     """Where a release's source is in the workbook cache, its draft files say what the table says."""
-    from helpers.wheels import cached
+    from helpers.rules.wheels import cached
 
     root = cached("sglang", version)
     if root is None:
@@ -432,8 +432,8 @@ VARIANT_SCORED = {"mla_eagle31": {**mla_variant(256), "fc_norm": True, "norm_out
 def test_dump_scoring_accepts_variants(tmp_path, name):
     """Every ordered pair of the committed dump's slots scored for a 2-slot variant, by the
     streaming dump scorer, with the engine's forward for the served row."""
-    from helpers.dump_diagnose import diagnose_dump
-    from helpers.dumps import open_dump
+    from helpers.investigation.dump_diagnose import diagnose_dump
+    from helpers.investigation.dumps import open_dump
 
     path = _kimi_variant(tmp_path, name, VARIANT_SCORED[name])
     draft = load_draft(path)
@@ -446,8 +446,8 @@ def test_dump_scoring_accepts_variants(tmp_path, name):
 def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
     """diagnose on the workbook's 12-layer DeepSeek target: a 2-slot MLA EAGLE-3.1 draft and a
     2-slot norm_before_fc draft are searched, and the served row is run as the engine runs it."""
-    from helpers.diagnose import diagnose
-    from helpers.pair import eval_captures, load_pair
+    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.pair import eval_captures, load_pair
 
     for name, engine, dropped in (("mla_eagle31", "sglang==0.5.12", "fc_norm"),
                                   ("norm_before_fc", "sglang==0.5.16", "norm_before_fc")):
@@ -462,7 +462,7 @@ def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
 @pytest.mark.parametrize("variant,k", [("eagle31_mla", 3), ("norm_before_fc", 2)])
 def test_scale_check_runs_variants(variant, k):
     """scale-check writes the variant in its checkpoint layout and scores it in a fresh process."""
-    from helpers.scale_check import scale_check
+    from helpers.commands.scale_check import scale_check
 
     out = scale_check(hidden=256, vocab=300, intermediate=256, tokens=24, records=1, variant=variant,
                       num_aux=k)

@@ -46,8 +46,8 @@ def diagnosis(fmt: str, run_target: str = "auto") -> dict:
 
 @pytest.mark.parametrize("fmt", ["speculators", "speculators-legacy", "specforge"])
 def test_write_then_read_each_format(fmt):
-    from helpers.dumps import open_dump
-    from helpers.target import load_target
+    from helpers.investigation.dumps import open_dump
+    from helpers.model.target import load_target
 
     dump = open_dump(tiny_dump(fmt))
     assert dump.format == fmt
@@ -74,7 +74,7 @@ def test_write_then_read_each_format(fmt):
 
 
 def test_max_records_and_tokens_bound_the_stream():
-    from helpers.dumps import open_dump
+    from helpers.investigation.dumps import open_dump
 
     dump = open_dump(tiny_dump("speculators"))
     assert len(list(dump.records(max_records=2))) == 2
@@ -107,9 +107,9 @@ def test_diagnose_names_training_layout_and_served_far_below(fmt):
 
 
 def test_formats_agree_with_each_other_and_the_capture_path():
-    from helpers.dumps import open_dump
-    from helpers.evaluate import attach_draft_probs, capture_text
-    from helpers.pair import load_pair
+    from helpers.investigation.dumps import open_dump
+    from helpers.investigation.evaluate import attach_draft_probs, capture_text
+    from helpers.investigation.pair import load_pair
 
     outs = {f: diagnosis(f) for f in ("speculators", "speculators-legacy", "specforge")}
     for key in ("best_acc", "served_acc"):
@@ -119,7 +119,7 @@ def test_formats_agree_with_each_other_and_the_capture_path():
     windows = torch.stack([r.token_ids for r in open_dump(tiny_dump("speculators")).records()])
     caps = capture_text(pair.target, windows)
     attach_draft_probs(pair.target, caps, pair.draft.draft_token_ids)
-    from helpers.evaluate import evaluate_layout
+    from helpers.investigation.evaluate import evaluate_layout
 
     for key, lay in (("best_acc", (0, 3, 7)), ("served_acc", (3, 7, 10))):
         direct = evaluate_layout(pair.draft, caps, lay, 3).acc0
@@ -142,9 +142,9 @@ def test_slots_named_from_the_heads_alone():
 
 def test_stated_slot_boundaries_and_next_token_labels(tmp_path):
     """A config-only target: the served layout still resolves, labels are the dump's next tokens."""
-    from helpers.dump_diagnose import diagnose_dump
-    from helpers.dumps import open_dump
-    from helpers.pair import load_pair
+    from helpers.investigation.dump_diagnose import diagnose_dump
+    from helpers.investigation.dumps import open_dump
+    from helpers.investigation.pair import load_pair
 
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     d = diagnose_dump(pair.draft, open_dump(tiny_dump("speculators")), stated=list(BOUNDS),
@@ -161,9 +161,9 @@ def test_served_within_noise_is_still_a_mismatch(tmp_path):
     """Neighbouring boundaries that are nearly interchangeable: the paired test cannot tell the served
     layout from the trained one, and the verdict still says they differ, what that costs (within
     noise) and the fix. tests/test_ranking.py holds the same case end to end."""
-    from helpers.dump_diagnose import diagnose_dump
-    from helpers.dumps import open_dump
-    from helpers.pair import load_pair
+    from helpers.investigation.dump_diagnose import diagnose_dump
+    from helpers.investigation.dumps import open_dump
+    from helpers.investigation.pair import load_pair
 
     src = open_dump(tiny_dump("speculators"))
     out = tmp_path / "near"
@@ -204,7 +204,7 @@ def _copy_speculators(tmp_path: Path, n: int = 3) -> Path:
 
 
 def open_files(n: int) -> list[Path]:
-    from helpers.dumps import open_dump
+    from helpers.investigation.dumps import open_dump
 
     return open_dump(tiny_dump("speculators")).files[:n]
 
@@ -285,7 +285,7 @@ def test_dump_cli_refuses_a_nonempty_out_and_bad_boundaries(tmp_path):
 
 def test_scale_check_runs_small():
     """The Kimi-width cost check, at a width that runs in seconds: it measures, it does not assert speed."""
-    from helpers.scale_check import scale_check
+    from helpers.commands.scale_check import scale_check
 
     out = scale_check(hidden=128, vocab=500, intermediate=256, tokens=32, records=1)
     assert out["layouts"] == 24 and out["tokens"] == 32 and out["peak_rss_bytes"] > out["baseline_rss_bytes"]

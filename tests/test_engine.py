@@ -7,9 +7,10 @@ import pytest
 import torch
 from _pairs import tiny_default
 
-from helpers.bench import encode_prompts, run_bench
 from helpers.boundaries import CapturePlan
-from helpers.engine import (
+from helpers.commands.bench import encode_prompts, run_bench
+from helpers.investigation.pair import load_pair, read_prompts
+from helpers.model.engine import (
     TargetRunner,
     accept,
     acceptance_histogram,
@@ -17,7 +18,6 @@ from helpers.engine import (
     position_acceptance,
     speculative_generate,
 )
-from helpers.pair import load_pair, read_prompts
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_accept_and_histograms():
     assert accept([1, 2, 3], [1, 2, 9, 4]) == 2
     assert accept([7, 2], [1, 2, 3]) == 0
     assert accept([1, 2], [1, 2, 3]) == 2
-    from helpers.engine import GenerationResult
+    from helpers.model.engine import GenerationResult
 
     r = GenerationResult([0] * 9, 1.0, 4, [0, 2, 3, 0], k=3)
     assert r.tau == pytest.approx((5 + 4) / 4)
@@ -116,7 +116,7 @@ def test_run_bench_reports_paired_speedup_and_lossless(pair, prompts):
 
 
 def test_bench_cli_json(capsys):
-    from helpers.bench import main
+    from helpers.commands.bench import main
 
     d = tiny_default()
     rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--layout", "trained", "--steps",
@@ -130,7 +130,7 @@ def test_bench_cli_json(capsys):
 
 
 def test_bench_cli_bad_input(capsys, tmp_path):
-    from helpers.bench import main
+    from helpers.commands.bench import main
 
     d = tiny_default()
     assert main(["--target", str(tmp_path / "nope"), "--draft", str(d / "draft")]) == 2
@@ -156,7 +156,7 @@ def test_bench_cli_bad_input(capsys, tmp_path):
 
 
 def test_read_prompts_decides_format_by_content(tmp_path):
-    from helpers.pair import read_prompts
+    from helpers.investigation.pair import read_prompts
 
     f = tmp_path / "prompts.json"
     f.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
@@ -175,10 +175,10 @@ def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):
     reference engine's wiring from (3, 7, 10) into (0, 3, 7); unpatched, it refuses."""
     import shutil
 
-    from helpers.bench import main
-    from helpers.fixes import with_engine_ids
-    from helpers.sglang.patch import apply_patch
-    from helpers.sglang.source import fetch_sglang
+    from helpers.commands.bench import main
+    from helpers.investigation.fixes import with_engine_ids
+    from helpers.rules.sglang.patch import apply_patch
+    from helpers.rules.sglang.source import fetch_sglang
 
     pristine = fetch_sglang("0.5.9")
     cache = tmp_path / "cache"

@@ -20,8 +20,8 @@ SERVED = (3, 7, 10)      # what SGLang 0.5.9 captures for ids [2, 6, 9] on the t
 
 @pytest.fixture(scope="module")
 def fake_sglang():
-    from helpers.capture import run_and_capture
-    from helpers.target import load_target
+    from helpers.model.capture import run_and_capture
+    from helpers.model.target import load_target
 
     target, _ = load_target(tiny_default() / "target")
     seen = []
@@ -61,7 +61,7 @@ def fake_sglang():
 
 
 def test_rows_from_response_shapes():
-    from helpers.engine_capture import CaptureError, rows_from_response
+    from helpers.commands.capture import CaptureError, rows_from_response
 
     body = {"meta_info": {"hidden_states": [[[1.0, 2.0], [3.0, 4.0]], [5.0, 6.0]]}}
     assert rows_from_response(body, 2).tolist() == [[1.0, 2.0], [3.0, 4.0]]
@@ -98,7 +98,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
 
 
 def test_capture_refuses_an_engine_without_hidden_states(tmp_path):
-    from helpers.engine_capture import CaptureError, capture_dump
+    from helpers.commands.capture import CaptureError, capture_dump
 
     def post(url, payload):
         return {"text": "x", "meta_info": {"completion_tokens": 1}}

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import engines
-from helpers.conventions import (
+from helpers.errors import BadOption
+from helpers.rules import engines
+from helpers.rules.conventions import (
     ENGINES,
     LLAMACPP_NEWEST_READ,
     VLLM_NEWEST_READ,
@@ -21,8 +22,7 @@ from helpers.conventions import (
     engine_ids,
     parse_engine,
 )
-from helpers.errors import BadOption
-from helpers.topology import pp_stages
+from helpers.rules.topology import pp_stages
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"
@@ -32,14 +32,14 @@ HELPERS = REPO / "helpers"
 # call with text, each parsing on its first line.
 PARSED_AT = {
     ("cli.py", "EngineOption.__call__"), ("cli.py", "engine_value"), ("cli.py", "add_pair_args"),
-    ("workbook.py", "check_run_inputs"),
-    ("check.py", "check"), ("wiring.py", "resolve"), ("wiring.py", "served_plan"),
-    ("wiring.py", "ids_for_layout"), ("fixes.py", "with_engine_ids"), ("backends.py", "choose"),
-    ("draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
-    ("guard.py", "ignored_flags"),        # inside a live engine, which names itself as text
-    # the verdict's entry points (notebooks 02/03 name the engine as text): the one-verdict work moves
-    # evaluate.layout_fix into helpers/verdict.py
-    ("evaluate.py", "layout_fix"), ("verdict.py", "ways_out"), ("verdict.py", "writer_candidates"),
+    ("commands/workbook.py", "check_run_inputs"),
+    ("commands/check.py", "check"), ("rules/wiring.py", "resolve"), ("rules/wiring.py", "served_plan"),
+    ("rules/wiring.py", "ids_for_layout"), ("investigation/fixes.py", "with_engine_ids"),
+    ("live/backends.py", "choose"),
+    ("model/draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
+    ("live/guard.py", "ignored_flags"),         # inside a live engine, which names itself as text
+    # the verdict's entry points (notebooks 02/03 name the engine as text)
+    ("investigation/verdict.py", "ways_out"), ("investigation/verdict.py", "writer_candidates"),
 }
 
 
@@ -78,7 +78,7 @@ def test_every_family_has_the_same_methods():
 def test_parse_engine_is_called_only_at_the_edge():
     sites = _parse_sites()
     assert sites <= PARSED_AT, sorted(sites - PARSED_AT)
-    assert ("conventions.py", "parse_engine") not in sites       # no rule function parses
+    assert ("rules/conventions.py", "parse_engine") not in sites       # no rule function parses
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         assert not any("parse_engine(" in "".join(c["source"]) for c in cells), nb.name
@@ -90,9 +90,9 @@ def test_no_engine_name_tests_below_the_edge():
     hits = {(str(p.relative_to(HELPERS)), n + 1) for p in HELPERS.rglob("*.py")
             for n, line in enumerate(p.read_text().splitlines()) if pattern.search(line)}
     # backends.choose reads the ENGINE/--backend word itself (the edge); the verdict: work in progress
-    assert {f for f, _ in hits} <= {"backends.py", "evaluate.py", "verdict.py"}, sorted(hits)
+    assert {f for f, _ in hits} <= {"live/backends.py", "investigation/verdict.py"}, sorted(hits)
     assert not [p for p in HELPERS.rglob("*.py") if "or VLLM_NEWEST_READ" in p.read_text()]
-    assert "in why" not in (HELPERS / "topology.py").read_text()      # decided by a call, not by text
+    assert "in why" not in (HELPERS / "rules" / "topology.py").read_text()   # decided by a call, not text
 
 
 @pytest.mark.parametrize("text, version", [("llamacpp==b11434", "b11434"), ("llamacpp==11434", "11434"),

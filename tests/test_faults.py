@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 
 from helpers import errors
 from helpers.__main__ import main as cli
-from helpers.sglang import patch as ps
-from helpers.sglang import source as ss
-from helpers.wiring import served_plan
+from helpers.rules.sglang import patch as ps
+from helpers.rules.sglang import source as ss
+from helpers.rules.wiring import served_plan
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,9 +122,9 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
     is stubbed to its answer: ranking 1716 NaN layouts would only cost time.)"""
     import types
 
-    from helpers import diagnose as dg
-    from helpers.engine import speculative_generate
-    from helpers.pair import eval_captures, load_pair
+    from helpers.commands import diagnose as dg
+    from helpers.investigation.pair import eval_captures, load_pair
+    from helpers.model.engine import speculative_generate
 
     p = load_pair(pair / "target", pair / "draft")
     caps = eval_captures(p, max_windows=2)
@@ -641,7 +641,7 @@ def test_capture_against_a_misbehaving_server(mode, expected, pair, fake_server,
 
 
 def test_capture_timeout_default_is_60_s():
-    from helpers.engine_capture import DEFAULT_TIMEOUT_S
+    from helpers.commands.capture import DEFAULT_TIMEOUT_S
     assert DEFAULT_TIMEOUT_S == 60.0
 
 
@@ -718,7 +718,7 @@ def test_dump_says_which_text_it_uses(pair, tmp_path, capsys):
 
 
 def test_sigterm_removes_the_staging_folder(tmp_path):
-    from helpers.dumps import staged_dir
+    from helpers.investigation.dumps import staged_dir
 
     out = tmp_path / "dump"
     earlier = signal.getsignal(signal.SIGTERM)
@@ -989,7 +989,7 @@ def test_locked_child_refuses_writes_sockets_and_processes(tmp_path):
     script = textwrap.dedent(f"""
         import sys, os, subprocess, socket
         sys.path.insert(0, {str(REPO)!r})
-        from helpers.sglang.stub import _lock_down
+        from helpers.rules.sglang.stub import _lock_down
         _lock_down()
         tries = {{
             "open-w": lambda: open({str(tmp_path / 'a')!r}, "w"),
@@ -1022,7 +1022,7 @@ def test_locked_child_refuses_writes_sockets_and_processes(tmp_path):
 
 
 def test_sandboxed_setter_gives_the_release_answer():
-    from helpers.sglang import stub
+    from helpers.rules.sglang import stub
 
     src = ss.fetch_sglang("0.5.9")
     here = stub._run_setter_here(src, "LlamaForCausalLM", 12, [2, 6, 9])

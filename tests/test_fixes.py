@@ -8,10 +8,10 @@ import pytest
 from _pairs import tiny_default
 
 from helpers.boundaries import WiringError
-from helpers.draft import load_draft
-from helpers.evaluate import evaluate_layout
-from helpers.fixes import reorder_fc, with_engine_ids
-from helpers.pair import eval_captures, load_pair
+from helpers.investigation.evaluate import evaluate_layout
+from helpers.investigation.fixes import reorder_fc, with_engine_ids
+from helpers.investigation.pair import eval_captures, load_pair
+from helpers.model.draft import load_draft
 
 
 def _digest(folder):
@@ -32,7 +32,7 @@ def test_with_engine_ids_writes_a_copy(tmp_path):
 
 def test_with_engine_ids_keeps_both_keys_meaning_one_layout(tmp_path):
     """A draft carrying both keys: SGLang's nested ids and vLLM's top-level boundaries must agree."""
-    from helpers.wiring import resolve
+    from helpers.rules.wiring import resolve
 
     src = tmp_path / "both"
     import shutil

@@ -1,4 +1,4 @@
-"""The engine guard's judgement (helpers/guard.py), the training record (helpers/record.py) and the
+"""The engine guard's judgement (helpers/live/guard.py), the training record (helpers/record.py) and the
 ``fixes`` command that writes both kinds of fix and the record; no engine here (the live guard is tested
 inside vLLM in test_vllm.py and inside SGLang in test_sglang_live.py)."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import guard
+from helpers.commands.fixes import main as fixes
 from helpers.errors import BadConfig, BadOption
-from helpers.fixes_cli import main as fixes
+from helpers.live import guard
 from helpers.record import read_record, write_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def test_an_unreadable_record_warns_and_starts_or_refuses_with_the_reason(monkey
 
 def test_sglang_hooks_install_the_guard_alone_on_any_release(monkeypatch):
     """A user's deployment: the guard without the CPU accommodations, which are pinned to one release."""
-    from helpers.sglang.cpu import HOOKS_ENV, hooks
+    from helpers.live.sglang.cpu import HOOKS_ENV, hooks
     monkeypatch.delenv(HOOKS_ENV, raising=False)
     monkeypatch.setattr(hooks, "_release", lambda: "0.5.30")
     monkeypatch.setattr(hooks, "_after", {})

@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.lab import SMALL, overrides
-from helpers.workbook import NOTEBOOKS, ORDER, REPO
+from helpers.commands.workbook import NOTEBOOKS, ORDER, REPO
+from helpers.notebook.lab import SMALL, overrides
 
 
 def _kernel_name() -> str:

@@ -8,10 +8,16 @@ import pytest
 from _pairs import assert_in_front, tiny_default, tiny_draft
 
 from helpers.boundaries import WiringError
-from helpers.draft import load_draft
-from helpers.evaluate import EvalInputError, evaluate_layout
-from helpers.layout_search import coordinate_search, full_search, permutation_search, search, slot_sweep
-from helpers.pair import eval_captures, load_pair, text_windows
+from helpers.investigation.evaluate import EvalInputError, evaluate_layout
+from helpers.investigation.layout_search import (
+    coordinate_search,
+    full_search,
+    permutation_search,
+    search,
+    slot_sweep,
+)
+from helpers.investigation.pair import eval_captures, load_pair, text_windows
+from helpers.model.draft import load_draft
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +32,7 @@ def caps(pair):
 
 def _with_draft(pair, caps, path):
     draft = load_draft(path, target=pair.target)
-    from helpers.evaluate import attach_draft_probs
+    from helpers.investigation.evaluate import attach_draft_probs
 
     attach_draft_probs(pair.target, caps, draft.draft_token_ids)
     return draft
@@ -67,7 +73,7 @@ def test_served_layout_scores_far_below(pair, caps):
 
 def test_no_features_control_row(pair, caps):
     """The zeroed-feature control is the floor: the training wiring must clear it by far."""
-    from helpers.layout_search import compare_layouts
+    from helpers.investigation.layout_search import compare_layouts
 
     draft = _with_draft(pair, caps, tiny_default() / "draft")
     table = compare_layouts(draft, caps, {"trained": (0, 3, 7), "served": (3, 7, 10)}, 2,
@@ -104,7 +110,7 @@ def test_bad_inputs(pair, caps):
 
 
 def test_diagnose_cli_json(capsys):
-    from helpers.diagnose import main
+    from helpers.commands.diagnose import main
 
     d = tiny_default()
     rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--windows", "6", "--json"])
@@ -125,7 +131,7 @@ def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp
     so the draft gets two features. diagnose says so and still names the training layout."""
     import shutil
 
-    from helpers.diagnose import main
+    from helpers.commands.diagnose import main
 
     d = tiny_default()
     draft = tmp_path / "draft"
@@ -141,7 +147,7 @@ def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp
 
 
 def test_diagnose_cli_checks_arguments_first(capsys):
-    from helpers.diagnose import main
+    from helpers.commands.diagnose import main
 
     d = tiny_default()
     for args, msg in ((["--steps", "0"], "--steps must be from 1 to"),
@@ -154,7 +160,7 @@ def test_diagnose_cli_checks_arguments_first(capsys):
 
 
 def test_diagnose_cli_bad_text(capsys, tmp_path):
-    from helpers.diagnose import main
+    from helpers.commands.diagnose import main
 
     short = tmp_path / "short.txt"
     short.write_text("x = 1\n")
@@ -167,7 +173,7 @@ def test_diagnose_cli_bad_text(capsys, tmp_path):
 
 
 def test_widget_callbacks(pair, caps):
-    from helpers.widgets import LayoutExplorer
+    from helpers.notebook.widgets import LayoutExplorer
 
     draft = _with_draft(pair, caps, tiny_default() / "draft")
     ex = LayoutExplorer(draft, caps, (3, 7, 10), steps=2,
@@ -192,10 +198,10 @@ def test_verdict_keeps_the_two_questions_apart():
     layout; with no record, it is undecided while the confidence set holds others too."""
     import pandas as pd
 
-    from helpers.diagnose import Diagnosis
-    from helpers.evaluate import PairedTest
-    from helpers.layout_search import SearchResult
-    from helpers.verdict import WiringVerdict
+    from helpers.commands.diagnose import Diagnosis
+    from helpers.investigation.evaluate import PairedTest
+    from helpers.investigation.layout_search import SearchResult
+    from helpers.investigation.verdict import WiringVerdict
 
     ranking = pd.DataFrame({"rank": [1, 2, 3], "layout": [(3, 5, 7), (2, 5, 7), (0, 1, 2)],
                             "sim_accept_length": [1.92, 1.91, 1.2], "ce": [4.0662, 4.0678, 5.2],
@@ -230,9 +236,9 @@ def test_coordinate_search_cost_grows_linearly_with_boundaries():
     import torch
     import torch.nn.functional as F
 
-    from helpers.draft import DraftConfig, Eagle3Draft
-    from helpers.evaluate import TargetCaptures
-    from helpers.layout_search import coordinate_search
+    from helpers.investigation.evaluate import TargetCaptures
+    from helpers.investigation.layout_search import coordinate_search
+    from helpers.model.draft import DraftConfig, Eagle3Draft
 
     torch.manual_seed(0)
     cfg = DraftConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.matrix import MatrixRow, markdown_doc, matrix, runs, status_of
-from helpers.wiring import resolve
-from helpers.wiring_cli import main as wiring_main
+from helpers.commands.wiring import main as wiring_main
+from helpers.rules.matrix import MatrixRow, markdown_doc, matrix, runs, status_of
+from helpers.rules.wiring import resolve
 
 RELEASES = ["0.4.4.post2", "0.4.9", "0.5.4.post2", "0.5.9", "0.5.12", "0.5.13", "0.5.23"]
 
@@ -60,7 +60,7 @@ def test_committed_table_is_current_for_its_releases():
 def test_committed_release_data_classes_and_drift():
     """data/releases.json: each common family's releases in classes that serve every case alike; one
     release per class reproduces every release's outcome for the cases stored."""
-    from helpers.matrix import load_release_data, sglang_across_releases
+    from helpers.rules.matrix import load_release_data, sglang_across_releases
 
     data = load_release_data()
     assert data["sglang_releases"][0] == "0.4.4.post2" and "0.5.23" in data["sglang_releases"]
@@ -81,7 +81,7 @@ def test_committed_release_data_classes_and_drift():
 def test_drift_line_starts_where_the_served_layout_does():
     """Runs that differ only in why (ids read, or the same layout by default) serve a draft alike: the
     sentence names the first release of the whole block, not of the named release's run."""
-    from helpers.matrix import Drift, Run
+    from helpers.rules.matrix import Drift, Run
 
     runs = [Run("0.8.5", "0.17.1", 20, "no EAGLE-3 capture", [], ()),
             Run("0.18.0", "0.21.0", 5, "ids ignored, defaults served", [2, 30, 58], (2, 30, 58)),

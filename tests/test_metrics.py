@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers.metrics import Expected, Explanation, ServedProfile, explain, read_metrics, wilson
+from helpers.investigation.metrics import Expected, Explanation, ServedProfile, explain, read_metrics, wilson
 
 TRAINED = Expected([0.70, 0.52, 0.40], "training record")
 
@@ -149,7 +149,7 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
     as counts) against the tiny pair: the CLI names the wiring and the served layout."""
     from _pairs import tiny_default
 
-    from helpers.diagnose import main
+    from helpers.commands.diagnose import main
 
     d = tiny_default()
     f = tmp_path / "metrics.txt"

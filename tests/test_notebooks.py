@@ -1,7 +1,7 @@
 """Every notebook: committed without outputs, parameterised, and executed here on small settings.
 
 Each notebook runs on its own (``-k 01`` runs notebook 01; 06 runs after the 05 it reads), and
-its report is read back through ``helpers.reports``, so a notebook that writes a report its
+its report is read back through ``helpers.notebook.reports``, so a notebook that writes a report its
 readers cannot read fails here, not in the next notebook.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import nbformat
 import pytest
 from _pairs import tiny_default, tiny_draft, tiny_dump, tiny_llama
 
-from helpers import reports
-from helpers.lab import SMALL
-from helpers.notebook import setup_notebook
-from helpers.workbook import NOTEBOOKS, ORDER, RunRecord, index_page, run_workbook
+from helpers.commands.workbook import NOTEBOOKS, ORDER, RunRecord, index_page, run_workbook
+from helpers.notebook import reports
+from helpers.notebook.lab import SMALL
+from helpers.notebook.setup import setup_notebook
 
 # the notebooks a notebook reads the reports of, run before it
 NEEDS = {"06_rebenchmark": ["05_apply_patch"]}
@@ -121,7 +121,7 @@ def test_rebenchmark_without_notebook_05_says_to_run_it(tmp_path):
 
 def test_workbook_on_second_family_with_inferred_layout(tmp_path, monkeypatch):
     """A Llama target with a speculators-format draft, the training record hidden: inferred."""
-    from helpers.sglang.install import VENV_ENV
+    from helpers.live.sglang.install import VENV_ENV
 
     monkeypatch.setenv(VENV_ENV, str(tmp_path / "no-sglang-here"))    # a host without SGLang
     d = tiny_llama()

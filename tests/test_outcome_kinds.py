@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 
-import helpers.conventions as conventions
-import helpers.sglang.patch as sglang_patch
-import helpers.sglang.resolve as sglang_resolve
-from helpers import matrix as matrix_mod
+import helpers.rules.conventions as conventions
+import helpers.rules.sglang.patch as sglang_patch
+import helpers.rules.sglang.resolve as sglang_resolve
 from helpers.boundaries import CapturePlan, Problem, ProblemKind, WiringError, WiringResult
-from helpers.check import check
-from helpers.conventions import (
+from helpers.commands.check import check
+from helpers.commands.wiring import main as wiring_main
+from helpers.errors import BadOption
+from helpers.live.vllm.install import VllmInstall
+from helpers.live.vllm.wirings import with_vllm_fixes
+from helpers.rules import matrix as matrix_mod
+from helpers.rules.conventions import (
     Engine,
     llamacpp_build_number,
     llamacpp_rule,
@@ -23,13 +27,9 @@ from helpers.conventions import (
     resolve_trtllm,
     resolve_vllm,
 )
-from helpers.errors import BadOption
-from helpers.matrix import matrix, status_of, vllm_across_releases, vllm_status
-from helpers.sglang import stub
-from helpers.vllm.install import VllmInstall
-from helpers.vllm.wirings import with_vllm_fixes
-from helpers.wiring import resolve
-from helpers.wiring_cli import main as wiring_main
+from helpers.rules.matrix import matrix, status_of, vllm_across_releases, vllm_status
+from helpers.rules.sglang import stub
+from helpers.rules.wiring import resolve
 
 K = ProblemKind
 IDS = "eagle_aux_hidden_state_layer_ids"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wiring
-from helpers.sglang import patch as ps
-from helpers.sglang import source as ss
-from helpers.sglang.inspect import inspect_model
-from helpers.sglang.stub import exec_capture_site, run_setter
+from helpers.rules import wiring
+from helpers.rules.sglang import patch as ps
+from helpers.rules.sglang import source as ss
+from helpers.rules.sglang.inspect import inspect_model
+from helpers.rules.sglang.stub import exec_capture_site, run_setter
 
 L = 12
 FILES = [e.file for e in ps.EDITS]

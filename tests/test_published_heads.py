@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.check import check
+from helpers.commands.check import check
 
 HEADS = Path(__file__).resolve().parent / "heads"
 MANIFEST = json.loads((HEADS / "manifest.json").read_text())

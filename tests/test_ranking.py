@@ -19,7 +19,7 @@ import torch
 from _pairs import ROOT, assert_in_front, tiny_default, tiny_draft, tiny_dump, tiny_llama
 from safetensors.torch import save_file
 
-from helpers.evaluate import (
+from helpers.investigation.evaluate import (
     BLOCK,
     MIN_BLOCKS,
     PairedTest,
@@ -28,7 +28,7 @@ from helpers.evaluate import (
     paired_test,
     token_blocks,
 )
-from helpers.verdict import WiringVerdict
+from helpers.investigation.verdict import WiringVerdict
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "ranking-table.jsonl"      # one line per case: how each measure ranks the training layout
@@ -43,7 +43,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
     """The embedded recipe with a sixth of its training steps: a draft that has learned its layout
     only roughly, whose later steps are poor for every layout."""
-    from helpers.build import TINY, build_draft
+    from helpers.commands.build import TINY, build_draft
 
     out = ROOT / f"draft-weak-{'-'.join(map(str, layout))}"
     if not (out / "training.json").is_file():
@@ -55,7 +55,7 @@ def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
 @functools.lru_cache(maxsize=None)
 def llama_dump() -> Path:
     """The second family's dump, speculators >= 0.5 layout: its training (0, 2, 4) and the final boundary."""
-    from helpers.dump_cli import write_from_text
+    from helpers.commands.dump import write_from_text
 
     out = ROOT / "dump-llama-0-2-4-6-8"
     if not out.exists():
@@ -120,7 +120,7 @@ def test_ce_and_acceptance_disagree_and_the_ranking_follows_acceptance():
     """The issue's pair in numbers: ce over three steps favours (2, 5, 10), whose later steps hedge
     better; step 0 -- which governs acceptance -- favours the training layout (2, 5, 7) by about 9
     standard errors. The ranking, its best and its paired test follow acceptance."""
-    from helpers.dump_diagnose import _Acc, rank
+    from helpers.investigation.dump_diagnose import _Acc, rank
 
     g = torch.Generator().manual_seed(0)
     n_rec, T = 15, 188                                            # 2,820 tokens, as in the issue
@@ -162,8 +162,8 @@ STRICT = {"deepseek-12 (0, 3, 7) sglang"} | {f"deepseek-12 {f}" for f in ("specu
 
 @pytest.mark.parametrize("case", list(CAPTURE_CASES))
 def test_capture_path_keeps_the_training_layout_in_front(case):
-    from helpers.layout_search import search
-    from helpers.pair import eval_captures, load_pair
+    from helpers.investigation.layout_search import search
+    from helpers.investigation.pair import eval_captures, load_pair
 
     base, draft, trained = CAPTURE_CASES[case]()
     pair = load_pair(base / "target", draft)
@@ -219,7 +219,8 @@ def test_dump_path_keeps_the_training_layout_in_front(case):
 def _twin_dump(tmp_path: Path) -> Path:
     """The tiny dump with a near-copy of boundary 7 as an eighth-boundary slot: neighbouring
     boundaries made interchangeable, as on the held-out 10-layer pair."""
-    src = __import__("helpers.dumps", fromlist=["open_dump"]).open_dump(tiny_dump("speculators"))
+    dumps = __import__("helpers.investigation.dumps", fromlist=["open_dump"])
+    src = dumps.open_dump(tiny_dump("speculators"))
     out = tmp_path / "near"
     out.mkdir()
     g = torch.Generator().manual_seed(0)
@@ -236,9 +237,9 @@ def test_interchangeable_neighbour_is_still_a_mismatch_with_its_cost(tmp_path):
     """Served (0, 3, 8) where (0, 3, 7) was trained and boundary 8 is nearly a copy of 7: the paired
     test cannot separate them, and the verdict says they differ, what it costs (nothing
     measurable) and how to fix it -- never "consistent"."""
-    from helpers.dump_diagnose import diagnose_dump
-    from helpers.dumps import open_dump
-    from helpers.pair import load_pair
+    from helpers.investigation.dump_diagnose import diagnose_dump
+    from helpers.investigation.dumps import open_dump
+    from helpers.investigation.pair import load_pair
 
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     cfg = {**pair.draft_config, "eagle_aux_hidden_state_layer_ids": [0, 3, 8]}
@@ -262,8 +263,8 @@ def test_interchangeable_neighbour_is_still_a_mismatch_with_its_cost(tmp_path):
 def test_capture_path_interchangeable_neighbour(tmp_path):
     """The same in the target-capture path: boundary 8's capture replaced by a near-copy of 7's, the
     draft deployed with vLLM ids [0, 3, 8] and its training record saying (0, 3, 7)."""
-    from helpers.diagnose import diagnose
-    from helpers.pair import eval_captures, load_pair
+    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.pair import eval_captures, load_pair
 
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     caps = eval_captures(pair, max_windows=6)

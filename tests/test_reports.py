@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from helpers import reports
-from helpers.bench import BenchResult
+from helpers.commands.bench import BenchResult
 from helpers.errors import InputError
-from helpers.reports import (
+from helpers.notebook import reports
+from helpers.notebook.reports import (
     BaselineStep,
     BoundaryStep,
     FixA,

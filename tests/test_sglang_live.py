@@ -20,9 +20,9 @@ import torch
 from _pairs import tiny_default, tiny_draft
 from conftest import scaled
 
-from helpers.conventions import Engine
-from helpers.sglang.engine import SGLangEngine, SglangLaunch
-from helpers.sglang.install import EngineUnavailable, find_sglang
+from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
+from helpers.live.sglang.install import EngineUnavailable, find_sglang
+from helpers.rules.conventions import Engine
 
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
@@ -42,7 +42,7 @@ def install():
 
 @pytest.fixture(scope="module")
 def pair():
-    from helpers.pair import load_pair
+    from helpers.investigation.pair import load_pair
     root = tiny_default()
     return load_pair(root / "target", root / "draft")
 
@@ -88,8 +88,8 @@ _REFERENCE: dict = {}
 def _reference(pair, layout, prompts):
     """The workbook's fp32 reference engine fed ``layout``: tokens, pooled accept length, histogram."""
     from helpers.boundaries import CapturePlan
-    from helpers.draft import run_as
-    from helpers.engine import acceptance_histogram, speculative_generate
+    from helpers.model.draft import run_as
+    from helpers.model.engine import acceptance_histogram, speculative_generate
     key = (tuple(layout), tuple(map(tuple, prompts)))
     if key not in _REFERENCE:
         plan = CapturePlan(tuple(layout), pair.num_layers, source="test")
@@ -122,7 +122,7 @@ def _measured_slots(pair, prompts, fc: dict) -> tuple[list[int], float]:
 
 
 def _baseline(pair, prompts):
-    from helpers.engine import baseline_generate
+    from helpers.model.engine import baseline_generate
     key = ("baseline", tuple(map(tuple, prompts)))
     if key not in _REFERENCE:
         with torch.no_grad():
@@ -180,8 +180,8 @@ def test_installed_0_5_9_setter_serves_the_original_case(rule_059, pair, prompts
 
 def test_patched_ids_under_0_5_9_setter_serve_fix_a(install, pair, prompts, tmp_path_factory):
     """Notebook 05's fix A: ids [-1, 2, 6] through 0.5.9's setter capture (embed, b3, b7) live."""
-    from helpers.sglang.resolve import source_for
-    from helpers.sglang.stub import run_setter
+    from helpers.rules.sglang.resolve import source_for
+    from helpers.rules.sglang.stub import run_setter
     draft = tmp_path_factory.mktemp("fixA") / "draft"
     shutil.copytree(pair.draft_dir, draft)
     cfg = json.loads((draft / "config.json").read_text())
@@ -220,8 +220,8 @@ def test_guard_under_the_0_5_9_setter_names_fix_a(rule_059):
 def test_guard_refuses_the_deployed_draft_and_starts_the_retrained(install, pair, prompts, tmp_path_factory):
     """refuse: the deployed draft never serves a token (one line: served, trained, fix); the draft
     retrained on what the original case's rule serves starts, and decodes losslessly."""
-    from helpers.guard import Mode
-    from helpers.sglang.engine import EngineStartError
+    from helpers.live.guard import Mode
+    from helpers.live.sglang.engine import EngineStartError
     with pytest.raises(EngineStartError) as info:
         _engine(install, SglangLaunch(pair.target_dir, pair.draft_dir, steps=STEPS, guard=Mode.REFUSE),
                 tmp_path_factory)
@@ -239,7 +239,7 @@ def test_bench_backend_sglang_runs_the_original_case(install, capsys):
     """``bench --backend sglang --engine sglang==0.5.9``: the deployed draft served (b3, b7, b10) by the
     live engine under 0.5.9's setter, SGLang's accept length equal to the reference engine's on that
     layout, the paired timing and the accommodations in the JSON."""
-    from helpers.bench import main
+    from helpers.commands.bench import main
     d = tiny_default()
     rc = main(["--backend", "sglang", "--engine", "sglang==0.5.9", "--target", str(d / "target"),
                "--draft", str(d / "draft"), "--num-prompts", "2", "--max-new-tokens", "16", "--repeats", "1",
@@ -257,9 +257,9 @@ def test_notebooks_01_05_06_on_sglang(install, tmp_path):
     """ENGINE="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
     rule 0.5.9), fix A served (embed, b3, b7) by the same setter, fix B retrained; the reference engine
     fed each predicted layout beside it."""
-    from helpers import reports
-    from helpers.lab import SMALL
-    from helpers.workbook import run_workbook
+    from helpers.commands.workbook import run_workbook
+    from helpers.notebook import reports
+    from helpers.notebook.lab import SMALL
     d = tiny_default()
     out = tmp_path / "reports"
     params = {**SMALL, "ENGINE": "sglang", "MAX_NEW_TOKENS": 16, "TARGET": str(d / "target"),

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from helpers import conventions
-from helpers.sglang import classes as cl
-from helpers.sglang import source as ss
+from helpers.rules import conventions
+from helpers.rules.sglang import classes as cl
+from helpers.rules.sglang import source as ss
 
 VERSIONS = ("0.5.9", "0.5.23")
 

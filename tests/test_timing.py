@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from helpers.timing import (
+from helpers.live.timing import (
     MachineSignal,
     PairedTiming,
     Reason,
@@ -99,9 +99,9 @@ def test_run_bench_times_pairs_in_abba_order(monkeypatch):
     alternating; the warm-up pass is not counted."""
     import torch
 
-    from helpers import bench
     from helpers.boundaries import CapturePlan
-    from helpers.engine import GenerationResult
+    from helpers.commands import bench
+    from helpers.model.engine import GenerationResult
 
     order = []
 

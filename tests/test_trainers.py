@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.conventions import IdsAt
+from helpers.commands.wiring import main as wiring_main
 from helpers.errors import BadOption
-from helpers.trainers import (
+from helpers.rules.conventions import IdsAt
+from helpers.rules.trainers import (
     POST_NORM,
     capture_after_layer,
     default_ids_from_function,
@@ -17,8 +18,7 @@ from helpers.trainers import (
     training_ids_from_config,
     writers_of,
 )
-from helpers.wiring import resolve
-from helpers.wiring_cli import main as wiring_main
+from helpers.rules.wiring import resolve
 
 N = 61   # Kimi-K2.5's depth
 

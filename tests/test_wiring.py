@@ -9,13 +9,14 @@ import textwrap
 import pandas as pd
 import pytest
 
-from helpers import wiring, wiring_cli
 from helpers.boundaries import CapturePlan, WiringError
-from helpers.conventions import DraftConfigError
-from helpers.sglang import patch as patch_sglang
-from helpers.sglang import source as ss
-from helpers.sglang.inspect import inspect_model
-from helpers.sglang.stub import exec_capture_site
+from helpers.commands import wiring as wiring_cli
+from helpers.rules import wiring
+from helpers.rules.conventions import DraftConfigError
+from helpers.rules.sglang import patch as patch_sglang
+from helpers.rules.sglang import source as ss
+from helpers.rules.sglang.inspect import inspect_model
+from helpers.rules.sglang.stub import exec_capture_site
 
 L = 12
 ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")

@@ -1,0 +1,316 @@
+"""``python -m helpers diagnose``: which layout was this draft trained on, and what is it served?
+
+Answers without being told the training layout: every boundary is captured once on
+held-out text, every candidate layout is scored, and the best is compared with the layout
+the engine resolves for the draft's config. A large gap is the wiring bug.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import cli
+from ..boundaries import layout_label
+from ..errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
+from ..investigation.evaluate import MIN_BLOCKS, RANKED_BY, EvalInputError, evaluate_layout
+from ..investigation.layout_search import SearchResult, search
+from ..investigation.metrics import Expected, MetricsVerdict, explain, read_metrics
+from ..investigation.pair import MAX_STEPS, eval_captures, load_pair, plan_problems
+from ..investigation.verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
+from ..model.draft import forward_verdict, run_as
+from ..record import read_record
+from ..rules.conventions import Engine
+from .dump import run_dump_diagnosis
+
+
+@dataclass
+class Diagnosis:
+    best_layout: tuple[int, ...]
+    best_acc: float
+    best_ce: float
+    served_layout: tuple[int, ...]
+    served_acc: float | None        # None: the engine cannot fill the draft's fc (see served_errors)
+    served_ce: float | None
+    served_source: str
+    served_notes: list[str]
+    recorded_layout: tuple[int, ...] | None
+    search: SearchResult
+    num_layers: int
+    steps: int
+    best_full_acc: list[float]
+    served_full_acc: list[float] | None
+    served_errors: list[str] = field(default_factory=list)
+    ranked_by: str = RANKED_BY
+    wiring: WiringVerdict | None = None     # does served equal trained, and what the difference costs
+    best_accept: float | None = None        # accepted tokens per verify step: the ranking's measure
+    served_accept: float | None = None      # the same, under the engine's forward
+
+    @property
+    def trained_layout(self) -> tuple[int, ...]:
+        """The record when there is one (it was written by the training run), else what settled it by
+        rule (every writer of the config's format), else the search's answer."""
+        if self.recorded_layout:
+            return tuple(self.recorded_layout)
+        return tuple(self.wiring.trained) if self.wiring and self.wiring.trained else tuple(self.best_layout)
+
+    @property
+    def confident_set(self) -> list[tuple[int, ...]]:
+        """Layouts within noise of the best by the ranking's own paired test."""
+        return self.search.confident_set
+
+    @property
+    def mismatch(self) -> bool | None:
+        """The served layout differs from the training layout: by rule when a record names it, from
+        the confidence set when it is inferred (None: served is in the set, but so are others)."""
+        return self.wiring.mismatch if self.wiring else bool(self.served_errors) or None
+
+    @property
+    def record_disagrees(self) -> bool:
+        """The record's layout is significantly worse than the best: a stale record, or too little text."""
+        return bool(self.recorded_layout) and tuple(self.recorded_layout) not in self.confident_set
+
+    @property
+    def verdict(self) -> str:
+        return self.wiring.line if self.wiring else "no verdict"
+
+    def to_dict(self) -> dict:
+        return {
+            "best_layout": list(self.best_layout),
+            "best_label": layout_label(self.best_layout, self.num_layers),
+            "best_accept_length": self.best_accept,
+            "best_acc": self.best_acc, "best_ce": self.best_ce, "best_full_acc": self.best_full_acc,
+            "served_layout": list(self.served_layout),
+            "served_label": layout_label(self.served_layout, self.num_layers),
+            "served_accept_length": self.served_accept,
+            "served_acc": self.served_acc, "served_ce": self.served_ce,
+            "served_full_acc": self.served_full_acc,
+            "served_source": self.served_source, "served_notes": self.served_notes,
+            "served_errors": self.served_errors,
+            "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
+            "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
+            **(self.wiring.to_dict() if self.wiring else {"mismatch": self.mismatch, "cost": None,
+                                                          "significant": None, "verdict": self.verdict}),
+            "confident_set": [list(l) for l in self.confident_set], "ranked_by": self.ranked_by,
+            "steps": self.steps, "margin": self.search.margin, "margin_ce": self.search.margin_ce,
+            "margin_acc": self.search.margin_acc, "z": self.search.z, "blocks": self.search.blocks,
+            "confident": self.search.confident, "search_seconds": self.search.seconds,
+            "search_mode": self.search.mode, "evaluations": self.search.evaluations,
+            "ranking": self.search.to_dict(top=10)["ranking"],
+        }
+
+
+def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_per_s: float | None = None
+             ) -> Diagnosis:
+    """``rounds_per_s``: a bench's verify steps per second (tok/s over accept length), to give the cost
+    in tok/s too."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    served = pair.served(engine)  # first: a bad engine string should not wait for the search
+    errors = plan_problems(pair, served)
+    # the layout every writer of the config's format reads its ids as is scored too, to be confirmed
+    by_format = None if pair.recorded_layout else format_settled(pair, engine, served).layout
+    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout or by_format)
+             if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
+    # named layouts get the final measure too
+    res = search(pair.draft, caps, progress=progress, include=named, steps=steps)
+    rows = {tuple(r["layout"]): r for r in res.ranking.to_dict("records")}
+    best = evaluate_layout(pair.draft, caps, res.best, steps)
+    srv = None
+    notes = [*served.warnings, *served.notes]
+    if not errors:
+        with run_as(pair.draft, engine) as engine_notes:  # served: the engine's wiring and its forward
+            srv = evaluate_layout(pair.draft, caps, served.layout, steps)
+        notes += engine_notes
+
+    check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce,
+                 res.margin_ce)
+    if srv is not None:
+        check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
+    wiring = pair_verdict(pair, caps, engine, served, errors, steps, search=res, rounds_per_s=rounds_per_s,
+                          served_score=srv, scores=[best])
+    return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
+
+
+def _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring) -> Diagnosis:
+    served_row = rows.get(tuple(served.layout))
+    served_ce = None if srv is None else round(float(served_row["ce"]) if served_row else srv.ce, 4)
+    return Diagnosis(res.best, best.acc0, round(float(rows[tuple(res.best)]["ce"]), 4), served.layout,
+                     srv and srv.acc0, served_ce, served.source, notes, pair.recorded_layout, res,
+                     pair.num_layers, steps, best.full_acc, srv and srv.full_acc, errors,
+                     ranked_by=f"{RANKED_BY}, {steps} draft steps; ce (mean over the steps) and step-0 "
+                               f"accuracy beside it",
+                     wiring=wiring, best_accept=round(best.sim_accept_length, 4),
+                     served_accept=None if srv is None else round(srv.sim_accept_length, 4))
+
+
+def main(argv=None) -> int:
+    ap = cli.parser("diagnose", __doc__)
+    cli.add_pair_args(ap)
+    ap.add_argument("--text", type=Path, default=None,
+                    help="held-out text to evaluate on (default: heldout.txt)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
+    dump = ap.add_argument_group("from a trainer's hidden-state dump (no target forward; see docs/dumps.md)")
+    dump.add_argument("--data", type=Path, default=None,
+                      help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or "
+                           "rows_*/data_*.ckpt[.gz]")
+    dump.add_argument("--slot-boundaries", default=None,
+                      help="each slot's boundary, e.g. 0,3,7,12 ('?' for unknown); default: the dump's "
+                           "record or measured")
+    dump.add_argument("--max-records", type=int, default=None)
+    dump.add_argument("--max-tokens", type=int, default=None)
+    dump.add_argument("--run-target", choices=("auto", "yes", "no"), default="auto",
+                      help="match slots against the target's own capture (auto: when its weights are "
+                           "under 4 GB)")
+    metrics = ap.add_argument_group("from a serving deployment's metrics (see docs/metrics.md)")
+    metrics.add_argument("--metrics", default=None, metavar="SOURCE",
+                         help="a Prometheus /metrics scrape (file or loopback URL), a vLLM or llama.cpp log, "
+                              "or a JSON list of SGLang responses (or their meta_info)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(argv)
+    engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
+    target_named = any(x == "--target" or x.startswith("--target=") for x in argv)
+
+    if not 1 <= a.steps <= MAX_STEPS:
+        ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
+    if a.windows < 2:
+        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
+                 f"{a.windows}")
+    try:
+        a.engine = cli.engine_value(a.engine)      # a typo in --engine fails before any weights load
+    except InputError as exc:
+        return fail(exc)
+    if a.metrics is not None:
+        if a.data is not None:
+            return fail(BadOption("--metrics and --data answer different questions; pass one of them"))
+        return run_metrics_diagnosis(a, engine_named, target_named)
+    if a.data is not None:
+        return run_dump_diagnosis(a)
+    try:
+        if a.text is not None and not a.text.is_file():
+            raise FileNotFoundError(f"no text file at {a.text}")
+
+        text = read_text_file(a.text, "text file") if a.text else None  # before the models load
+        pair = load_pair(a.target, a.draft, a.device)
+        caps = eval_captures(pair, text, max_windows=a.windows)
+        d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
+        return fail(exc)
+    if a.json:
+        print_json(d.to_dict())
+        return 0
+    L = d.num_layers
+    print(f"ranked by {d.ranked_by}")
+    print(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length {d.best_accept:.3f}   "
+          f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
+    sr = d.search
+    if sr.runner_up is not None:
+        why = ("confident" if sr.confident else
+               f"NOT confident: {sr.blocks} blocks are too few, evaluate on more text"
+               if sr.blocks < MIN_BLOCKS else "NOT confident: evaluate on more text")
+        print(f"   runner-up {sr.runner_up}: {sr.margin:.3f} accepted tokens per step behind, z = {sr.z:.1f} "
+              f"over {sr.blocks} blocks of tokens ({why})")
+    if len(d.confident_set) > 1:
+        print(f"   within noise of the best: {d.confident_set}")
+    if d.served_errors:
+        print(f"served by {a.engine}: {layout_label(d.served_layout, L) if d.served_layout else 'nothing'} = "
+              f"{d.served_layout}   [{d.served_source}]  CANNOT FEED THIS DRAFT")
+        for e in d.served_errors:
+            print(f"   error: {e}")
+    else:
+        print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
+              f"accept length {d.served_accept:.3f}   step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   "
+              f"[{d.served_source}]")
+    for n in d.served_notes:
+        print(f"   note: {n}")
+    if d.recorded_layout:
+        print(f"training record says: {d.recorded_layout}"
+              + ("  (the search prefers another layout: stale record, or evaluate on more text)"
+                 if d.record_disagrees else "  (the search agrees)"))
+    w = d.wiring
+    if w and w.candidates and not w.trained_known:
+        print("\n".join(candidate_table(w.candidates, a.engine, L)))
+    print(d.verdict)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# python -m helpers diagnose --metrics SOURCE
+
+
+def metrics_verdict(source, draft_dir, target_dir=None, engine=None, text=None, windows: int = 12,
+                    device: str = "cpu", progress: bool = False) -> MetricsVerdict:
+    """The served profile beside what the draft should reach: the training record's per-step accuracy
+    first, else the draft teacher-forced at its trained layout on held-out text; with a target, the
+    layout ``engine`` is predicted to serve, simulated on the same text."""
+    profile = read_metrics(source)                       # before any weights load: a bad source fails fast
+    k = len(profile.accepted_per_position)
+    record = read_record(draft_dir)
+    trained = record.layout if record else None
+    expected = None
+    full = record.full_acc if record else None
+    if full and len(full) >= k > 0:
+        expected = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step")
+    served_pred = served = None
+    notes = []
+    if target_dir is not None and k:
+        pair = load_pair(target_dir, draft_dir, device)
+        trained = trained or pair.recorded_layout
+        plan = pair.served(engine)
+        served = tuple(plan.layout) if not plan.errors else None
+        caps = eval_captures(pair, text, max_windows=windows)
+        what = "--text" if text is not None else "held-out text"
+        where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens)"
+        with run_as(pair.draft, engine):
+            if served is not None:
+                s = evaluate_layout(pair.draft, caps, served, steps=k)
+                served_pred = Expected(list(s.full_acc), f"{where} at the served layout {served}")
+            if expected is None and trained is not None:
+                t = evaluate_layout(pair.draft, caps, trained, steps=k)
+                expected = Expected(list(t.full_acc), f"{where} at the trained layout {trained}")
+        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
+        notes.append(f"served layout from {plan.source}")
+    else:
+        ignored = ()
+    v = explain(profile, expected, served_pred, served, trained, ignored)
+    v.evidence += notes
+    return v
+
+
+def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
+    try:
+        if a.draft is None:
+            raise BadOption("--metrics needs --draft DIR: the draft the engine serves")
+        engine = a.engine
+        profile_engine = read_metrics(a.metrics).engine
+        if not engine_named and profile_engine == "vllm":
+            engine = Engine("vllm")       # the engine that exported the metrics, not the default's
+        text = read_text_file(a.text, "text file") if a.text else None
+        v = metrics_verdict(a.metrics, a.draft, a.target if target_named else None, engine, text, a.windows,
+                            a.device)
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:
+        return fail(exc)
+    if a.json:
+        print_json(v.to_dict())
+        return 0
+    p = v.profile
+    print(f"{p.engine} ({p.source}, {p.where}): {p.drafts} draft rounds, accept length {p.accept_length:.3f}")
+    exp = v.expected.rates if v.expected else []
+    srv = v.served_predicted.rates if v.served_predicted else []
+    for row in p.per_position():
+        lo, hi = row["interval"]
+        line = f"   position {row['position']}: {row['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
+        if row["position"] < len(exp):
+            line += f"   expected {exp[row['position']]:.3f}"
+        if row["position"] < len(srv):
+            line += f"   served layout simulates {srv[row['position']]:.3f}"
+        print(line)
+    if v.expected:
+        print(f"   expected: {v.expected.source}")
+    print(f"explanation: {v.explanation}")
+    for e in v.evidence:
+        print(f"   - {e}")
+    for n in v.next:
+        print(f"   next: {n}")
+    return 0

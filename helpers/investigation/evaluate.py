@@ -1,0 +1,278 @@
+"""Scoring a draft fed a given layout, teacher-forced on text, without any engine.
+
+One target forward captures every boundary once (``TargetCaptures``); every layout
+evaluation afterwards is just the draft run on a different concatenation of those
+captures. Metrics follow speculators: ``full_acc_k`` (steps 0..k all right),
+``cond_acc_k`` (step k right given 0..k-1 were), plus SpecForge's simulated accept length
+``1 + a0 + a0*a1 + ...`` and a likelihood score (cross-entropy of the draft against the
+target's own distribution).
+
+Layouts are ranked by the simulated accept length, kept per token: at each position, one
+token (the verifier's own) plus the leading run of draft steps whose top token equals the
+target's greedy token there. That is what greedy verification accepts, so it is what an engine
+rewards; cross-entropy over all steps lets the later steps, where every layout is poor, outweigh
+a clear step-0 gap (docs/dumps.md, "Ranking"). The paired test that says whether two layouts
+can be told apart runs on that same per-token count, over blocks of tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..boundaries import check_layout
+from ..errors import InputError
+from ..model.capture import capture_boundaries, decoder_parts
+
+
+class EvalInputError(InputError):
+    """Text too short, or a layout the draft cannot take."""
+
+
+Z_NOISE = 3.0      # two layouts closer than this many standard errors are within noise of each other
+BLOCK = 64         # tokens per block of the paired test: neighbouring tokens are not independent
+MIN_BLOCKS = 8     # fewer blocks than this: no claim of confidence, whatever z says
+RANKED_BY = "expected accepted tokens per verify step (greedy verification, simulated accept length)"
+
+
+def accepted_run(correct: list[torch.Tensor]) -> torch.Tensor:
+    """Per column, 1 + the leading run of correct draft steps: the tokens one verify step keeps
+    under greedy verification (the verifier's own token plus the accepted draft tokens).
+    Columns past the last step's labels are cut off, as in ``accuracy_table``."""
+    n = correct[-1].shape[-1]
+    run = torch.ones_like(correct[0][..., :n], dtype=torch.bool)
+    total = torch.ones(run.shape, dtype=torch.float32, device=run.device)
+    for c in correct:
+        run = run & c[..., :n].bool()
+        total += run
+    return total
+
+
+def token_blocks(values: torch.Tensor | list[torch.Tensor], masks=None) -> torch.Tensor:
+    """Means over blocks of about ``BLOCK`` consecutive tokens, within each row (window or record)
+    and never across rows: the paired test's units. Each row is cut into pieces that differ in
+    length by at most one token, so every block weighs about the same."""
+    rows = list(values) if not isinstance(values, torch.Tensor) or values.dim() > 1 else [values]
+    out = []
+    for i, v in enumerate(rows):
+        v = v.float().flatten()
+        if masks is not None:
+            v = v[masks[i].flatten().bool()]
+        if v.numel():
+            out += [p.mean() for p in torch.tensor_split(v, max(1, round(v.numel() / BLOCK)))]
+    return torch.stack(out) if out else torch.zeros(0)
+
+
+@dataclass
+class PairedTest:
+    """``a`` minus ``b`` in the ranking's measure, block by block."""
+
+    difference: float     # mean of a - b (accepted tokens per verify step)
+    se: float             # its standard error over blocks (floored: see ``paired_test``)
+    z: float              # difference / se: bounded, always a number
+    blocks: int
+
+    @property
+    def enough(self) -> bool:
+        return self.blocks >= MIN_BLOCKS
+
+    @property
+    def significant(self) -> bool:
+        """The test separates them: enough blocks, and ``|z|`` at least ``Z_NOISE``."""
+        return self.enough and abs(self.z) >= Z_NOISE
+
+    @property
+    def half_width(self) -> float:
+        """The interval's half width, ``Z_NOISE`` standard errors: significant exactly when the
+        interval excludes zero, so the interval and the verdict never disagree."""
+        return Z_NOISE * self.se
+
+    def to_dict(self) -> dict:
+        return {"difference": round(self.difference, 4), "half_width": round(self.half_width, 4),
+                "interval": [round(self.difference - self.half_width, 4),
+                             round(self.difference + self.half_width, 4)],
+                "se": round(self.se, 4), "z": round(self.z, 2), "blocks": self.blocks,
+                "units": "accepted tokens per verify step", "significant": self.significant}
+
+
+def paired_test(a_blocks: torch.Tensor, b_blocks: torch.Tensor) -> PairedTest:
+    """Paired z of ``a - b`` over blocks. The standard deviation is floored at ``1 / BLOCK``, the
+    step one token makes in a block's mean: a degenerate sample (one block, or identical
+    differences) then gives a large but finite z instead of infinity, and with fewer than
+    ``MIN_BLOCKS`` blocks nothing is called significant at all."""
+    d = (a_blocks.float() - b_blocks.float()).flatten()
+    nb = int(d.numel())
+    if nb == 0:
+        return PairedTest(0.0, 0.0, 0.0, 0)
+    sd = float(d.std()) if nb > 1 else 0.0
+    se = max(sd, 1.0 / BLOCK) / math.sqrt(nb)
+    mean = float(d.mean())
+    return PairedTest(mean, se, mean / se, nb)
+
+
+@dataclass
+class TargetCaptures:
+    """Every boundary's state on some text, and what the target itself predicts there."""
+
+    input_ids: torch.Tensor            # [N, T]
+    states: dict[int, torch.Tensor]    # boundary -> [N, T, H] (float16 to save memory)
+    target_argmax: torch.Tensor        # [N, T] target's greedy next token at each position
+    num_layers: int
+    draft_probs: torch.Tensor | None = None   # [N, T, Vd] target distribution over a draft vocab
+    loss_mask: torch.Tensor | None = None
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def fused(self, layout, idx=slice(None)) -> torch.Tensor:
+        return torch.cat([self.states[b][idx].float() for b in layout], -1)
+
+
+@torch.no_grad()
+def verifier_logits(target, final_state: torch.Tensor) -> torch.Tensor:
+    """Target logits from its pre-norm final state (boundary L): norm, then lm_head."""
+    _, _, norm = decoder_parts(target)
+    head = target.get_output_embeddings()
+    return head(norm(final_state.to(head.weight.dtype))).float()
+
+
+@torch.no_grad()
+def capture_text(target, windows: torch.Tensor, boundaries=None, batch: int = 8,
+                 progress: bool = False) -> TargetCaptures:
+    """Run the target over [N, T] token windows once, keeping the asked boundaries (default: all)."""
+    _, layers, _ = decoder_parts(target)
+    L = len(layers)
+    wanted = sorted(set(range(L + 1) if boundaries is None else boundaries) | {L})
+    chunks: dict[int, list] = {b: [] for b in wanted}
+    argmax = []
+    rng = range(0, windows.shape[0], batch)
+    for s in tqdm(rng, desc="capture", disable=not progress):
+        x = windows[s:s + batch]
+        with capture_boundaries(target, wanted) as store:
+            out = target(input_ids=x, use_cache=False)
+        for b in wanted:
+            chunks[b].append(store[b].to(torch.float16))
+        argmax.append(out.logits.argmax(-1))
+    return TargetCaptures(windows, {b: torch.cat(v) for b, v in chunks.items()}, torch.cat(argmax), L)
+
+
+@torch.no_grad()
+def attach_draft_probs(target, caps: TargetCaptures, draft_token_ids: torch.Tensor, batch: int = 8) -> None:
+    """Target distribution restricted to the draft vocabulary: the soft label of TTT."""
+    out = []
+    for s in range(0, caps.input_ids.shape[0], batch):
+        logits = verifier_logits(target, caps.states[caps.num_layers][s:s + batch].float())
+        out.append(F.softmax(logits[..., draft_token_ids], -1).to(torch.float16))
+    caps.draft_probs = torch.cat(out)
+
+
+@dataclass
+class LayoutScore:
+    layout: tuple[int, ...]
+    steps: int
+    full_acc: list[float]
+    cond_acc: list[float]
+    ce: float                 # step-0 cross-entropy vs the target distribution (nats; lower = better)
+    tokens: int
+    acc_se: float = 0.0       # standard error of step-0 accuracy
+    extra: dict = field(default_factory=dict)
+    accepted: torch.Tensor | None = field(default=None, repr=False)   # [N, n] per-token accepted_run
+
+    def blocks(self) -> torch.Tensor:
+        """This score's paired-test units (``token_blocks`` of the per-token accepted counts)."""
+        if self.accepted is None:
+            raise ValueError(f"the score of {self.layout} kept no per-token counts")
+        return token_blocks(self.accepted)
+
+    @property
+    def acc0(self) -> float:
+        return self.full_acc[0]
+
+    @property
+    def sim_accept_length(self) -> float:
+        """SpecForge's ``1 + a0 + a0*a1 + ...`` from conditional accuracies."""
+        total, run = 1.0, 1.0
+        for a in self.cond_acc:
+            run *= a
+            total += run
+        return total
+
+    def to_dict(self) -> dict:
+        return {"layout": list(self.layout), "steps": self.steps, "full_acc": self.full_acc,
+                "cond_acc": self.cond_acc, "acc0": self.acc0, "ce": self.ce,
+                "sim_accept_length": self.sim_accept_length, "tokens": self.tokens, "acc_se": self.acc_se}
+
+
+def step_correct(draft, logits_list, target_argmax: torch.Tensor) -> list[torch.Tensor]:
+    """Per step j, whether the draft's top token (as a target id) equals the target's greedy
+    token at position t+1+j; columns with no such position are cut off at the end."""
+    t = target_argmax.shape[1]
+    out = []
+    for j, logits in enumerate(logits_list):
+        n = t - 1 - j
+        pred = draft.to_target_ids(logits[:, :n].argmax(-1))
+        out.append(pred == target_argmax[:, 1 + j:1 + j + n])
+    return out
+
+
+def accuracy_table(correct: list[torch.Tensor],
+                   mask: torch.Tensor | None = None) -> tuple[list[float], list[float], float]:
+    """(full_acc_k, cond_acc_k, se of acc_0) over columns where every step has a label."""
+    steps = len(correct)
+    n = correct[-1].shape[1]
+    run = torch.ones_like(correct[0][:, :n], dtype=torch.bool)
+    m = torch.ones_like(run) if mask is None else mask[:, :n].bool()
+    full, cond, prev = [], [], float(m.sum())
+    for j in range(steps):
+        run = run & correct[j][:, :n]
+        hit = float((run & m).sum())
+        full.append(hit / max(float(m.sum()), 1.0))
+        cond.append(hit / prev if prev else 0.0)
+        prev = hit
+    p = full[0]
+    se = (p * (1 - p) / max(float(m.sum()), 1.0)) ** 0.5
+    return full, cond, se
+
+
+@torch.no_grad()
+def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: int = 16,
+                    max_windows: int | None = None, zero_features: bool = False) -> LayoutScore:
+    """The draft teacher-forced on ``caps`` with ``layout`` as its fused input.
+
+    ``zero_features`` feeds zeros in place of every captured feature: the floor the draft
+    reaches from token embeddings and its own context alone. A served layout scoring near it
+    carries nothing the draft can use; one scoring above it still carries part of the signal.
+    """
+    layout = check_layout(layout, caps.num_layers)
+    if len(layout) != draft.cfg.num_aux:
+        raise EvalInputError(f"layout {layout} has {len(layout)} slots; the draft's fc takes "
+                             f"{draft.cfg.num_aux} x {draft.cfg.target_hidden_size} = {draft.cfg.fc_in}")
+    n_win = caps.input_ids.shape[0] if max_windows is None else min(max_windows, caps.input_ids.shape[0])
+    if caps.input_ids.shape[1] < steps + 2:
+        raise EvalInputError(f"windows of {caps.input_ids.shape[1]} tokens are too short for {steps} draft "
+                             f"steps")
+    corr_chunks, ce_sum, ce_n = [[] for _ in range(steps)], 0.0, 0
+    for s in range(0, n_win, batch):
+        idx = slice(s, min(s + batch, n_win))
+        ids = caps.input_ids[idx]
+        fused = caps.fused(layout, idx)
+        if zero_features:
+            fused = torch.zeros_like(fused)
+        logits = draft.ttt_forward(ids, fused, steps)
+        for j, c in enumerate(step_correct(draft, logits, caps.target_argmax[idx])):
+            corr_chunks[j].append(c)
+        if caps.draft_probs is not None:
+            p = caps.draft_probs[idx][:, 1:].float()
+            logq = F.log_softmax(logits[0][:, :-1].float(), -1)
+            ce_sum += float(-(p * logq).sum(-1).sum())
+            ce_n += p.shape[0] * p.shape[1]
+    correct = [torch.cat(c) for c in corr_chunks]
+    full, cond, se = accuracy_table(correct)
+    tokens = int(correct[-1].numel())
+    return LayoutScore(tuple(layout), steps, [round(x, 4) for x in full], [round(x, 4) for x in cond],
+                       round(ce_sum / ce_n, 4) if ce_n else float("nan"), tokens, round(se, 4),
+                       accepted=accepted_run(correct))

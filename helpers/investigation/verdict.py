@@ -1,0 +1,475 @@
+"""One verdict on a draft's wiring: the ways out of a mismatch, and the judgement.
+
+Two questions kept apart. Does the served layout equal the trained one? That is decided by rule when
+the training layout is known (a record, a statement, a dump format's slot choice, or every trainer that
+writes the draft config's format reading its ids alike), else from the ranking's confidence set. What
+does the difference cost? That is measured: trained minus served in accepted tokens per verify step.
+
+- ``ways_out``: every way out of a mismatch, as data (fix C: reorder the fc; fix A: write ids; the
+  boundary-0 patch, then fix A; fix B: retrain). ``check`` lists them all (``WaysOut.listed``), a
+  verdict names the shortest (``WaysOut.shortest``).
+- ``writer_candidates`` / ``by_format``: who could have written a config of this format and what its
+  ids would mean to each; where they all agree (and the ranking does not contradict it), that settles
+  the training layout "by format".
+- ``judge``: the :class:`WiringVerdict` from the served plan, the settled training layout, the ranking's
+  confidence set and the cost; ``pair_verdict`` measures that cost on a target's captures first
+(``diagnose``, notebooks 02 and 03); ``diagnose --data`` measures it from a dump and calls ``judge``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Sequence
+
+from ..boundaries import Layout, ProblemKind, WiringError, layout_label
+from ..errors import InputError
+from ..model.draft import forward_verdict, run_as
+from ..rules.conventions import IDS_KEY, ids_in_config, parse_engine
+from ..rules.trainers import parse_trainer, rule_for, trainer_layout, training_ids_from_config, writers_of
+from ..rules.wiring import ids_for_layout, resolve
+from .evaluate import PairedTest, evaluate_layout, paired_test
+
+# --------------------------------------------------------------------------------------
+# The ways out of a mismatch
+
+
+class WayKind(StrEnum):
+    """A way out of a mismatch; values are the spellings JSON carries."""
+
+    REORDER_FC = "reorder-fc"          # fix C: permute the fc columns into the engine's ascending order
+    WRITE_IDS = "write-ids"            # fix A: ids that make the engine serve the trained layout
+    PATCH_THEN_IDS = "patch-then-ids"  # the boundary-0 patch, then fix A's ids
+    RETRAIN = "retrain"                # fix B: retrain the draft on the served layout
+
+
+# where each engine reads the ids: the structured key, then how ``check`` and a verdict name it (by engine
+# name, as the texts always had it: llama.cpp's fix still names the speculative config)
+IDS_WHERE = {"sglang": "eagle_config", "vllm": "top-level"}
+SPECULATIVE_CONFIG = "speculative-config"
+_LISTED_WHERE = {"eagle_config": f"eagle_config.{IDS_KEY}", "top-level": f"top-level {IDS_KEY}",
+                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config"}
+_SHORT_WHERE = {"eagle_config": "eagle_config", "top-level": "the top-level key",
+                SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config"}
+
+
+@dataclass(frozen=True)
+class WayOut:
+    """One way out: its ``kind``, the sentence ``check`` lists, and what to do as data."""
+
+    kind: WayKind
+    message: str
+    ids: tuple[int, ...] | None = None    # the ids to write (fix A, also after the patch)
+    where: str | None = None              # where the engine reads them: a key of IDS_WHERE's values
+    command: str | None = None            # a command to run first (the patch, from the resolver's problem)
+    layout: Layout | None = None          # the layout the fc then takes, or is retrained on
+
+
+@dataclass(frozen=True)
+class WaysOut:
+    """Every way to serve ``trained`` on ``engine`` instead of ``served``, in the order ``check`` lists
+    them."""
+
+    engine: str
+    trained: Layout
+    served: Layout
+    ways: tuple[WayOut, ...]
+
+    def of(self, kind: WayKind) -> WayOut | None:
+        return next((w for w in self.ways if w.kind == kind), None)
+
+    def kinds(self) -> list[WayKind]:
+        return [w.kind for w in self.ways]
+
+    @property
+    def listed(self) -> str:
+        """Every way out, as ``check`` prints its fix: retraining last, after an 'or'."""
+        return "; ".join(("or " if w.kind == WayKind.RETRAIN and i else "") + w.message
+                         for i, w in enumerate(self.ways))
+
+    @property
+    def shortest(self) -> str:
+        """The shortest way to serve the trained layout, or retraining, as a verdict names it."""
+        retrain = f"retrain the draft on {self.served}"
+        patch, ids = self.of(WayKind.PATCH_THEN_IDS), self.of(WayKind.WRITE_IDS)
+        if patch is not None:
+            return (f"patch SGLang (`{patch.command}`), then ids {list(patch.ids)} in "
+                    f"{_SHORT_WHERE[patch.where]}, or {retrain}")
+        if ids is None:
+            return (f"no ids make {self.engine} serve {self.trained}: `python -m helpers check` lists the "
+                    f"ways out, or {retrain}")
+        head = ("permute the fc columns (helpers.investigation.fixes.reorder_fc), then write "
+                if self.of(WayKind.REORDER_FC) else "")
+        return f"{head}ids {list(ids.ids)} in {_SHORT_WHERE[ids.where]}, or {retrain}"
+
+    def to_list(self) -> list[dict]:
+        return [{"kind": str(w.kind), "message": w.message, "ids": list(w.ids) if w.ids is not None else None,
+                 "where": w.where, "command": w.command,
+                 "layout": list(w.layout) if w.layout is not None else None} for w in self.ways]
+
+
+def ways_out(trained: Sequence[int], served: Sequence[int], engine, arch: str, num_layers: int, *,
+             root=None) -> WaysOut:
+    """The ways out of serving ``served`` to a draft trained on ``trained``: the fc reordered when the
+    training order is not ascending (engines concatenate in ascending order), ids that make ``engine``
+    serve the trained set, else (SGLang) the boundary-0 patch that lets such ids through, and retraining.
+    ``root``: an SGLang tree to resolve with (a patched copy)."""
+    eng = parse_engine(engine)
+    trained, served = tuple(trained), tuple(served)
+    ascending = tuple(sorted(trained))
+    where = IDS_WHERE.get(eng.name, SPECULATIVE_CONFIG)
+    ways = []
+    if ascending != trained:
+        ways.append(WayOut(WayKind.REORDER_FC,
+                           f"the draft was trained on {trained}, not in ascending order, and engines "
+                           f"concatenate in ascending order: permute the fc columns "
+                           f"(helpers.investigation.fixes.reorder_fc) and write the ids",
+                           layout=ascending))
+    try:
+        ids = ids_for_layout(trained, arch, num_layers, eng, root=root)
+    except (WiringError, ValueError):
+        ids = None
+    if ids is not None:
+        ways.append(WayOut(WayKind.WRITE_IDS,
+                           f"write ids {ids} in {_LISTED_WHERE[where]} (fix A, no engine change)",
+                           tuple(ids), where, layout=ascending))
+    elif eng.rules.patchable:
+        patched = _patch_then_ids(eng, arch, num_layers, ascending, where, root)
+        if patched is not None:
+            ways.append(patched)
+    ways.append(WayOut(WayKind.RETRAIN, f"retrain the draft on the served layout {served} (fix B)",
+                       layout=served))
+    return WaysOut(str(eng), trained, served, tuple(ways))
+
+
+def _patch_then_ids(eng, arch: str, num_layers: int, ascending: Layout, where: str, root) -> WayOut | None:
+    """Ids whose only obstacle is a boundary-0 capture meeting ``residual = None``, which the workbook's
+    patch removes: the patch's command is the resolver's problem's fix, never cut out of its text."""
+    for candidate in ([b - 1 for b in ascending], list(ascending)):
+        try:
+            r = resolve(eng, arch, num_layers, ids=candidate, root=root)
+        except (WiringError, ValueError):
+            continue
+        blocking = [p for p in r.problems if p.blocking]
+        patch = [p.fix for p in r.problems if p.kind == ProblemKind.BOUNDARY0_RESIDUAL_NONE and p.fix]
+        if r.served_layout == ascending and patch and len(patch) == len(blocking):
+            return WayOut(WayKind.PATCH_THEN_IDS,
+                          f"patch the engine (`{patch[0]}`), then write ids {candidate} in "
+                          f"{_LISTED_WHERE[where]} (fix A)", tuple(candidate), where, patch[0], ascending)
+    return None
+
+
+def layout_fix(trained, served, engine, arch: str | None, num_layers: int | None, *, root=None) -> str | None:
+    """The shortest way to serve ``trained`` (``WaysOut.shortest``); None when something it needs is
+    missing. ``check`` lists every way out with its conditions."""
+    if trained is None or served is None or not arch or num_layers is None or engine is None:
+        return None
+    return ways_out(trained, served, engine, arch, num_layers, root=root).shortest
+
+
+# --------------------------------------------------------------------------------------
+# Who wrote the config: its format's writers, and what each reads its ids as
+
+
+def writer_candidates(cfg: dict, engine, arch: str, num_layers: int, served: Sequence[int] | None,
+                      cannot_capture: Sequence[str] = ()) -> list[dict]:
+    """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
+    its ids a known meaning, so list the layout each would mean and whether ``served`` is it. A release
+    that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees. Each entry:
+    ``{trainer, training_layout, served_agrees, note}``."""
+    eng = parse_engine(engine)
+    n = num_layers
+    ids, where = ids_in_config(cfg)
+    model_type = cfg.get("model_type")
+    out = []
+    for spec in writers_of(cfg, eng.rules.capture_release(eng)):
+        rule = rule_for(*parse_trainer(spec))
+        train = (training_ids_from_config(spec, ids, model_type)
+                 if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
+        try:
+            res = trainer_layout(spec, n, train, arch=arch, read_source=False, model_type=model_type)
+        except (WiringError, InputError) as exc:
+            out.append({"trainer": spec, "training_layout": None, "served_agrees": None,
+                        "note": str(exc).split("\n")[0][:200]})
+            continue
+        layout = list(res.training_layout) if res.training_layout else None
+        agrees = None if layout is None or served is None else (
+            not cannot_capture and tuple(layout) == tuple(served))
+        said = "its default ids" if train is None and rule.meaning != "fixed" else (
+            "fixed boundaries" if rule.meaning == "fixed" else f"ids {train} ({rule.meaning} numbering)")
+        gone = [f"{eng} captures nothing for {arch} (engine-cannot-capture)"] if cannot_capture else []
+        out.append({"trainer": spec, "training_layout": layout, "served_agrees": agrees,
+                    "note": "; ".join([said] + res.errors + gone)})
+    return out
+
+
+def candidate_table(candidates: Sequence[dict], engine: str, num_layers: int) -> list[str]:
+    """The writers as ``check`` prints them: trainer, the training layout its ids mean, served or not."""
+    def label(layout) -> str:
+        return f"{tuple(layout)} {layout_label(layout, num_layers)}" if layout else "nothing"
+
+    lines = ["  who could have written this config (its format), and what its ids would mean:",
+             f"    {'trainer':<26} {'training layout':<34} {'served by ' + str(engine):<24}"]
+    for c in candidates:
+        layout = label(c["training_layout"]) if c["training_layout"] else "(none)"
+        agrees = {True: "agrees", False: "MISMATCH", None: "-"}[c["served_agrees"]]
+        lines.append(f"    {c['trainer']:<26} {layout:<34} {agrees:<24}")
+    return lines
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The training layout and how it was settled: ``known`` by rule, else None here (the caller infers
+    it from the ranking). ``candidates``: the config format's writers, when they were read; ``note``:
+    why they did not settle it, for the verdict."""
+
+    layout: Layout | None
+    source: str = ""
+    known: bool = False
+    candidates: tuple[dict, ...] = ()
+    note: str = ""
+
+
+def read_format(cfg: dict | None, engine, arch: str | None, num_layers: int | None, served=None,
+                cannot_capture: Sequence[str] = ()) -> list[dict]:
+    """``writer_candidates`` where everything it needs is at hand (else none); a config no writer's
+    rule can read gives none either: a verdict then infers the layout, as it always did."""
+    if cfg is None or engine is None or not arch or num_layers is None:
+        return []
+    try:
+        return writer_candidates(cfg, engine, arch, num_layers, served, cannot_capture)
+    except (WiringError, InputError):
+        return []
+
+
+def agreed_layout(candidates: Sequence[dict]) -> Layout | None:
+    """The one training layout every writer reads the ids as (None: none, or they differ)."""
+    layouts = {tuple(c["training_layout"]) if c["training_layout"] else None for c in candidates}
+    return next(iter(layouts)) if len(layouts) == 1 and None not in layouts else None
+
+
+def by_format(candidates: Sequence[dict], *, width: int | None = None, ranked: Sequence = (),
+              confident_set: Sequence = ()) -> Settled:
+    """Settled by the config's format when every writer reads its ids as one layout that fits the fc
+    (``width`` slots) and the ranking does not separate from the best (a scored layout outside the
+    ``confident_set``: the ids were then edited after training). Otherwise not settled, with a note
+    that lists the writers."""
+    if not candidates:
+        return Settled(None)
+    names = ", ".join(c["trainer"] for c in candidates)
+    agreed = agreed_layout(candidates)
+    reads = f"every writer of its config format ({names}) reads its ids as {agreed}"
+    if agreed is None:
+        note = "the writers of its config format disagree: " + ", ".join(
+            f"{c['trainer']} {tuple(c['training_layout']) if c['training_layout'] else '(none)'}"
+            for c in candidates)
+    elif width is not None and len(agreed) != width:
+        note = f"{reads}, which does not fit the draft's {width} fc slots"
+    elif agreed in {tuple(x) for x in ranked} and agreed not in {tuple(x) for x in confident_set}:
+        note = f"{reads}, but the ranking separates that layout from the best: the ids are not the training's"
+    else:
+        return Settled(agreed, f"by format: {reads}", True, tuple(candidates))
+    return Settled(None, "", False, tuple(candidates), note)
+
+
+# --------------------------------------------------------------------------------------
+# The verdict
+
+
+@dataclass
+class WiringVerdict:
+    """Does the served wiring equal the trained one, and what does the difference cost?
+
+    The first is decided by rule when the training layout is known (a record, a trainer's rule,
+    a dump format's slot choice, every writer of the config's format): layouts that differ are a
+    mismatch whatever they score, because a neighbour that is nearly interchangeable on one weak target
+    costs far more on a deeper or stronger one. Only when the training layout is inferred does the
+    ranking's confidence set decide it. The second is measured: trained minus served in accepted tokens
+    per verify step, with its interval and whether the paired test separates them."""
+
+    served: tuple[int, ...] | None
+    trained: tuple[int, ...] | None
+    trained_known: bool                  # by rule; False: inferred from the ranking
+    trained_source: str
+    confident_set: list[tuple[int, ...]]
+    cost: PairedTest | None              # trained - served (positive: served accepts fewer tokens)
+    fix: str | None = None
+    errors: list[str] = field(default_factory=list)
+    cost_note: str = ""                  # why there is no cost, when there is none
+    rounds_per_s: float | None = None    # a bench's verify steps per second: the cost in tok/s
+    # forward flags the draft was trained with that the engine never runs, with their fix: the layout can
+    # agree and the engine still run another forward (draft.ignored_flags)
+    forward: list[str] = field(default_factory=list)
+    forward_fix: str | None = None
+    # the config format's writers, when no record named the layout, and why they did not settle it
+    candidates: list[dict] = field(default_factory=list)
+    format_note: str = ""
+
+    @property
+    def forward_mismatch(self) -> bool:
+        return bool(self.forward)
+
+    @property
+    def mismatch(self) -> bool | None:
+        """The served layout differs from the training layout; None when that cannot be decided."""
+        if self.errors:
+            return True
+        if self.served is None or self.trained is None:
+            return None
+        if self.trained_known:
+            return tuple(self.served) != tuple(self.trained)
+        cs = [tuple(c) for c in self.confident_set]
+        if tuple(self.served) not in cs:
+            return True
+        return False if cs == [tuple(self.served)] else None
+
+    @property
+    def significant(self) -> bool | None:
+        return None if self.cost is None else self.cost.significant
+
+    def cost_text(self) -> str:
+        c = self.cost
+        if c is None:
+            return self.cost_note
+        verb = "costs" if c.difference >= 0 else "gains"
+        sig = ("significant" if c.significant else
+               "not significant" if c.enough else f"not significant: {c.blocks} blocks of tokens, too few")
+        text = (f"on this text it {verb} {abs(c.difference):.2f} ± {c.half_width:.2f} accepted tokens per "
+                f"step ({sig})")
+        if self.rounds_per_s:
+            text += (f", about {abs(c.difference) * self.rounds_per_s:.1f} ± "
+                     f"{c.half_width * self.rounds_per_s:.1f} tok/s at the bench's {self.rounds_per_s:.1f} "
+                     f"verify steps per second")
+        return text
+
+    @property
+    def line(self) -> str:
+        if self.errors:
+            return "MISMATCH: the engine cannot feed this draft: " + "; ".join(self.errors)
+        m, srv, trn = self.mismatch, self.served, self.trained
+        if srv is None:
+            return ("no verdict: the served layout was not resolved or is not known in these states; "
+                    + (f"the draft was trained on {tuple(trn)} ({self.trained_source})" if trn else
+                       "neither is the training layout"))
+        cost = self.cost_text()
+        tail = "; ".join(p for p in (cost, f"fix: {self.fix}" if self.fix and m else "") if p)
+        if self.trained_known:
+            if m:
+                return f"MISMATCH: served {tuple(srv)} ≠ trained {tuple(trn)} ({self.trained_source}); {tail}"
+            if self.forward:
+                fix = f"; fix: {self.forward_fix}" if self.forward_fix else ""
+                return (f"FORWARD MISMATCH: served {tuple(srv)} = trained {tuple(trn)} "
+                        f"({self.trained_source}), but the engine runs another forward "
+                        f"({'; '.join(self.forward)})"
+                        + (f"; under that forward, {cost}" if cost else "") + fix)
+            same = f"OK: served {tuple(srv)} = trained {tuple(trn)} ({self.trained_source})"
+            return same + (f"; under the engine's forward {cost}" if self.cost and self.cost.difference
+                           else "")
+        others = [c for c in self.confident_set if tuple(c) != tuple(srv)]
+        inferred = "the training layout is inferred (no record or rule names it)" + (
+            f"; {self.format_note}" if self.format_note else "")
+        if m:
+            return (f"MISMATCH: served {tuple(srv)} is outside the confidence set "
+                    f"({_short(self.confident_set)}; {inferred}); {tail}")
+        if m is None:
+            return (f"UNDECIDED: served {tuple(srv)} is in the confidence set, but so are others "
+                    f"({_short(others)}); {inferred}: record it (training.json) or name the trainer "
+                    f"(`check --trainer`), or evaluate on more text" + (f"; {cost}" if cost else ""))
+        return f"OK: served {tuple(srv)} is the only layout in the confidence set ({inferred})"
+
+    def to_dict(self) -> dict:
+        cost = self.cost.to_dict() if self.cost else None
+        if cost and self.rounds_per_s:
+            cost["tok_s"] = {"difference": round(self.cost.difference * self.rounds_per_s, 2),
+                             "half_width": round(self.cost.half_width * self.rounds_per_s, 2),
+                             "rounds_per_s": round(self.rounds_per_s, 3)}
+        return {"mismatch": self.mismatch, "forward_mismatch": self.forward_mismatch, "forward": self.forward,
+                "cost": cost, "significant": self.significant,
+                "trained_known": self.trained_known, "trained_source": self.trained_source,
+                "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line,
+                "candidates": self.candidates}
+
+
+def _short(layouts, n: int = 4) -> str:
+    ls = [tuple(x) for x in layouts]
+    return ", ".join(map(str, ls[:n])) + (f" and {len(ls) - n} more" if len(ls) > n else "")
+
+
+def judge(served, trained, *, known: bool, source: str, confident_set=(), cost: PairedTest | None = None,
+          errors: Sequence[str] = (), engine=None, arch: str | None = None, num_layers: int | None = None,
+          cost_note: str = "", rounds_per_s: float | None = None, draft=None,
+          settled: Settled | None = None) -> WiringVerdict:
+    """The verdict on what each side settled: ``served`` (None: not resolved) against ``trained``, known by
+    rule or inferred (then ``confident_set`` decides), with the cost measured elsewhere; the fix is the
+    shortest way out (``ways_out``). ``draft``: the served layout was scored under the engine's forward,
+    so the forward flags the engine never runs are named too. ``settled``: the format's writers, listed
+    when they did not settle the layout."""
+    served = tuple(served) if served is not None else None
+    trained = tuple(trained) if trained is not None else None
+    v = WiringVerdict(served, trained, known, source, [tuple(c) for c in confident_set], cost,
+                      layout_fix(trained, served, engine, arch, num_layers) if trained else None,
+                      list(errors), cost_note, rounds_per_s)
+    if draft is not None and engine is not None:
+        v.forward, v.forward_fix = forward_verdict(draft, engine)
+    if settled is not None:
+        v.candidates, v.format_note = list(settled.candidates), "" if settled.known else settled.note
+    return v
+
+
+def bench_rounds_per_s(bench) -> float | None:
+    """A bench's verify steps per second (tok/s over accept length): the cost in tok/s. ``bench``: notebook
+    01's report (its ``served`` row), or None."""
+    served = getattr(bench, "served", None) if bench is not None else None
+    return served["spec_tok_s"] / served["tau"] if served and served.get("tau") else None
+
+
+def pair_verdict(pair, caps, engine, served, errors: Sequence[str], steps: int, *, search=None,
+                 trained=None, rounds_per_s: float | None = None, served_score=None,
+                 scores: Sequence = ()) -> WiringVerdict:
+    """The verdict from a target's captures (``diagnose``, notebooks 02 and 03). The training layout:
+    ``trained`` (a plan whose source says how it was settled: 'training record' and 'stated' are known,
+    anything else is a guess) or else the pair's record, or else every writer of the config's format
+    (confirmed by the ``search``), or else the search's best. The cost: trained minus served on ``caps``,
+    the served layout run as ``engine`` runs it. ``served_score`` (under the engine's forward) and
+    ``scores`` (under the draft's own) are reused when they were scored with ``steps`` already."""
+    if trained is not None:
+        layout = tuple(trained.layout) or None
+        known = trained.source in ("training record", "stated")
+        settled = Settled(layout, trained.source, known)
+        confident = [layout] if known and layout else []
+    else:
+        if search is None:
+            raise ValueError("pair_verdict needs the search's ranking or a trained plan")
+        confident = search.confident_set
+        settled = _settle(pair, engine, served, search)
+    cost = None
+    if not errors and settled.layout:
+        if served_score is None:
+            with run_as(pair.draft, engine):
+                served_score = evaluate_layout(pair.draft, caps, served.layout, steps)
+        ref = next((s for s in scores if tuple(s.layout) == tuple(settled.layout) and s.steps == steps), None)
+        ref = ref or evaluate_layout(pair.draft, caps, settled.layout, steps)
+        cost = paired_test(ref.blocks(), served_score.blocks())
+    return judge(tuple(served.layout) or None, settled.layout, known=settled.known, source=settled.source,
+                 confident_set=confident, cost=cost, errors=errors, engine=engine, arch=pair.arch,
+                 num_layers=pair.num_layers, rounds_per_s=rounds_per_s,
+                 draft=pair.draft if not errors else None, settled=settled)
+
+
+def format_settled(pair, engine, served, search=None) -> Settled:
+    """The pair's config format read for its training layout against the ``served`` plan: before any
+    ranking (``search`` None) the layout to score, after it confirmed or refused."""
+    candidates = read_format(pair.draft_config, engine, pair.arch, pair.num_layers, tuple(served.layout),
+                             served.errors)
+    ranked = list(search.ranking["layout"]) if search is not None else ()
+    return by_format(candidates, width=pair.draft.cfg.num_aux, ranked=ranked,
+                     confident_set=search.confident_set if search is not None else ())
+
+
+def _settle(pair, engine, served, search) -> Settled:
+    recorded = pair.recorded_layout
+    if recorded:
+        return Settled(tuple(recorded), "training record", True)
+    fmt = format_settled(pair, engine, served, search)
+    if fmt.known:
+        return fmt
+    return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, fmt.note)

@@ -1,0 +1,116 @@
+"""Which engine measures, and whose rules say what it serves: the reference engine, vLLM or SGLang.
+
+A notebook or command names a backend (``ENGINE``, ``--backend``) and a release whose rules decide
+"served" (``ENGINE_VERSION``, ``--engine``). ``choose`` turns the two into one ``Backend``: the live
+install when the host has it (else the reason it does not, and the reference engine measures), and
+the rules the rows are held to:
+
+- vLLM: its installed release's own rules (the release that runs is the release that is predicted);
+- SGLang: the named release's rules. When the named release is not the runtime (the original case's
+  ``sglang==0.5.9`` on a 0.5.23 runtime), the runtime runs the named release's own
+  ``set_eagle3_layers_to_capture`` (``capture_rule``), and every row says "runtime 0.5.23, capture
+  rule 0.5.9": the setter half of the original case on a real engine. 0.5.9's ``None``-residual
+  capture code has no counterpart in 0.5.23, so that half stays shown from the source (notebook 05).
+
+``Backend.bench`` runs ``helpers.live.bench.live_bench`` on whichever engine it is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..rules.conventions import Engine, parse_engine
+from .bench import LiveRow, LiveWiring
+from .guard import Mode
+from .sglang import bench as sglang_bench
+from .sglang.install import EngineUnavailable as SglangUnavailable
+from .sglang.install import SglangInstall, find_sglang
+from .vllm import bench as vllm_bench
+from .vllm.install import EngineUnavailable as VllmUnavailable
+from .vllm.install import VllmInstall, find_vllm
+
+FAMILIES = ("reference", "vllm", "sglang")
+
+
+@dataclass
+class Backend:
+    """What a notebook runs on: a live engine (``install``), or why not (``unavailable``)."""
+
+    family: str                                  # reference | vllm | sglang: what measures
+    rules: Engine                                # whose rules decide what 'served' means
+    install: VllmInstall | SglangInstall | None = None
+    unavailable: str | None = None               # why the named live engine cannot run here
+    capture_rule: str | None = None              # SGLang: the release whose setter the runtime runs
+
+    @property
+    def live(self) -> bool:
+        return self.install is not None
+
+    @property
+    def label(self) -> str:
+        """Which runtime and which rules, in one phrase for every table and headline."""
+        if self.install is None:
+            return "the reference engine (this workbook's)"
+        if isinstance(self.install, SglangInstall):
+            rule = f", capture rule {self.capture_rule}" if self.capture_rule else ""
+            return (f"SGLang runtime {self.install.version}{rule} ({self.install.device}, "
+                    f"{self.install.venv.name})")
+        return f"vLLM {self.install.version} ({self.install.device}, {self.install.venv.name})"
+
+    def bench(self, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *, steps: int,
+              max_new_tokens: int, repeats: int, log_dir: Path | None = None,
+              progress: bool = True, guard: Mode = Mode.WARN) -> list[LiveRow]:
+        """Each wiring against one baseline engine on this backend (``helpers.live.bench``); ``guard``: the
+        engine guard's mode in every launch (``helpers.live.guard``)."""
+        if isinstance(self.install, VllmInstall):
+            return vllm_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
+                                         max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
+                                         progress=progress, log_dir=log_dir, guard=guard)
+        if isinstance(self.install, SglangInstall):
+            return sglang_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
+                                           max_new_tokens=max_new_tokens, repeats=repeats,
+                                           capture_rule=self.capture_rule, progress=progress, log_dir=log_dir,
+                                           guard=guard)
+        raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
+
+
+def choose(family: str, rules: str | Engine) -> Backend:
+    """``family`` (reference, vllm, sglang) and the named rules -> the Backend this host can run.
+    A host without the engine keeps the named rules and says why in one line. An entry point: the
+    notebooks name both as text (``ENGINE``, ``ENGINE_VERSION``), parsed here."""
+    named = parse_engine(rules)
+    if family == "vllm":
+        try:
+            install = find_vllm()
+        except VllmUnavailable as exc:
+            return Backend("reference", named, None, str(exc))
+        return Backend("vllm", install.engine, install)
+    if family == "sglang":
+        try:
+            install = find_sglang()
+        except SglangUnavailable as exc:
+            return Backend("reference", named, None, str(exc))
+        # the named release's rules when they are SGLang's (its setter runs live), else the runtime's own
+        rules_engine = named if named.rules is install.engine.rules and named.version else install.engine
+        return Backend("sglang", rules_engine, install,
+                       capture_rule=sglang_bench.capture_rule_for(install, rules_engine.version))
+    if family != "reference":
+        raise ValueError(f"unknown engine {family!r}; expected one of {', '.join(FAMILIES)}")
+    return Backend("reference", named)
+
+
+def auto() -> tuple[str, str]:
+    """``--engine auto``: the live engine this host has, SGLang first (the original case's engine), then
+    vLLM, else the reference engine; with the one line that says which and why."""
+    try:
+        s = find_sglang()
+        return "sglang", (f"[engine] SGLang {s.version} ({s.device}, {s.venv}) serves the pair, the original "
+                          f"case's engine; the reference engine runs beside it")
+    except SglangUnavailable as exc:
+        why = str(exc)
+    try:
+        v = find_vllm()
+        return "vllm", (f"[engine] vLLM {v.version} ({v.dist}, {v.venv}) serves the pair ({why}); the "
+                        f"reference engine runs beside it")
+    except VllmUnavailable as exc:
+        return "reference", f"[engine] reference engine: {exc}"

@@ -1,0 +1,230 @@
+"""The live engines behind one shape: baseline against EAGLE-3 on a real engine, beside the reference engine.
+
+vLLM (``helpers.live.vllm``) and SGLang (``helpers.live.sglang``) each start in a venv and process of their
+own and
+answer ``generate(prompts, max_tokens)`` with their own counters (drafts, accepted tokens, accepted per
+position), ``pid``, ``version``, ``start_seconds`` and ``fixes_report()`` (what the workbook changed inside
+the engine for this launch). ``live_bench`` drives any of them through a ``Launch``: one baseline engine for
+the whole run, one engine per wiring, requests alternating one prompt at a time in ABBA order after a
+warm-up (``helpers.live.timing``), so the speedup is a median of paired ratios with its interval and verdict.
+Each row carries the layout the engine's rules predict it serves and, where the caller ran it, the
+reference engine's figures for that layout: the prediction is checked by measurement, and a gap is
+reported, never smoothed over. What is engine-specific (flags, fixes, accommodations) stays in the
+engine's own folder.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Protocol
+
+from tqdm.auto import tqdm
+
+from .timing import MachineWatch, PairedSpeedup, PairedTiming, abba, speed_phrase, tree_cpu_seconds
+
+
+class LiveEngine(Protocol):
+    """What ``live_bench`` needs of a running engine (``VllmEngine``, ``SGLangEngine``)."""
+
+    version: str
+    start_seconds: float
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def generate(self, prompts: list[list[int]], max_tokens: int): ...
+
+    def fixes_report(self) -> list[dict]: ...
+
+    def metrics_text(self) -> str | None: ...
+
+
+# (draft folder or None for the baseline, the layout it is predicted to serve) -> a started engine
+Launch = Callable[[Path | None, tuple[int, ...] | None], ContextManager[LiveEngine]]
+
+
+@dataclass
+class LiveRow(PairedSpeedup):
+    """One wiring measured on the real engine."""
+
+    wiring: str
+    backend: str                     # the engine that ran, e.g. 'vllm==0.32.0' or 'sglang==0.5.23'
+    rules: str                       # whose rules predicted the served layout, e.g. 'vllm==0.32.0:v1',
+                                     # 'runtime 0.5.23, capture rule 0.5.9'
+    draft: str
+    served_layout: list[int]         # as wiring/check predict it for this release
+    steps: int
+    prompts: int
+    max_new_tokens: int
+    repeats: int
+    baseline_tok_s: float
+    spec_tok_s: float
+    accept_length: float             # the engine's own counters: 1 + accepted / drafts
+    accept_rate: float               # accepted / drafted tokens
+    accepted_per_position: list[float]   # share of drafts whose position i was accepted
+    drafts: int
+    lossless: bool                   # every prompt's speculative output equals the baseline's
+    lossless_per_prompt: list[bool]
+    baseline_runs: list[float] = field(default_factory=list)
+    spec_runs: list[float] = field(default_factory=list)
+    fixes: list[dict] = field(default_factory=list)
+    reference: dict | None = None    # the reference engine fed served_layout: tau, speedup, ...
+    start_seconds: float = 0.0
+    timing: PairedTiming | None = None   # the paired runs behind ``speedup``: interval and verdict
+    metrics: str | None = field(default=None, repr=False)   # its /metrics page after the run (Prometheus)
+    guard: dict | None = None        # the engine guard's verdict at load (helpers.live.guard), None when off
+
+    @property
+    def tau_gap(self) -> float | None:
+        """The engine's accept length minus the reference engine's for the predicted layout."""
+        return None if not self.reference else round(self.accept_length - self.reference["tau"], 3)
+
+    def finding(self, label: str) -> str:
+        """This row in one sentence, as ``bench.finding`` says a reference row."""
+        ref = f" (reference engine {self.reference['tau']:.2f})" if self.reference else ""
+        return (f"{self.wiring} {label} on {self.backend}: accept length {self.accept_length:.2f}{ref}, "
+                f"{'lossless' if self.lossless else 'NOT lossless'}; speed {speed_phrase(self.timing)}.")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("timing")
+        d.pop("metrics")
+        return d | {
+            "speedup": round(self.speedup, 3), "speedup_interval": self.speedup_interval,
+            "timing": self.timing_verdict,
+            "timing_detail": None if self.timing is None else self.timing.to_dict(),
+            "tau_gap": self.tau_gap}
+
+    def row(self) -> dict:
+        ref = self.reference or {}
+        return {"wiring": self.wiring, "backend": self.backend, "layout": self.served_layout,
+                "baseline_tok_s": self.baseline_tok_s, "spec_tok_s": self.spec_tok_s,
+                "speedup": round(self.speedup, 3), "speedup_interval": self.speedup_interval,
+                "timing": self.timing_verdict, "accept_length": round(self.accept_length, 3),
+                "per_position": [round(x, 3) for x in self.accepted_per_position],
+                "lossless": self.lossless, "ref_tau": ref.get("tau"), "ref_speedup": ref.get("speedup"),
+                "tau_gap": self.tau_gap}
+
+
+@dataclass
+class LiveWiring:
+    """A wiring to measure: the draft folder vLLM loads and the layout the release is predicted to serve."""
+
+    name: str
+    draft: Path
+    served_layout: tuple[int, ...]
+
+
+def _tok_s(gen) -> float:
+    return sum(len(t) for t in gen.tokens) / sum(gen.seconds)
+
+
+def _merge(gens: list):
+    """One prompt's generations, one after another, as one call over all of them would report (the
+    engine's own ``Generation`` type: both live engines share these fields)."""
+    width = max((len(g.accepted_per_position) for g in gens), default=0)
+    return type(gens[0])([t for g in gens for t in g.tokens], [x for g in gens for x in g.seconds],
+                      sum(g.drafts for g in gens), sum(g.draft_tokens for g in gens),
+                      sum(g.accepted_tokens for g in gens),
+                      [sum(g.accepted_per_position[i] for g in gens if i < len(g.accepted_per_position))
+                       for i in range(width)])
+
+
+def _active(engine, other) -> None:
+    """Only the engine being timed runs: the other is paused where it can be (SGLang's idle scheduler
+    polls a core; vLLM's waits and has no ``pause``)."""
+    getattr(other, "pause", lambda: None)()
+    getattr(engine, "resume", lambda: None)()
+
+
+def _pause_all(*engines) -> None:
+    for e in engines:
+        getattr(e, "pause", lambda: None)()
+
+
+def _timed(engine, prompt: list[int], max_new_tokens: int, other=None) -> tuple[object, float]:
+    """One prompt on one engine, with the CPU seconds its process tree spent on it."""
+    if other is not None:
+        _active(engine, other)
+    c0 = tree_cpu_seconds(engine.pid)
+    gen = engine.generate([prompt], max_new_tokens)
+    return gen, tree_cpu_seconds(engine.pid) - c0
+
+
+def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
+            repeats: int, bar) -> tuple[PairedTiming, list[float], list[float], list]:
+    """Every prompt of every repeat as one pair, baseline and speculative back to back in ABBA order,
+    as the reference engine times them (``bench.run_bench``). Returns the paired timing, each
+    repeat's pooled tok/s per side, and each repeat's speculative generations merged."""
+    n = len(prompt_ids)
+    pb, ps, po, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], []
+    quiet = functools.partial(_pause_all, base, spec)
+    quiet()                      # the calibration kernel times the machine, not our own idle engines
+    with MachineWatch() as watch:
+        for rep in range(repeats):
+            b_gens, s_gens = [], []
+            for i, p in enumerate(prompt_ids):
+                if abba(rep * n + i):
+                    bg, bc = _timed(base, p, max_new_tokens, spec)
+                    sg, sc = _timed(spec, p, max_new_tokens, base)
+                else:
+                    sg, sc = _timed(spec, p, max_new_tokens, base)
+                    bg, bc = _timed(base, p, max_new_tokens, spec)
+                b_gens.append(bg)
+                s_gens.append(sg)
+                pb.append(_tok_s(bg))
+                ps.append(_tok_s(sg))
+                po.append(i)
+                cb.append(len(bg.tokens[0]) / bc if bc > 0 else float("nan"))
+                cs.append(len(sg.tokens[0]) / sc if sc > 0 else float("nan"))
+                bar.update(1)
+            b_runs.append(_tok_s(_merge(b_gens)))
+            gens.append(_merge(s_gens))
+            s_runs.append(_tok_s(gens[-1]))
+        quiet()
+    return PairedTiming(pb, ps, po, watch.signal, cb, cs), b_runs, s_runs, gens
+
+
+def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
+               steps: int, max_new_tokens: int, repeats: int, rules: str,
+               progress: bool = True) -> list[LiveRow]:
+    """Each wiring against one shared baseline engine; engines are stopped however this returns.
+    ``name``: the engine family ('vllm', 'sglang'), for the rows' ``backend``."""
+    if not wirings:
+        raise ValueError("no wirings to benchmark")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 (a warm-up pass runs before them), got {repeats}")
+    rows = []
+    with launch(None, None) as base:
+        base_ref = base.generate(prompt_ids, max_new_tokens)          # warm-up, and the reference output
+        for w in wirings:
+            getattr(base, "pause", lambda: None)()                    # the next engine loads alone
+            with launch(w.draft, tuple(w.served_layout)) as spec:
+                spec.generate(prompt_ids[:1], max_new_tokens)            # warm-up
+                bar = tqdm(total=repeats * len(prompt_ids), desc=f"{name} {w.name}", disable=not progress)
+                timing, b_runs, s_runs, gens = _paired(base, spec, prompt_ids, max_new_tokens, repeats, bar)
+                bar.close()
+                getattr(base, "resume", lambda: None)()
+                drafts = sum(g.drafts for g in gens)
+                accepted = sum(g.accepted_tokens for g in gens)
+                drafted = sum(g.draft_tokens for g in gens)
+                width = max((len(g.accepted_per_position) for g in gens), default=0)
+                per_pos = [sum(g.accepted_per_position[i] for g in gens if i < len(g.accepted_per_position))
+                           / drafts if drafts else 0.0 for i in range(width)]
+                same = [a == b for a, b in zip(gens[-1].tokens, base_ref.tokens)]
+                rows.append(LiveRow(
+                    wiring=w.name, backend=f"{name}=={spec.version}", rules=str(rules),
+                    draft=str(w.draft), served_layout=list(w.served_layout), steps=steps,
+                    prompts=len(prompt_ids), max_new_tokens=max_new_tokens, repeats=repeats,
+                    baseline_tok_s=round(statistics.fmean(b_runs), 2),
+                    spec_tok_s=round(statistics.fmean(s_runs), 2),
+                    accept_length=round(1 + accepted / drafts, 3) if drafts else 1.0,
+                    accept_rate=round(accepted / drafted, 3) if drafted else 0.0,
+                    accepted_per_position=[round(x, 3) for x in per_pos], drafts=drafts,
+                    lossless=all(same), lossless_per_prompt=same,
+                    baseline_runs=[round(x, 2) for x in b_runs], spec_runs=[round(x, 2) for x in s_runs],
+                    fixes=spec.fixes_report(), start_seconds=spec.start_seconds, timing=timing,
+                    metrics=spec.metrics_text(), guard=spec.guard_verdict()))
+    return rows

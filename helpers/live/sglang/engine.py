@@ -1,0 +1,411 @@
+"""A real SGLang engine, started from the workbook in its own venv and process group, stopped on every exit.
+
+``SGLangEngine`` has the public shape of ``helpers.live.vllm.engine.VllmEngine``: a context manager started
+with bounded memory and threads and a progress line while it loads (10-25 s on a 2-core CPU),
+``generate(prompts, max_tokens) -> Generation`` with SGLang's own counters, ``close()``. It drives
+``python -m sglang.launch_server`` from ``.venv-sglang`` through ``helpers.live.sglang.server`` (HTTP only:
+sglang is never imported here). On a CPU host each launch carries the workbook's accommodations
+(``helpers.live.sglang.cpu``), recorded in ``record()``; with ``capture_rule="0.5.9"`` the target runs that
+release's own ``set_eagle3_layers_to_capture`` (runtime 0.5.23, capture rule 0.5.9). The process group
+is stopped on ``close()``, on leaving a ``with`` block, at interpreter exit and on SIGTERM
+(``helpers.live.stopping``: the handler is installed when the first engine starts, not at import).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ...errors import InputError
+from .. import guard
+from ..stopping import track, untrack
+from . import cpu
+from .install import ROOT, SglangInstall
+from .server import ServerSpec, ServerStartError, SGLangServer, find_free_port, http_json, read_server_info
+
+
+class EngineStartError(InputError):
+    """SGLang would not start (or died): the one line says why, the log file says the rest."""
+
+
+@dataclass
+class Generation:
+    """What one ``generate`` call produced, with SGLang's own per-request counters summed."""
+
+    tokens: list[list[int]]            # per prompt, the generated ids
+    seconds: list[float]               # per prompt, wall time of its request
+    drafts: int = 0                    # verify rounds (meta_info spec_verify_ct; 0 without speculation)
+    draft_tokens: int = 0              # drafts proposed (spec_num_proposed_drafts)
+    accepted_tokens: int = 0           # drafts accepted (spec_num_correct_drafts)
+    accepted_per_position: list[int] = field(default_factory=list)   # from spec_correct_drafts_histogram
+    completion_tokens: int = 0
+    meta: list[dict] = field(default_factory=list)                   # each request's meta_info, as sent
+
+    @property
+    def accept_length(self) -> float:
+        """Tokens per verify round, 1 + accepted drafts per round: the definition the reference engine
+        and vLLM use, from SGLang's counters."""
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
+
+    @property
+    def sglang_accept_length(self) -> float:
+        """SGLang's own ``spec_accept_length`` (completion tokens / verify rounds), pooled: it also counts
+        the token the prefill produced, so it sits a little above ``accept_length`` on short outputs."""
+        return self.completion_tokens / self.drafts if self.drafts else 1.0
+
+    @property
+    def tok_s(self) -> float:
+        total = sum(self.seconds)
+        return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0
+
+
+@dataclass
+class SglangLaunch:
+    """What one engine serves: a target alone, with an EAGLE-3 draft, or capturing aux hidden states."""
+
+    target: Path
+    draft: Path | None = None
+    steps: int = 3
+    topk: int = 1
+    dtype: str = "float32"
+    context_length: int = 1024
+    max_total_tokens: int = 8192          # bounds the KV pool (SGLang sizes it from free memory otherwise)
+    capture_ids: tuple[int, ...] | None = None   # capture-only mode: these ids, through the setter
+    capture_rule: str | None = None       # a release whose own setter replaces the runtime's, e.g. '0.5.9'
+    probe: bool = False                   # save what the draft's fc receives (measured slots)
+    extra_args: tuple[str, ...] = ()
+    guard: guard.Mode = guard.Mode.WARN   # the engine guard in this launch (docs/guard.md)
+
+    def __post_init__(self):
+        self.target = Path(self.target).resolve()
+        self.draft = Path(self.draft).resolve() if self.draft is not None else None
+        if self.draft is not None and self.capture_ids is not None:
+            raise InputError("capture-only mode runs the target without a draft (SGLang refuses both)")
+
+    @property
+    def label(self) -> str:
+        if self.capture_ids is not None:
+            return f"{self.target.name}, capturing ids {list(self.capture_ids)}"
+        return self.target.name + (f" + {self.draft.name} (k={self.steps})" if self.draft else "")
+
+
+def rules_label(version: str, capture_rule: str | None) -> str:
+    """How a row says which runtime ran and whose id-to-layer rule it applied."""
+    return f"runtime {version}" + (f", capture rule {capture_rule}" if capture_rule else "")
+
+
+def setter_rule(release: str, arch: str) -> dict:
+    """The named release's own ``set_eagle3_layers_to_capture`` for ``arch``, as text with its place,
+    read from that release's wheel (``helpers.rules.sglang.source`` fetches and caches it)."""
+    from ...rules.sglang.classes import class_for_arch, find_method
+    from ...rules.sglang.resolve import source_for
+    from ...rules.sglang.sites import SETTER
+
+    src = source_for(release, None)
+    top = class_for_arch(src, arch)
+    found = find_method(src, top, SETTER)
+    if found is None:
+        raise InputError(f"sglang {release}'s {arch} has no {SETTER}; no capture rule to install")
+    owner, fn = found
+    lines = owner.path.read_text().splitlines()
+    text = "\n".join(lines[fn.lineno - 1: fn.end_lineno])
+    return {"release": release, "arch": arch, "owner": owner.name, "file": src.rel(owner.path),
+            "line": fn.lineno, "source": text}
+
+
+def _target_config(target: Path) -> dict:
+    try:
+        return json.loads((target / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{target}: no readable config.json ({exc})") from None
+
+
+class SGLangEngine:
+    """One running SGLang server. ``with SGLangEngine(install, spec) as e: e.generate(...)``."""
+
+    def __init__(self, install: SglangInstall, spec: SglangLaunch, *, threads: int | None = 2,
+                 start_timeout: float = 600.0, progress: bool = True, log_dir: Path | None = None):
+        self.install, self.spec = install, spec
+        self.device = install.device
+        if self.device == "cpu" or spec.capture_rule:
+            cpu.check_release(install.version)
+            if not install.project:
+                raise EngineStartError(f"{install.venv} lacks this project (its hooks import helpers); "
+                                       f"set it up again with bash workbook.sh sglang")
+        self.threads = threads
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="eagle3-sglang-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"sglang-{os.getpid()}-{id(self):x}"
+        self.log_path = self.log_dir / f"{stem}.log"
+        self.report_path = self.log_dir / f"{stem}.hooks.jsonl"
+        self.probe_dir = self.log_dir / f"{stem}.fc" if spec.probe else None
+        self.rule: dict | None = None
+        self.config = _target_config(spec.target)
+        self.launch_notes: list[dict] = []
+        self.server: SGLangServer | None = None
+        self.start_seconds = 0.0
+        self.meta_log: list[dict] = []
+        self.version = install.version
+        self._start(start_timeout, progress)
+
+    # -- launch ------------------------------------------------------------------------------
+
+    def _args_and_env(self) -> tuple[list[str], dict[str, str]]:
+        spec, notes = self.spec, self.launch_notes
+        args = ["--dtype", spec.dtype, "--context-length", str(spec.context_length),
+                "--max-total-tokens", str(spec.max_total_tokens), "--max-running-requests", "4",
+                "--disable-radix-cache", "--skip-server-warmup", "--random-seed", "0", "--log-level", "info"]
+        env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
+        hooks = ""
+        if self.device == "cpu":
+            threads = self.threads or 2
+            args += ["--device", "cpu", "--attention-backend", "intel_amx"]
+            env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            notes.extend(cpu.launch_accommodations(threads))
+            hooks = "cpu"
+            if spec.draft is None:
+                args.append("--disable-overlap-schedule")
+                notes.append({"name": "no-overlap-schedule", "what": "--disable-overlap-schedule (launches "
+                              "without a draft)", "why": "on 2 shared cores the overlap thread starves the "
+                              "forward: no-speculation decode measured 1.4 tok/s with it, 45.5 without "
+                              "(tiny pair, 2026-12-01); speculative launches keep SGLang's default"})
+        elif self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        deepseek = any("Deepseek" in a for a in self.config.get("architectures", []))
+        if deepseek and "moe_layer_freq" not in self.config:
+            override = json.dumps({"moe_layer_freq": 1})
+            args += ["--json-model-override-args", override]
+            notes.append({"name": "moe_layer_freq", "what": f"--json-model-override-args '{override}'",
+                          "why": "the target's config lacks the key srt/models/deepseek_v2.py:2791 reads "
+                                 "(real DeepSeek-V3 configs carry it); 1 = every layer past the dense "
+                                 "ones is MoE, as HF builds it"})
+        if spec.capture_rule:
+            arch = (self.config.get("architectures") or [""])[0]
+            self.rule = setter_rule(spec.capture_rule, arch)
+            rule_file = self.log_dir / f"{self.log_path.stem}.rule.json"
+            rule_file.write_text(json.dumps(self.rule))
+            env[cpu.RULE_ENV] = str(rule_file)
+            hooks = hooks or "rules"
+        if spec.capture_ids is not None:
+            args += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
+                     "--return-aux-hidden-state-layer-ids", *map(str, spec.capture_ids)]
+        if self.probe_dir is not None:
+            self.probe_dir.mkdir(parents=True, exist_ok=True)
+            env[cpu.PROBE_ENV] = str(self.probe_dir)
+            hooks = hooks or "rules"
+        env[guard.GUARD_ENV] = str(spec.guard)
+        if hooks or spec.guard is not guard.Mode.OFF:     # the guard alone needs only sitecustomize
+            if hooks:
+                env[cpu.HOOKS_ENV] = hooks
+            env[cpu.REPORT_ENV] = str(self.report_path)
+            inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([str(cpu.SITE), str(ROOT)] + inherited)
+        return args + list(spec.extra_args), env
+
+    def _start(self, start_timeout: float, progress: bool) -> None:
+        args, env = self._args_and_env()
+        spec = self.spec
+        sspec = ServerSpec(target=str(spec.target), draft=str(spec.draft) if spec.draft else None,
+                           port=find_free_port(), python=str(self.install.python), steps=spec.steps,
+                           topk=spec.topk, extra_args=tuple(args), env=env)
+        self.server = SGLangServer(sspec, speculative=spec.draft is not None, log_path=self.log_path,
+                                   startup_timeout=start_timeout, grace_s=10.0)
+        track(self)
+        started = time.perf_counter()
+        bar = tqdm(total=None, desc=f"starting SGLang {self.version} ({spec.label})", disable=not progress,
+                   bar_format="{desc}: {elapsed}", mininterval=5.0)
+        done = threading.Event()
+
+        def tick():
+            while not done.wait(5.0):
+                bar.update(0)
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            self.server.start()
+        except ServerStartError as exc:
+            self.close()
+            raise EngineStartError(self._why(str(exc))) from None
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            done.set()
+            bar.close()
+        self.start_seconds = round(time.perf_counter() - started, 2)
+
+    def _why(self, message: str) -> str:
+        lines = [ln for ln in message.splitlines() if ln.strip()]
+        refused = [ln[ln.index(guard.PREFIX):] for ln in lines if guard.PREFIX in ln]
+        if refused:                      # the engine guard refused: its whole line is the reason
+            return f"SGLang {self.version} refused {self.spec.label}: {refused[-1]} (log: {self.log_path})"
+        errors = [ln.strip() for ln in lines if "Error" in ln or "error" in ln or "eagle3-workbook" in ln]
+        tail = (errors or lines or [""])[-1][:300]
+        return f"SGLang {self.version} would not start {self.spec.label}: {tail} (log: {self.log_path})"
+
+    def close(self) -> None:
+        """Stop the server's whole process group; safe to call twice."""
+        self.resume()                    # a paused group cannot act on the stop signal
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+        untrack(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.proc.pid if self.server and self.server.proc else None
+
+    @property
+    def base_url(self) -> str:
+        if self.server is None:
+            raise EngineStartError(f"SGLang is not running (log: {self.log_path})")
+        return self.server.base_url
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _post(self, payload: dict, timeout: float = 600.0) -> dict:
+        if self.server is None or self.server.proc is None or self.server.proc.poll() is not None:
+            raise EngineStartError(f"SGLang is not running (log: {self.log_path})")
+        try:
+            body = http_json(self.base_url + "/generate", payload, timeout=timeout)
+        except (RuntimeError, OSError) as exc:
+            raise EngineStartError(f"SGLang failed a request: {str(exc)[:300]} "
+                                   f"(log: {self.log_path})") from None
+        return body[0] if isinstance(body, list) else body
+
+    def generate(self, prompts: list[list[int]], max_tokens: int) -> Generation:
+        """Greedy, one prompt at a time (the latency speculative decoding is for), timed per prompt,
+        exactly ``max_tokens`` new tokens each (EOS ignored, as the reference engine does)."""
+        params = {"max_new_tokens": int(max_tokens), "temperature": 0.0, "ignore_eos": True}
+        gen = Generation([], [])
+        hist: list[int] = []
+        for ids in prompts:
+            t0 = time.perf_counter()
+            body = self._post({"input_ids": [int(i) for i in ids], "sampling_params": params})
+            gen.seconds.append(time.perf_counter() - t0)
+            meta = body.get("meta_info", {})
+            gen.tokens.append([int(t) for t in body.get("output_ids", [])])
+            gen.meta.append(meta)
+            self.meta_log.append(meta)
+            gen.completion_tokens += int(meta.get("completion_tokens", len(gen.tokens[-1])))
+            gen.drafts += int(meta.get("spec_verify_ct") or 0)
+            gen.accepted_tokens += int(meta.get("spec_num_correct_drafts") or 0)
+            gen.draft_tokens += int(meta.get("spec_num_proposed_drafts") or 0)
+            h = [int(x) for x in meta.get("spec_correct_drafts_histogram") or []]
+            hist += [0] * max(len(h) - len(hist), 0)
+            for j, count in enumerate(h):
+                hist[j] += count
+        # rounds with j correct drafts -> how many rounds accepted the draft at position p (p < j)
+        gen.accepted_per_position = [sum(hist[p + 1:]) for p in range(max(len(hist) - 1, 0))]
+        return gen
+
+    def hidden_states(self, prompts: list[list[int]]) -> list:
+        """Capture-only mode: per prompt, the aux hidden states SGLang concatenates for an EAGLE-3 draft,
+        as a float tensor [tokens, slots * hidden] (prompt positions)."""
+        import torch
+
+        if self.spec.capture_ids is None:
+            raise InputError("hidden_states needs an engine started with capture_ids (capture-only mode)")
+        out = []
+        for ids in prompts:
+            body = self._post({"input_ids": [int(i) for i in ids], "return_hidden_states": True,
+                               "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+            states = body.get("meta_info", {}).get("hidden_states")
+            if not states:
+                raise EngineStartError(f"SGLang returned no hidden states (log: {self.log_path})")
+            nested = isinstance(states[0], list) and states[0] and isinstance(states[0][0], list)
+            out.append(torch.tensor(states[0] if nested else states, dtype=torch.float32))
+        return out
+
+    def fc_inputs(self) -> dict[int, "object"]:
+        """What the draft's fc received, by row count (``probe=True``): the live engine's fused features."""
+        import torch
+
+        if self.probe_dir is None:
+            return {}
+        return {int(p.stem.split("-")[1]): torch.load(p) for p in sorted(self.probe_dir.glob("fc-*.pt"))}
+
+    def pause(self) -> None:
+        """Stop the server's processes (SIGSTOP to its group) while another engine works: an idle SGLang
+        scheduler polls and keeps a whole core busy (measured: 1.0 CPU-second per second idle on this
+        host), which on 2 cores halves the engine being timed. ``resume`` continues it."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> None:
+        pid = self.pid
+        if pid is None:
+            return
+        try:
+            os.killpg(pid, sig)          # the server leads a session of its own: its pid is the group id
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def fixes_report(self) -> list[dict]:
+        """The accommodations in the shape ``helpers.live.bench`` reports vLLM's plugin fixes: fix, state,
+        why."""
+        return [{"fix": a["name"], "state": "applied", "why": a.get("why", "")}
+                for a in self.accommodations()]
+
+    def metrics_text(self) -> str:
+        """Every request's ``meta_info`` so far, as the JSON list ``diagnose --metrics`` reads (SGLang's
+        Prometheus scrape has no per-position counts; its responses do)."""
+        return json.dumps(self.meta_log)
+
+    def server_info(self) -> dict:
+        info = read_server_info(self.base_url)
+        return {"version": info.version, "avg_spec_accept_length": info.avg_spec_accept_length}
+
+    # -- the record --------------------------------------------------------------------------
+
+    def _hook_rows(self) -> list[dict]:
+        if not self.report_path.is_file():
+            return []
+        return [json.loads(ln) for ln in self.report_path.read_text().splitlines() if ln.strip()]
+
+    def accommodations(self) -> list[dict]:
+        """Every accommodation this launch carried: the engine's own, then what the hooks did inside
+        SGLang's processes (once each, however many processes applied it)."""
+        seen = {a["name"]: a for a in self.launch_notes}
+        for row in self._hook_rows():
+            if row.get("event") not in ("capture", "guard") and row["name"] not in seen:
+                seen[row["name"]] = {k: row[k] for k in ("name", "what", "why", "where") if row.get(k)}
+        return list(seen.values())
+
+    def captures(self) -> list[dict]:
+        """Each call of the target's setter: the ids it got and the ``layers_to_capture`` it left."""
+        return [{k: r[k] for k in ("ids", "layers_to_capture")} for r in self._hook_rows()
+                if r.get("event") == "capture"]
+
+    def guard_verdict(self) -> dict | None:
+        """What the engine guard judged inside SGLang at load (``helpers.live.guard``), or None (off, or no
+        draft)."""
+        rows = [r["verdict"] for r in self._hook_rows() if r.get("event") == "guard"]
+        return rows[-1] if rows else None
+
+    @property
+    def rules(self) -> str:
+        return rules_label(self.version, self.spec.capture_rule)
+
+    def record(self) -> dict:
+        return {"engine": "sglang", "version": self.version, "device": self.device, "rules": self.rules,
+                "capture_rule": self.rule and {k: self.rule[k] for k in ("release", "file", "line")},
+                "start_seconds": self.start_seconds, "accommodations": self.accommodations(),
+                "captures": self.captures(), "log": str(self.log_path)}

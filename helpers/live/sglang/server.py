@@ -1,0 +1,767 @@
+"""A live SGLang backend: launch the server with EAGLE-3 flags, time requests, read accept length.
+
+The rest of the workbook measures wiring offline with a reference engine. On a GPU host the
+same question has a direct answer: serve the target with and without the draft and compare
+tokens per second and accept length as SGLang itself reports them. This module does only
+that, through SGLang's command line and HTTP API, so it never imports ``sglang`` (which needs
+CUDA) and works with an SGLang installed in a different Python than the notebook's.
+
+Names read from SGLang's source (0.5.9 and 0.5.23 wheels):
+- CLI flags: ``srt/server_args.py`` (0.5.9); ``srt/arg_groups/fields/{model,spec,parallel,
+  schedule,serving}.py`` (0.5.23, where flags are generated from dataclass field names).
+- HTTP routes ``/health``, ``/health_generate``, ``/generate``, ``/server_info`` and the
+  deprecated ``/get_server_info``: ``srt/entrypoints/http_server.py``.
+- ``meta_info`` keys ``prompt_tokens``, ``completion_tokens``, ``e2e_latency``,
+  ``spec_verify_ct``, ``spec_accept_length``: ``srt/managers/tokenizer_manager.py``.
+- ``internal_states[i]["avg_spec_accept_length"]``: ``srt/managers/scheduler.py`` (0.5.9),
+  ``srt/managers/scheduler_components/internal_state.py`` (0.5.23).
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+from ... import cli
+from ...errors import print_json
+from ...investigation.prompts import read_prompts
+from ...rules.conventions import IdsAt, ids_in_config, ids_sglang_reads, read_draft_config
+
+DEFAULT_PORT = 30000
+HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # new name first; old kept as alias
+EXIT_UNAVAILABLE = 2
+
+# Code-like prompts: the embedded tiny target was trained on Python source, so these give
+# it something it can continue fluently, which is what makes accept length meaningful.
+DEFAULT_PROMPTS = (
+    "def read_config(path):\n    \"\"\"Return the parsed configuration file.\"\"\"\n",
+    "class LRUCache:\n    def __init__(self, maxsize=128):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n",
+    "    for key, value in sorted(mapping.items()):\n",
+    "def _check_arg(name, value, expected_type):\n    if not isinstance(value, expected_type):\n",
+    "    try:\n        with open(filename, 'rb') as f:\n",
+    "class Error(Exception):\n    \"\"\"Base class for exceptions in this module.\"\"\"\n",
+    "    def __repr__(self):\n        return '%s(%r)' % (",
+)
+
+
+# --------------------------------------------------------------------------- launch spec
+
+
+def _default_python() -> str:
+    return os.environ.get("SGLANG_PYTHON") or sys.executable
+
+
+def _check_loopback(host: str) -> str:
+    """The workbook only talks to servers it started on this machine; refuse anything else."""
+    if host == "localhost":
+        return host
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        pass
+    raise ValueError(f"host {host!r} is not a loopback address; use 127.0.0.1")
+
+
+@dataclass
+class ServerSpec:
+    """Everything needed to start one SGLang server; ``command`` replaces the built one.
+
+    ``draft_tokens=None`` means ``steps + 1``: with top-k 1 the draft tree is a chain, and
+    SGLang wants the number of draft tokens to be the chain length plus the root.
+    """
+
+    target: str
+    draft: str | None = None
+    port: int = DEFAULT_PORT
+    host: str = "127.0.0.1"
+    python: str = field(default_factory=_default_python)
+    steps: int = 3
+    topk: int = 1
+    draft_tokens: int | None = None
+    tp_size: int = 1
+    mem_fraction: float | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        _check_loopback(self.host)
+        self.target = str(self.target)
+        self.draft = None if self.draft is None else str(self.draft)
+        self.extra_args = tuple(str(a) for a in self.extra_args)
+        if self.steps < 1 or self.topk < 1:
+            raise ValueError(f"steps and topk must be >= 1, got steps={self.steps} topk={self.topk}")
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.draft_tokens if self.draft_tokens is not None else self.steps + 1
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def build_launch_command(spec: ServerSpec, speculative: bool = True) -> list[str]:
+    """The ``sglang.launch_server`` argv; the baseline is the same command minus the draft.
+
+    Keeping both from one builder means the two servers differ only in speculation, so the
+    tok/s ratio measures the draft and nothing else.
+    """
+    cmd = [
+        spec.python, "-m", "sglang.launch_server",
+        "--model-path", spec.target,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--tp-size", str(spec.tp_size),
+    ]
+    if spec.mem_fraction is not None:
+        cmd += ["--mem-fraction-static", str(spec.mem_fraction)]
+    if speculative:
+        if not spec.draft:
+            raise ValueError("a speculative server needs a draft model path")
+        cmd += [
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", spec.draft,
+            "--speculative-num-steps", str(spec.steps),
+            "--speculative-eagle-topk", str(spec.topk),
+            "--speculative-num-draft-tokens", str(spec.num_draft_tokens),
+        ]
+    return cmd + list(spec.extra_args)
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now; racy by nature, good enough for one local server."""
+    _check_loopback(host)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def http_json(url: str, payload: dict | None = None, timeout: float = 600.0) -> Any:
+    """GET (payload None) or POST JSON; SGLang answers errors with a JSON body worth showing."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode() or "null")
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"{req.get_method()} {url} -> HTTP {e.code}: {body}") from None
+
+
+def _is_healthy(url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+# --------------------------------------------------------------------------- server lifecycle
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never became healthy; the message carries its log tail."""
+
+
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, process group) from /proc, or None when the pid is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
+    return fields[0], int(fields[2])
+
+
+def _group_alive(pgid: int) -> bool:
+    """Zombies do not count: in a container nothing may reap orphaned SGLang workers."""
+    if Path("/proc/self/stat").exists():
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                st = _proc_state(int(entry.name))
+                if st and st[1] == pgid and st[0] not in ("Z", "X"):
+                    return True
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class SGLangServer:
+    """One server process group, stopped on every way out of the ``with`` block.
+
+    SGLang forks scheduler and detokenizer processes; killing only the launcher leaves them
+    holding the GPU. So the server gets its own session (process group) and the whole group
+    is terminated, then killed after ``grace_s``. ``atexit`` covers a notebook kernel that
+    exits without leaving the block; a SIGKILL of this process is not covered.
+    """
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        speculative: bool = True,
+        log_path: str | os.PathLike | None = None,
+        startup_timeout: float = 900.0,
+        poll_interval: float = 1.0,
+        grace_s: float = 20.0,
+        health_path: str = HEALTH_PATH,
+    ) -> None:
+        self.spec = spec
+        self.speculative = speculative
+        self.command = list(spec.command) if spec.command else build_launch_command(spec, speculative)
+        self.startup_timeout = startup_timeout
+        self.poll_interval = poll_interval
+        self.grace_s = grace_s
+        self.health_path = health_path
+        self.log_path = Path(log_path) if log_path else self._temp_log()
+        self.proc: subprocess.Popen | None = None
+        self._pgid: int | None = None
+
+    @staticmethod
+    def _temp_log() -> Path:
+        fd, name = tempfile.mkstemp(prefix="sglang-server-", suffix=".log")
+        os.close(fd)
+        return Path(name)
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _read_tail(self.log_path, lines)
+
+    def start(self) -> "SGLangServer":
+        """Launch and block until healthy; any failure stops the group before raising."""
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **{k: str(v) for k, v in self.spec.env.items()}}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        self._pgid = self.proc.pid  # new session: the leader's pid is the group id
+        atexit.register(self.stop)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        url = self.base_url + self.health_path
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(self._failure(f"exited with code {code} before becoming healthy"))
+            # /health_generate may wait on a real one-token generation; give it time.
+            if _is_healthy(url, timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                raise ServerStartError(self._failure(f"not healthy at {url} after "
+                                                     f"{self.startup_timeout:.0f} s"))
+            time.sleep(self.poll_interval)
+
+    def _failure(self, what: str) -> str:
+        return (
+            f"SGLang server {what}.\n  command: {shlex.join(self.command)}\n  log: {self.log_path}\n"
+            f"--- last lines of the log ---\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """Terminate the group, kill it after the grace period; safe to call twice."""
+        if self.proc is None:
+            return
+        atexit.unregister(self.stop)
+        pgid, proc = self._pgid, self.proc
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not _group_alive(pgid):
+                break
+            time.sleep(0.1)
+        _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def __enter__(self) -> "SGLangServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+@dataclass
+class RequestRow:
+    """One timed request; ``accept_length`` is None when the server did not speculate."""
+
+    index: int
+    prompt_tokens: int | None
+    completion_tokens: int
+    wall_s: float
+    tok_s: float
+    spec_verify_ct: int | None
+    accept_length: float | None
+    server_accept_length: float | None
+    e2e_latency: float | None
+    finish_reason: Any
+    text: str
+
+
+@dataclass
+class LiveBenchResult:
+    """Per-request rows and their medians, for one server (baseline or speculative)."""
+
+    label: str
+    rows: list[RequestRow]
+    median_tok_s: float
+    median_accept_length: float | None
+    pooled_accept_length: float | None
+    server_avg_accept_length: float | None = None
+    command: list[str] | None = None
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([dataclasses.asdict(r) for r in self.rows])
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ServerInfo:
+    """What /server_info says about speculation; ``raw`` keeps the rest."""
+
+    version: str | None
+    speculative_algorithm: str | None
+    avg_spec_accept_length: float | None
+    raw: dict
+
+
+def _positive_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def parse_generate_response(index: int, body: dict, wall_s: float) -> RequestRow:
+    """Accept length = completion_tokens / spec_verify_ct, the bonus token included (SGLang's).
+
+    We compute it rather than trust ``spec_accept_length`` so baseline and speculative rows
+    are derived the same way; SGLang's own value is kept beside it as a cross-check.
+    """
+    if isinstance(body, list):  # a batched request returns a list; we send one prompt
+        body = body[0]
+    meta = body.get("meta_info", {})
+    completion = int(meta.get("completion_tokens", 0))
+    verify = _positive_int(meta.get("spec_verify_ct"))
+    server_tau = meta.get("spec_accept_length")
+    return RequestRow(
+        index=index,
+        prompt_tokens=meta.get("prompt_tokens"),
+        completion_tokens=completion,
+        wall_s=wall_s,
+        tok_s=completion / wall_s if wall_s > 0 else float("nan"),
+        spec_verify_ct=verify,
+        accept_length=completion / verify if verify else None,
+        server_accept_length=float(server_tau) if server_tau is not None else None,
+        e2e_latency=meta.get("e2e_latency"),
+        finish_reason=meta.get("finish_reason"),
+        text=body.get("text", ""),
+    )
+
+
+def summarize(label: str, rows: list[RequestRow], command: list[str] | None = None) -> LiveBenchResult:
+    """Medians resist the odd slow request; the pooled tau matches SGLang's server-wide figure."""
+    taus = [r.accept_length for r in rows if r.accept_length is not None]
+    verify = sum(r.spec_verify_ct or 0 for r in rows if r.accept_length is not None)
+    done = sum(r.completion_tokens for r in rows if r.accept_length is not None)
+    return LiveBenchResult(
+        label=label,
+        rows=rows,
+        median_tok_s=statistics.median(r.tok_s for r in rows) if rows else float("nan"),
+        median_accept_length=statistics.median(taus) if taus else None,
+        pooled_accept_length=done / verify if verify else None,
+        command=command,
+    )
+
+
+def run_prompts(
+    base_url: str,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    label: str = "server",
+    warmup: int = 1,
+    timeout: float = 600.0,
+) -> LiveBenchResult:
+    """Send prompts one at a time (batch size 1, the latency regime speculation targets).
+
+    ``warmup`` requests are sent first and not counted: the first request after start pays
+    for lazy initialisation that would otherwise sit in one row.
+    """
+    url = base_url.rstrip("/") + "/generate"
+
+    def payload(text: str) -> dict:
+        return {"text": text,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
+
+    for text in list(prompts)[:warmup]:
+        http_json(url, payload(text), timeout=timeout)
+    rows = []
+    for i, text in enumerate(prompts):
+        t0 = time.perf_counter()
+        body = http_json(url, payload(text), timeout=timeout)
+        rows.append(parse_generate_response(i, body, time.perf_counter() - t0))
+    return summarize(label, rows)
+
+
+def parse_server_info(info: dict) -> ServerInfo:
+    """avg_spec_accept_length lives in internal_states (one dict per DP rank); average them."""
+    states = info.get("internal_states") or []
+    values = [s["avg_spec_accept_length"] for s in states if isinstance(s, dict)
+              and s.get("avg_spec_accept_length") is not None]
+    if not values and info.get("avg_spec_accept_length") is not None:
+        values = [info["avg_spec_accept_length"]]
+    return ServerInfo(
+        version=info.get("version"),
+        speculative_algorithm=info.get("speculative_algorithm"),
+        avg_spec_accept_length=float(statistics.fmean(values)) if values else None,
+        raw=info,
+    )
+
+
+def read_server_info(base_url: str, timeout: float = 30.0) -> ServerInfo:
+    """Try /server_info, then the older /get_server_info alias."""
+    errors = []
+    for path in SERVER_INFO_PATHS:
+        try:
+            return parse_server_info(http_json(base_url.rstrip("/") + path, timeout=timeout))
+        except (RuntimeError, urllib.error.URLError) as e:
+            errors.append(f"{path}: {e}")
+    raise RuntimeError("no server info endpoint answered: " + "; ".join(errors))
+
+
+# --------------------------------------------------------------------------- bench
+
+
+@dataclass
+class LiveBenchComparison:
+    """Baseline vs speculative; ``speedup`` > 1 means the draft pays for itself."""
+
+    speculative: LiveBenchResult | None
+    baseline: LiveBenchResult | None
+    speedup: float | None
+    commands: dict[str, list[str]]
+    log_paths: dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _serve_and_measure(
+    spec: ServerSpec, speculative: bool, prompts: list[str], max_new_tokens: int,
+    temperature: float, startup_timeout: float, log_path: str,
+) -> LiveBenchResult:
+    label = "speculative" if speculative else "baseline"
+    with SGLangServer(spec, speculative=speculative, log_path=log_path,
+                      startup_timeout=startup_timeout) as server:
+        result = run_prompts(server.base_url, prompts, max_new_tokens, temperature, label=label)
+        if speculative:
+            result.server_avg_accept_length = read_server_info(server.base_url).avg_spec_accept_length
+        result.command = server.command
+    return result
+
+
+def live_bench(
+    target: str,
+    draft: str,
+    prompts: Sequence[str],
+    *,
+    steps: int = 3,
+    topk: int = 1,
+    draft_tokens: int | None = None,
+    python: str | None = None,
+    port: int = DEFAULT_PORT,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    baseline: bool = True,
+    tp_size: int = 1,
+    mem_fraction: float | None = None,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    startup_timeout: float = 900.0,
+    log_dir: str | os.PathLike | None = None,
+    dry_run: bool = False,
+) -> LiveBenchComparison:
+    """Serve the target without, then with, the draft, one server at a time on one port.
+
+    One after the other rather than side by side so both get the whole GPU and the ratio is
+    fair. ``dry_run`` only builds the commands, so a notebook can show exactly what would run.
+    """
+    spec = ServerSpec(
+        target=target, draft=draft, port=port, python=python or _default_python(), steps=steps,
+        topk=topk, draft_tokens=draft_tokens, tp_size=tp_size, mem_fraction=mem_fraction,
+        extra_args=tuple(extra_args), env=dict(env or {}),
+    )
+    order = (["baseline"] if baseline else []) + ["speculative"]
+    commands = {name: build_launch_command(spec, speculative=name == "speculative") for name in order}
+    if dry_run:
+        return LiveBenchComparison(speculative=None, baseline=None, speedup=None, commands=commands,
+                                   dry_run=True)
+    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang-bench-"))
+    logs = {name: str(log_dir / f"{name}.log") for name in order}
+    results = {
+        name: _serve_and_measure(spec, name == "speculative", list(prompts), max_new_tokens,
+                                 temperature, startup_timeout, logs[name])
+        for name in order
+    }
+    base, spec_res = results.get("baseline"), results["speculative"]
+    speedup = spec_res.median_tok_s / base.median_tok_s if base and base.median_tok_s > 0 else None
+    return LiveBenchComparison(speculative=spec_res, baseline=base, speedup=speedup, commands=commands,
+                               log_paths=logs)
+
+
+# --------------------------------------------------------------------------- availability
+
+_PROBE = r"""
+import json, importlib
+out = {}
+try:
+    import sglang
+    out["sglang"] = getattr(sglang, "__version__", "unknown")
+except Exception as e:
+    out["sglang_error"] = f"{type(e).__name__}: {e}"
+try:
+    import torch
+    out["cuda"] = bool(torch.cuda.is_available())
+    if out["cuda"]:
+        out["gpu"] = torch.cuda.get_device_name(0)
+except Exception as e:
+    out["torch_error"] = f"{type(e).__name__}: {e}"
+print("PROBE" + json.dumps(out))
+"""
+
+
+class Availability(NamedTuple):
+    ok: bool
+    reason: str
+
+
+def _nvidia_smi_gpu() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line for line in out.stdout.splitlines() if line.startswith("GPU")]
+    return lines[0] if out.returncode == 0 and lines else None
+
+
+def _probe(python: str, timeout: float) -> dict | str:
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return f"python {python!r} not found"
+    except subprocess.TimeoutExpired:
+        return f"probing {python} timed out after {timeout:.0f} s"
+    for line in out.stdout.splitlines():
+        if line.startswith("PROBE"):
+            return json.loads(line[5:])
+    return f"probing {python} failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}"
+
+
+def sglang_available(python: str | None = None, timeout: float = 120.0) -> Availability:
+    """Can this host serve with SGLang? Probed in a subprocess so this process never imports it.
+
+    Both conditions are checked and both failures named, so a notebook can say exactly why it
+    falls back to the reference engine.
+    """
+    python = python or _default_python()
+    probe = _probe(python, timeout)
+    if isinstance(probe, str):
+        return Availability(False, probe)
+    problems = []
+    if "sglang" not in probe:
+        problems.append(f"sglang is not importable in {python} ({probe.get('sglang_error')})")
+    gpu = probe.get("gpu") or (None if probe.get("cuda") is False else _nvidia_smi_gpu())
+    if not gpu:
+        why = "torch.cuda.is_available() is False" if probe.get("cuda") is False else "nvidia-smi finds none"
+        problems.append(f"no CUDA GPU is visible ({why})")
+    if problems:
+        return Availability(False, "; ".join(problems))
+    return Availability(True, f"sglang {probe['sglang']} in {python}; GPU: {gpu}")
+
+
+# --------------------------------------------------------------------------- prompts and CLI
+
+
+def _looks_local(ref: str) -> bool:
+    """A path the user typed (absolute or relative), as opposed to a hub id like org/name."""
+    return ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
+
+
+def draft_wiring_notes(draft: str) -> list[str]:
+    """What SGLang will read from a local draft's config: only the nested eagle_config ids."""
+    if not _looks_local(draft):
+        return [f"{draft} is not a local directory; its ids are not checked here"]
+    cfg = read_draft_config(draft)
+    ids, where = ids_in_config(cfg)
+    chosen = ids_sglang_reads(cfg)
+    if chosen.ids is not None:
+        return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine "
+                f"sglang==VERSION` says which boundaries that version captures for them"] + chosen.warnings
+    if where == IdsAt.TOP_LEVEL:
+        return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures "
+                f"its defaults; write them into eagle_config (helpers.investigation.fixes.with_engine_ids) "
+                f"if they are the training layout"]
+    return ["the draft config carries no ids: SGLang captures its defaults"]
+
+
+def _parser():
+    p = cli.parser("sglang-bench", "Serve a target with SGLang, without and with an EAGLE-3 draft; compare "
+                                   "tok/s and accept length.")
+    cli.add_pair_args(p, target="target model directory (or HF id)",
+                      draft="EAGLE-3 draft directory (or HF id)", engine=None, device=False, json=False,
+                      required=True, paths=False)
+    p.add_argument("--prompts", help="JSONL with a 'prompt' field per line, or .txt one per line")
+    p.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
+    p.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk")
+    p.add_argument("--draft-tokens", type=int, help="--speculative-num-draft-tokens (default steps+1)")
+    p.add_argument("--python", help="python that has sglang (default $SGLANG_PYTHON or this one)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--mem-fraction", type=float)
+    p.add_argument("--no-baseline", action="store_true", help="only run the speculative server")
+    p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--log-dir", help="where server logs go (default: a new temp dir)")
+    p.add_argument("--dry-run", action="store_true", help="print the launch commands and exit")
+    cli.add_pair_args(p, target=None, draft=None, engine=None, device=False)
+    return p
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_report(cmp: LiveBenchComparison) -> None:
+    for res in (cmp.baseline, cmp.speculative):
+        if res is None:
+            continue
+        print(f"{res.label:12s} median {res.median_tok_s:8.1f} tok/s  accept length median "
+              f"{_fmt(res.median_accept_length)} pooled {_fmt(res.pooled_accept_length)} "
+              f"server {_fmt(res.server_avg_accept_length)}  ({len(res.rows)} requests)")
+    if cmp.speedup is not None:
+        print(f"speedup      {cmp.speedup:.2f}x")
+    for name, path in cmp.log_paths.items():
+        print(f"log {name}: {path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for flag in ("steps", "topk", "max_new_tokens", "tp_size"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if args.draft_tokens is not None and args.draft_tokens < 2:
+        parser.error(f"--draft-tokens must be at least 2 (one verified token plus a draft), got "
+                     f"{args.draft_tokens}")
+    python = args.python or _default_python()
+    try:
+        for what in ("target", "draft"):
+            ref = getattr(args, what)
+            if _looks_local(ref) and not (Path(ref).expanduser() / "config.json").is_file():
+                raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a "
+                                        f"hub id like org/name is expected)")
+        beside = Path(args.target).parent / "prompts.jsonl"
+        prompts = (read_prompts(args.prompts) if args.prompts else
+                   read_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
+        notes = draft_wiring_notes(args.draft)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    kwargs = dict(
+        steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, python=python, port=args.port,
+        max_new_tokens=args.max_new_tokens, baseline=not args.no_baseline, tp_size=args.tp_size,
+        mem_fraction=args.mem_fraction, startup_timeout=args.startup_timeout, log_dir=args.log_dir,
+    )
+    if args.dry_run:
+        cmp = live_bench(args.target, args.draft, prompts, dry_run=True, **kwargs)
+        if args.json:
+            print_json({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()},
+                        "wiring_notes": notes},
+                       indent=2)
+        else:
+            for name, cmd in cmp.commands.items():
+                print(f"# {name}\n{shlex.join(cmd)}")
+            for n in notes:
+                print(f"# wiring: {n}")
+        return 0
+    ok, reason = sglang_available(python)
+    if not ok:
+        print(f"sglang-bench: cannot run live: {reason}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    cmp = live_bench(args.target, args.draft, prompts, **kwargs)
+    if args.json:
+        print_json(cmp.to_dict(), indent=2, default=str)  # a live server's NaN accept length stays out
+    else:
+        _print_report(cmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The served layout measured, not inferred: vLLM's own hidden-state extraction, matched to boundaries.
+
+``capture --backend vllm`` starts the real engine with ``method: extract_hidden_states`` and the
+draft's own ids (as the release reads them), runs each text window through it, and writes what vLLM
+saved as a speculators (>= 0.5) dump: ``hs_{i}.safetensors`` with ``hidden_states [tokens, k, H]``
+and ``token_ids``, the layout that trainer reads. Then every slot is compared with the workbook's
+own capture of every boundary on the same tokens (HF ``hidden_states[b]``, fp32): the boundary it
+equals and its max abs difference go into ``capture.json`` as ``measured_boundaries`` (null where no
+boundary matches), so ``diagnose --data`` on the dump closes the loop from the engine to training.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from ... import cli
+from ...errors import BadOption, InputError, fail, print_json, read_text_file
+from ...investigation.dumps import check_new_dir, staged_dir
+from ...investigation.pair import text_windows
+from ...model.capture import run_and_capture
+from ...model.target import load_target
+from ...rules.conventions import read_draft_config, read_target_config
+from ...rules.wiring import resolve
+from .bench import fixes_for
+from .engine import LaunchSpec, VllmEngine
+from .install import VllmInstall, find_vllm
+
+# A slot equals a boundary when their difference is within float noise of the state's own scale.
+MATCH_REL = 1e-3
+
+
+class CaptureMismatch(InputError):
+    """What vLLM saved does not line up with the tokens asked for."""
+
+
+@dataclass
+class SlotMatch:
+    slot: int
+    layer_id: int                  # the id vLLM was given for this slot (sorted, as vLLM captures)
+    boundary: int | None           # the boundary whose state it equals, None when none does
+    max_abs_diff: float            # against that boundary (or the nearest one)
+    rel_diff: float
+
+
+def _wait_for(storage: Path, count: int, timeout: float) -> list[Path]:
+    """At least ``count - 1`` files (the flush request's own file needs yet another step)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted(storage.glob("*.safetensors"))
+        if len(files) >= count - 1 or time.monotonic() > deadline:
+            return files
+        time.sleep(0.05)
+
+
+@torch.no_grad()
+def match_boundaries(target, records: list[tuple[torch.Tensor, torch.Tensor]], ids: list[int]
+                     ) -> list[SlotMatch]:
+    """Each slot against every boundary of the workbook's own fp32 forward on the same tokens."""
+    num_layers = target.config.num_hidden_layers
+    boundaries = list(range(num_layers + 1))
+    worst = torch.zeros(len(ids), len(boundaries))
+    scale = torch.zeros(len(ids))
+    for tokens, states in records:
+        _, ref = run_and_capture(target, tokens[None].long(), boundaries)
+        for s in range(len(ids)):
+            x = states[:, s].float()
+            scale[s] = max(float(scale[s]), float(x.abs().max()))
+            for j, b in enumerate(boundaries):
+                worst[s, j] = max(float(worst[s, j]), float((x - ref[b][0].float()).abs().max()))
+    out = []
+    for s, layer_id in enumerate(ids):
+        j = int(worst[s].argmin())
+        rel = float(worst[s, j]) / max(float(scale[s]), 1e-12)
+        out.append(SlotMatch(s, layer_id, boundaries[j] if rel < MATCH_REL else None,
+                             round(float(worst[s, j]), 8), round(rel, 8)))
+    return out
+
+
+def capture_vllm(install: VllmInstall, target_dir: Path, windows: torch.Tensor, ids: list[int], out: Path,
+                 *, target=None, meta: dict | None = None, progress: bool = True, timeout: float = 120.0,
+                 log_dir: Path | None = None) -> tuple[Path, list[SlotMatch]]:
+    """Write the dump under ``out`` (staged: nothing is left behind on failure) and measure its slots."""
+    ids = sorted(set(int(i) for i in ids))          # vLLM captures ascending, de-duplicated
+    out = Path(out)
+    with staged_dir(out) as stage:
+        storage = stage / ".vllm-extract"
+        storage.mkdir()
+        spec = LaunchSpec(target_dir, extract_ids=tuple(ids), storage=storage, device=install.device,
+                          max_model_len=int(windows.shape[1]) + 16,
+                          fixes=fixes_for(read_target_config(target_dir), tuple(ids), install))
+        records = []
+        n = int(windows.shape[1])
+        with VllmEngine(install, spec, progress=progress, log_dir=log_dir) as engine:
+            for i in tqdm(range(windows.shape[0]), desc="capture through vLLM", disable=not progress):
+                engine.generate([windows[i].tolist()], 1)
+            # vLLM saves a finished request's states on the scheduler's next step: one more request
+            # flushes the last window's file.
+            engine.generate([windows[0, :2].tolist()], 1)
+            files = _wait_for(storage, windows.shape[0] + 1, timeout)
+            version = engine.version
+        by_tokens = {}
+        for f in files:
+            saved = load_file(str(f))
+            by_tokens[tuple(saved["token_ids"].long()[:n].tolist())] = (f, saved)
+        for i in range(windows.shape[0]):
+            key = tuple(windows[i].long().tolist())
+            if key not in by_tokens:
+                raise CaptureMismatch(f"vLLM saved no hidden states for window {i} under {storage} "
+                                      f"({len(files)} files for {windows.shape[0]} windows)")
+            f, saved = by_tokens[key]
+            hs, tok = saved["hidden_states"], saved["token_ids"].long()
+            if hs.dim() != 3 or hs.shape[0] < n or hs.shape[1] != len(ids):
+                raise CaptureMismatch(f"{f}: hidden_states {tuple(hs.shape)} for ids {ids}; expected "
+                                      f"[{n}, {len(ids)}, H] for the window's {n} tokens")
+            hs, tok = hs[:n].float().contiguous(), tok[:n].contiguous()
+            save_file({"hidden_states": hs, "token_ids": tok}, str(stage / f"hs_{i}.safetensors"))
+            records.append((tok, hs))
+        for f in storage.iterdir():
+            f.unlink()
+        storage.rmdir()
+        matches = match_boundaries(target, records[:4], ids) if target is not None else []
+        measured = [m.boundary for m in matches] if matches else None
+        (stage / "capture.json").write_text(json.dumps({
+            "engine": f"vllm=={version}", "engine_url": f"vllm=={version} (offline, {install.dist})",
+            "records": int(windows.shape[0]), "slots": len(ids), "layer_ids": ids,
+            "measured_boundaries": measured,
+            "slot_matches": [asdict(m) for m in matches],
+            **({"slot_boundaries": measured} if measured and None not in measured else {}),
+            **(meta or {})}, indent=2) + "\n")
+    return out, matches
+
+
+def main(argv: list[str]) -> int:
+    """``capture --backend vllm``: the real engine's extraction with the draft's own ids, measured."""
+    ap = cli.parser("capture", "hidden states through vLLM's own extraction, measured against boundaries")
+    ap.add_argument("--backend", choices=("vllm",), required=True)
+    ap.add_argument("--target", type=Path, required=True, help="the target's Hugging Face folder")
+    ap.add_argument("--draft", type=Path, default=None,
+                    help="the draft whose ids vLLM reads (as this release reads them)")
+    ap.add_argument("--layer-ids", default=None, help="ids to extract instead of the draft's, e.g. 0,3,7")
+    ap.add_argument("--text", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--records", type=int, default=4)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(cli.glue_option_values(argv, "--layer-ids"))
+    try:
+        if (a.draft is None) == (a.layer_ids is None):
+            raise BadOption("give --draft DIR (its ids, as vLLM reads them) or --layer-ids a,b,c "
+                            "(one of them)")
+        if a.window < 8 or a.records < 1:
+            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window}, "
+                            f"{a.records}")
+        check_new_dir(a.out)
+        install = find_vllm()
+        tcfg = read_target_config(a.target)
+        text = read_text_file(a.text, "text file")
+        arch, layers = (tcfg.get("architectures") or [""])[0], tcfg["num_hidden_layers"]
+        if a.draft is not None:
+            plan = resolve(install.engine, arch, layers, draft=read_draft_config(a.draft))
+            ids, predicted = list(plan.layers_to_capture), list(plan.served_layout)
+        else:
+            ids = cli.parse_int_list(a.layer_ids, "--layer-ids")
+            plan = resolve(install.engine, arch, layers, ids=ids)
+            predicted = list(plan.served_layout)
+        target, tok = load_target(a.target)
+        limit = int(tcfg.get("max_position_embeddings") or a.window)
+        if a.window > limit:
+            raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
+        windows = text_windows(tok, text, a.window, a.records, min_windows=1)
+        out, matches = capture_vllm(install, a.target, windows, ids, a.out, target=target,
+                                    meta={"predicted_layout": predicted, "rules": str(install.engine),
+                                          "draft": str(a.draft) if a.draft else None})
+    except (InputError, FileNotFoundError, OSError, ValueError) as exc:
+        return fail(exc)
+    measured = [m.boundary for m in matches]
+    if a.json:
+        print_json({"dump": str(out), "layer_ids": sorted(set(ids)), "predicted_layout": predicted,
+                    "measured_boundaries": measured, "slot_matches": [asdict(m) for m in matches]},
+                   indent=2)
+    else:
+        print(f"wrote {out} ({windows.shape[0]} records of {windows.shape[1]} tokens, "
+              f"vLLM {install.version})")
+        for m in matches:
+            print(f"  slot {m.slot}: id {m.layer_id} -> boundary {m.boundary} "
+                  f"(max abs diff {m.max_abs_diff:.2e})")
+        agree = measured == sorted(predicted)
+        print(f"  predicted {tuple(predicted)} by {install.engine}'s rules; measured {tuple(measured)}: "
+              f"{'the prediction holds' if agree else 'THEY DIFFER'}")
+    return 0 if measured == sorted(predicted) else 1

@@ -1,0 +1,304 @@
+"""The workbook's vLLM plugin: engine-side fixes, applied inside vLLM's own processes, per launch.
+
+vLLM loads every ``vllm.general_plugins`` entry point in each of its processes before it builds a
+model (``vllm/plugins/__init__.py``, ``load_general_plugins``); this project's ``pyproject.toml``
+registers ``register`` below, so a ``.venv-vllm`` with the project installed runs it. It does
+nothing unless the launch names fixes in ``EAGLE3_WORKBOOK_VLLM_FIXES`` (comma separated), the way
+``patch-sglang`` is applied only when asked. Each fix first decides, from the running release's own
+code, whether that release needs it, and records what it did (``applied`` / ``not-needed`` and why)
+as one JSON line in the file ``EAGLE3_WORKBOOK_VLLM_REPORT`` names, so a report can say which engine
+code measured what. docs/vllm.md says why each fix exists and what checks it.
+
+It also installs the engine guard (``helpers.live.guard``) when ``EAGLE3_WORKBOOK_GUARD`` is ``warn`` or
+``refuse``: after vLLM has set the target's capture layers, the live model is compared with the
+draft's training record before the first token.
+
+This module runs in ``.venv-vllm`` (vLLM's pinned transformers), never in the notebooks' kernel:
+it imports only vLLM, torch, the standard library and the torch-free ``helpers.live.guard``.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import textwrap
+import time
+
+FIXES_ENV = "EAGLE3_WORKBOOK_VLLM_FIXES"
+REPORT_ENV = "EAGLE3_WORKBOOK_VLLM_REPORT"
+# Every fix this plugin knows, in the order they apply.
+FIXES = ("rope3d", "mla_width", "boundary0")
+MLA_KERNEL_WIDTH = 576     # kv_lora_rank + qk_rope_head_dim the CPU MLA decode kernel is compiled for
+MLA_KERNEL_BLOCK = 16      # ... and its only block size
+SHARED_BLOCK = 32          # a size the CPU attention backend (MultipleOf(32)) and the torch MLA path share
+
+_applied: dict[str, dict] = {}
+
+
+def requested() -> list[str]:
+    names = [n.strip() for n in os.environ.get(FIXES_ENV, "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in FIXES]
+    if unknown:
+        raise ValueError(f"{FIXES_ENV}={os.environ.get(FIXES_ENV)!r}: unknown fix(es) {unknown}; "
+                         f"known: {', '.join(FIXES)}")
+    return names
+
+
+def register() -> None:
+    """The entry point. Safe to call more than once per process (vLLM may)."""
+    _install_guard()
+    for name in requested():
+        if name in _applied:
+            continue
+        try:
+            outcome = _FIX_FUNCS[name]()
+        except Exception as exc:   # noqa: BLE001 - the report must say a fix failed, then vLLM goes on
+            outcome = {"state": "failed", "why": f"{type(exc).__name__}: {exc}"}
+        _applied[name] = outcome
+        _report({"fix": name, **outcome})
+
+
+def _report(record: dict) -> None:
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    record = {"pid": os.getpid(), "time": round(time.time(), 3), **record}
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+# --------------------------------------------------------------------------------------
+# rope3d: RotaryEmbedding.forward_cpu on the 3-D [T, H, D] queries MLA passes.
+
+
+def _rope_cpu_is_wrong_for_3d() -> tuple[bool, str]:
+    """Run the release's own forward_cpu and forward_native on one 3-D query and compare: the
+    behaviour decides, not a version number."""
+    import torch
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    rope = RotaryEmbedding.__new__(RotaryEmbedding)     # no CustomOp registry or vLLM config needed
+    torch.nn.Module.__init__(rope)
+    rope.head_size, rope.rotary_dim, rope.max_position_embeddings = 8, 8, 16
+    rope.base, rope.is_neox_style, rope.dtype = 10000.0, False, torch.float32
+    rope.register_buffer("cos_sin_cache", rope._compute_cos_sin_cache().to(torch.float32), persistent=False)
+    g = torch.Generator().manual_seed(0)
+    pos = torch.arange(5)
+    q = torch.randn(5, 3, 8, generator=g)
+    k = torch.randn(5, 1, 8, generator=g)
+    q_cpu, k_cpu = rope.forward_cpu(pos, q.clone(), k.clone())
+    q_nat, k_nat = rope.forward_native(pos, q.clone(), k.clone())
+    err = max(float((q_cpu - q_nat).abs().max()), float((k_cpu - k_nat).abs().max()))
+    return err > 1e-5, f"forward_cpu vs forward_native on a [5, 3, 8] query: max abs difference {err:.3g}"
+
+
+def _fix_rope3d() -> dict:
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    wrong, evidence = _rope_cpu_is_wrong_for_3d()
+    if not wrong:
+        return {"state": "not-needed", "why": evidence}
+    original = RotaryEmbedding.forward_cpu
+
+    def forward_cpu(self, positions, query, key=None):
+        if query.dim() == 3 or (key is not None and key.dim() == 3):
+            return self.forward_native(positions, query, key)
+        return original(self, positions, query, key)
+
+    RotaryEmbedding.forward_cpu = forward_cpu
+    return {"state": "applied", "why": evidence + "; 3-D inputs now take forward_native"}
+
+
+# --------------------------------------------------------------------------------------
+# mla_width: the CPU MLA backend for latents other than 576 wide, at a block size CPU attention shares.
+
+
+def _fix_mla_width() -> dict:
+    import torch
+    from vllm.model_executor.layers.attention import mla_attention
+    from vllm.platforms import cpu as cpu_platform
+    from vllm.v1.attention.backend import MultipleOf
+    from vllm.v1.attention.backends.mla import cpu_mla
+
+    backend, impl = cpu_mla.CPUMLABackend, cpu_mla.CPUMLAImpl
+    widths = list(backend.get_supported_head_sizes())
+    blocks = list(backend.get_supported_kernel_block_sizes())
+    if widths != [MLA_KERNEL_WIDTH] and blocks != [MLA_KERNEL_BLOCK]:
+        return {"state": "not-needed", "why": f"CPU_MLA takes head sizes {widths}, block sizes {blocks}"}
+    kernel_forward_mqa = impl.forward_mqa
+
+    def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+        width = self.kv_lora_rank + self.qk_rope_head_dim
+        if width == MLA_KERNEL_WIDTH and kv_c_and_k_pe_cache.shape[1] == MLA_KERNEL_BLOCK:
+            return kernel_forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer)
+        if isinstance(q, tuple):
+            q = torch.cat(q, dim=-1)
+        decode = attn_metadata.decode
+        cache = kv_c_and_k_pe_cache.reshape(kv_c_and_k_pe_cache.shape[0], -1, width)
+        block = cache.shape[1]
+        out = torch.empty(q.shape[0], q.shape[1], self.kv_lora_rank, dtype=q.dtype, device=q.device)
+        for i in range(q.shape[0]):          # one query token per request (query_len_support SINGLE_ONLY)
+            n = int(decode.seq_lens[i])
+            ids = decode.block_table[i, : (n + block - 1) // block].long()
+            kv = cache[ids].reshape(-1, width)[:n]
+            scores = (q[i].float() @ kv.float().T) * self.scale
+            out[i] = (torch.softmax(scores, dim=-1) @ kv[:, : self.kv_lora_rank].float()).to(q.dtype)
+        return out, None
+
+    impl.forward_mqa = forward_mqa
+    # [] = any size (vLLM's own convention); MLA metadata checks the common base class, not the backend
+    backend.get_supported_head_sizes = classmethod(lambda cls: [])
+    mla_attention.MLACommonBackend.get_supported_head_sizes = classmethod(lambda cls: [])
+    backend.get_supported_kernel_block_sizes = staticmethod(lambda kv_cache_spec=None: [MultipleOf(16)])
+    backend.supports_block_size = classmethod(lambda cls, size: size is None or size % 16 == 0)
+
+    platform = cpu_platform.CpuPlatform
+    original = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        original(cls, vllm_config)
+        model = vllm_config.model_config
+        if model is not None and getattr(model, "use_mla", False) \
+                and vllm_config.cache_config.block_size == MLA_KERNEL_BLOCK:
+            vllm_config.cache_config.block_size = SHARED_BLOCK
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+    return {"state": "applied",
+            "why": f"CPU_MLA took only head size {widths} at block sizes {blocks}: any width now decodes "
+                   f"in torch, and MLA caches use block size {SHARED_BLOCK}, which CPU attention shares"}
+
+
+# --------------------------------------------------------------------------------------
+# boundary0: the aux capture before layer 0 adds a residual that is still None (the seed's bug).
+
+
+class _GuardResidual(ast.NodeTransformer):
+    """``hidden_states + residual`` inside ``if idx in self.aux_hidden_state_layers:`` becomes
+    ``hidden_states if residual is None else hidden_states + residual``: boundary 0 is the embedding
+    output itself, every other boundary unchanged."""
+
+    def __init__(self):
+        self.count = 0
+        self._in_aux = 0
+
+    def visit_If(self, node):
+        aux = "aux_hidden_state_layers" in ast.unparse(node.test)
+        self._in_aux += aux
+        self.generic_visit(node)
+        self._in_aux -= aux
+        return node
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        if (self._in_aux and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Name)
+                and node.right.id == "residual" and isinstance(node.left, ast.Name)):
+            self.count += 1
+            test = ast.Compare(ast.Name("residual", ast.Load()), [ast.Is()], [ast.Constant(None)])
+            return ast.copy_location(ast.IfExp(test, ast.Name(node.left.id, ast.Load()), node), node)
+        return node
+
+
+def _fix_boundary0() -> dict:
+    from vllm.model_executor.models import deepseek_v2
+
+    cls = deepseek_v2.DeepseekV2Model
+    func = cls.forward
+    source = textwrap.dedent(inspect.getsource(func))
+    tree = ast.parse(source)
+    fn = tree.body[0]
+    if "residual = None" not in source:
+        return {"state": "not-needed", "why": "DeepseekV2Model.forward never starts with residual = None"}
+    guard = _GuardResidual()
+    guard.visit(fn)
+    if guard.count == 0:
+        return {"state": "not-needed",
+                "why": "DeepseekV2Model.forward's aux capture does not add a bare residual"}
+    fn.decorator_list = []
+    ast.fix_missing_locations(tree)
+    namespace: dict = {}
+    code = compile(tree, inspect.getsourcefile(func) or "<deepseek_v2>", "exec")
+    exec(code, func.__globals__, namespace)   # the release's own forward, one expression changed
+    cls.forward = namespace[fn.name]
+    return {"state": "applied",
+            "why": f"DeepseekV2Model.forward: {guard.count} aux capture(s) of hidden_states + residual "
+                   f"now take hidden_states alone while residual is None (boundary 0)"}
+
+
+# --------------------------------------------------------------------------------------
+# The guard: judge the capture vLLM set up, on the live model, before the first token.
+
+
+def _capture_holder(model):
+    for module in model.modules():
+        if hasattr(module, "aux_hidden_state_layers") and hasattr(module, "layers"):
+            return module
+    return None
+
+
+def _highest_index(holder) -> int:
+    """The last capture index the live forward loop tests: L when it also captures after the last layer
+    (``EagleModelMixin``'s ``idx + 1`` after each layer, or an ``end_layer`` test, as in 0.32's llama.py
+    and deepseek_v2.py), else L - 1 (captures at layer entries only), read from the class's own source."""
+    n = len(holder.layers)
+    try:
+        source = inspect.getsource(type(holder).forward)
+    except (OSError, TypeError):
+        return n - 1
+    after_last = "end_layer in self.aux_hidden_state_layers" in source or (
+        "_maybe_add_hidden_state" in source and "idx + 1" in source)
+    return n if after_last else n - 1
+
+
+def _boundary0_hazard(holder) -> dict[int, str]:
+    """{0: what serving boundary 0 needs} when this release's forward adds a residual that is still None
+    there (the seed's bug; ``_GuardResidual`` finds it) and the boundary0 fix is not applied."""
+    if _applied.get("boundary0", {}).get("state") == "applied":
+        return {}
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(holder).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    finder = _GuardResidual()
+    finder.visit(tree)
+    if not finder.count:
+        return {}
+    return {0: f"boundary 0 crashes {type(holder).__name__}.forward here (it adds a residual that is still "
+               f"None): launch with {FIXES_ENV}=boundary0"}
+
+
+def _install_guard() -> None:
+    from helpers.live import guard
+
+    if guard.mode() is guard.Mode.OFF or "guard" in _applied:
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    setup = "_setup_eagle3_aux_hidden_state_outputs"     # its own method from 0.2x; inside load_model before
+    name = setup if hasattr(GPUModelRunner, setup) else "load_model"
+    original = getattr(GPUModelRunner, name)
+
+    def judged(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        spec = getattr(self, "speculative_config", None)
+        draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
+        model = self.get_model() if hasattr(self, "get_model") else getattr(self, "model", None)
+        holder = _capture_holder(model) if model is not None else None
+        if not getattr(self, "use_aux_hidden_state_outputs", False) or draft is None or holder is None:
+            return out
+        import vllm
+
+        from_config = getattr(self, "_get_eagle3_aux_layers_from_config", None)
+        ids = from_config() if from_config else None
+        guard.at_load(family="vllm", version=vllm.__version__, draft=draft, holder=holder,
+                      attr="aux_hidden_state_layers", highest=_highest_index(holder), ids=ids,
+                      hazards=_boundary0_hazard(holder),
+                      set_ids=lambda layers: model.set_aux_hidden_state_layers(tuple(layers)),
+                      report=lambda row: _report({"guard": row}))
+        return out
+
+    setattr(GPUModelRunner, name, judged)
+    _applied["guard"] = {"state": "installed", "why": f"GPUModelRunner.{name} judged by the guard"}
+
+
+_FIX_FUNCS = {"rope3d": _fix_rope3d, "mla_width": _fix_mla_width, "boundary0": _fix_boundary0}

@@ -1,0 +1,109 @@
+"""One vLLM engine in a process of its own, driven by JSON lines (run by ``.venv-vllm``'s Python).
+
+The notebooks' kernel never imports vLLM: it pins another transformers, and an engine's threads,
+memory and crashes belong in their own process. ``helpers.live.vllm.engine.VllmEngine`` starts this
+script, writes one JSON request per line on its stdin, and reads one JSON reply per line from the
+file descriptor named by ``--reply-fd`` (vLLM's own logging goes to stderr, which the host keeps
+in a log file). Only vLLM's public interfaces are used: ``LLM``, ``SamplingParams``,
+``TokensPrompt``, ``LLM.get_metrics()``.
+
+Requests: ``{"op": "generate", "prompts": [[ids]], "max_tokens": N}`` (greedy, one prompt at a
+time, timed one by one), ``{"op": "prompt_logprobs", "prompts": [[ids]]}``, ``{"op": "metrics"}``
+(the Prometheus text its /metrics endpoint would serve), ``{"op": "stop"}``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_position",
+}
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's own speculative-decoding counters (cumulative since the engine started)."""
+    out = {}
+    for metric in llm.get_metrics():
+        key = SPEC_COUNTERS.get(metric.name)
+        if key is None:
+            continue
+        out[key] = list(metric.values) if hasattr(metric, "values") else metric.value
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True, help="JSON: the LLM(...) keyword arguments")
+    ap.add_argument("--reply-fd", type=int, required=True)
+    a = ap.parse_args()
+    reply = os.fdopen(a.reply_fd, "w", buffering=1)
+    os.dup2(2, 1)                      # anything printed by a library lands in the log, not the replies
+
+    def send(obj):
+        reply.write(json.dumps(obj) + "\n")
+        reply.flush()
+
+    started = time.perf_counter()
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = LLM(**json.loads(a.spec))
+    except Exception as exc:  # noqa: BLE001 - the host turns this into one line
+        send({"ready": False, "error": " | ".join(f"{type(exc).__name__}: {exc}".split("\n"))[:2000]})
+        return 1
+    send({"ready": True, "vllm": vllm.__version__, "seconds": round(time.perf_counter() - started, 2),
+          "pid": os.getpid()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            if op == "stop":
+                send({"ok": True})
+                break
+            if op == "generate":
+                params = SamplingParams(max_tokens=int(req["max_tokens"]), temperature=0.0, ignore_eos=True)
+                before = spec_counters(llm)
+                outputs, seconds = [], []
+                for ids in req["prompts"]:
+                    t0 = time.perf_counter()
+                    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+                    seconds.append(time.perf_counter() - t0)
+                    outputs.append(list(out[0].outputs[0].token_ids))
+                send({"ok": True, "tokens": outputs, "seconds": seconds, "counters_before": before,
+                      "counters_after": spec_counters(llm)})
+            elif op == "metrics":     # the Prometheus text vLLM's /metrics would serve, from its registry
+                import prometheus_client
+
+                send({"ok": True, "text": prometheus_client.generate_latest().decode("utf-8")})
+            elif op == "prompt_logprobs":
+                params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+                result = []
+                for ids in req["prompts"]:
+                    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+                    rows = []
+                    for pos, entry in enumerate(out.prompt_logprobs or []):
+                        if entry is None:          # position 0 has no prediction
+                            continue
+                        actual = entry[ids[pos]].logprob
+                        top = max(entry.items(), key=lambda kv: kv[1].logprob)[0]
+                        rows.append([actual, top])
+                    result.append(rows)
+                send({"ok": True, "logprobs": result})
+            else:
+                send({"ok": False, "error": f"unknown op {op!r}"})
+        except Exception as exc:  # noqa: BLE001
+            send({"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The target model: configs for the embedded families, from-scratch training, loading.
+
+The default target is a miniature of Kimi-K2.5's family -- DeepSeek-V3 (MLA attention,
+MoE with a shared expert, first layer dense) -- because that is the class SGLang serves
+through ``deepseek_v2.py``, where the seed's bug lived. A Llama-family variant exists so
+the workbook is exercised on a second family with a different id convention.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file
+
+
+def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024):
+    """A small config of the asked family; the numbers keep a 12-layer model CPU-trainable."""
+    from transformers import DeepseekV3Config, LlamaConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=num_layers,
+                  max_position_embeddings=max_pos, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                  tie_word_embeddings=False, rms_norm_eps=1e-6)
+    if arch == "deepseek_v3":
+        return DeepseekV3Config(
+            **common, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+            num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+            routed_scaling_factor=1.0, kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16,
+            qk_nope_head_dim=32, v_head_dim=32, rope_interleave=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            # Real DeepSeek-V3/Kimi configs name the router HF always builds (sigmoid scores, a
+            # correction bias); vLLM reads these keys and builds another router without them.
+            topk_method="noaux_tc", scoring_func="sigmoid",
+        )
+    if arch == "llama":
+        return LlamaConfig(**common, intermediate_size=2 * hidden + hidden // 2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=hidden // 4,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    raise ValueError(f"unknown target family {arch!r}; expected 'deepseek_v3' or 'llama'")
+
+
+def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Any HF causal LM directory -> (model in eval mode, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with "
+                                f"config.json")
+    cfg = read_json_file(path / "config.json", "target config")
+    if not isinstance(cfg, dict):
+        raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a "
+                        f"model config)")
+    check_architectures(cfg, path / "config.json")
+    archs = cfg.get("architectures") or []
+    if (cfg.get("speculators_model_type")
+            or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs)):
+        raise BadCheckpoint(f"{path} holds an EAGLE-3 draft "
+                            f"({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
+                            "not a target: pass the target model as the target and the draft as the draft")
+    weights = [f.name for f in sorted(path.iterdir()) if f.suffix in (".safetensors", ".bin")]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise BadCheckpoint(_load_failure(path, weights, exc)) from None
+    except pickle.UnpicklingError as exc:   # weights_only refused a pickle that would run code: nothing ran
+        f = path / (weights[0] if weights else "pytorch_model.bin")
+        raise BadCheckpoint(f"{f} is not a weights-only PyTorch state dict (it would run code when loaded, "
+                            f"and was refused: {str(exc).splitlines()[0][:120]}); expected safetensors or "
+                            f"plain tensors") from None
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise BadCheckpoint(_load_failure(path, weights, exc)) from None
+    check_finite_weights(model.state_dict().items(), f"target {path}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadCheckpoint(f"cannot load the target's tokenizer from {path}: "
+                            f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None
+    return model, tok
+
+
+def _load_failure(path: Path, weights: list[str], exc: BaseException) -> str:
+    """Which file would not load and why, on one line (transformers' own message is a paragraph)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    files = ", ".join(weights) if weights else "no *.safetensors or *.bin file"
+    return (f"cannot load the target's weights from {path} ({files}): {type(exc).__name__}: {first}; "
+            f"expected a complete Hugging Face checkpoint (truncated or partly copied?)")
+
+
+@dataclass
+class TargetTrainReport:
+    steps: int
+    tokens: int
+    seconds: float
+    final_train_loss: float
+    val_loss: float
+    val_ppl: float
+    curve: list[tuple[int, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return self.__dict__ | {"curve": [list(c) for c in self.curve]}
+
+
+def batches(ids: torch.Tensor, batch: int, seq: int, generator: torch.Generator):
+    """Random contiguous windows of the token stream, forever."""
+    n = ids.numel() - seq - 1
+    while True:
+        starts = torch.randint(0, n, (batch,), generator=generator)
+        yield torch.stack([ids[s:s + seq] for s in starts])
+
+
+@torch.no_grad()
+def eval_loss(model, ids: torch.Tensor, seq: int = 256, max_windows: int = 64) -> float:
+    model.eval()
+    losses = []
+    for s in range(0, min(ids.numel() - seq - 1, max_windows * seq), seq):
+        x = ids[s:s + seq].unsqueeze(0)
+        losses.append(model(input_ids=x, labels=x).loss.item())
+    model.train()
+    return float(sum(losses) / max(len(losses), 1))
+
+
+def train_target(model, train_ids: torch.Tensor, val_ids: torch.Tensor, steps: int, batch: int = 16,
+                 seq: int = 256, lr: float = 2e-3, seed: int = 0, desc: str = "target") -> TargetTrainReport:
+    """AdamW with warmup and cosine decay; a fixed number of steps so a seed fixes the result."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    warm = max(steps // 20, 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (min(1.0, (s + 1) / warm)
+                        * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))))
+    model.train()
+    it = batches(train_ids, batch, seq, gen)
+    curve, ema = [], None
+    t0 = time.perf_counter()
+    bar = tqdm(range(steps), desc=desc, mininterval=2.0)
+    for step in bar:
+        x = next(it)
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if step % 25 == 0 or step == steps - 1:
+            curve.append((step, round(ema, 4)))
+            bar.set_postfix(loss=f"{ema:.3f}")
+    seconds = time.perf_counter() - t0
+    model.eval()
+    val = eval_loss(model, val_ids, seq)
+    return TargetTrainReport(steps, steps * batch * seq, round(seconds, 1), round(ema, 4), round(val, 4),
+                             round(math.exp(val), 2), curve)
+
+
+def save_target(model, out_dir: Path, half: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if half:
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    if half:
+        model.to(torch.float32)
+
+
+def describe(model) -> dict:
+    cfg = model.config
+    return {"architectures": type(model).__name__, "num_hidden_layers": cfg.num_hidden_layers,
+            "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")

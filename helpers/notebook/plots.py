@@ -1,0 +1,166 @@
+"""Figures, each drawn from data a helper returned (never from numbers typed in here)."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ..boundaries import boundary_label
+
+
+def throughput_bars(rows: pd.DataFrame, title: str = "Throughput, one run, same prompts"):
+    """rows: wiring, baseline_tok_s, spec_tok_s, tau (one row per wiring)."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    x = range(len(rows))
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], rows["baseline_tok_s"], w, label="baseline (no draft)", color="#9aa5b1")
+    bars = ax.bar([i + w / 2 for i in x], rows["spec_tok_s"], w, label="EAGLE-3", color="#2f6fde")
+    timing = rows["timing"] if "timing" in rows else ["ok"] * len(rows)
+    speedup = rows["speedup"] if "speedup" in rows else rows["spec_tok_s"] / rows["baseline_tok_s"]
+    for b, tau, sp, t in zip(bars, rows["tau"], speedup, timing):
+        ratio = "timing\nunusable" if t == "unusable" else f"{sp:.2f}x" + (" (noisy)" if t == "noisy" else "")
+        ax.annotate(f"tau {tau:.2f}\n{ratio}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), rows["wiring"])
+    ax.set_ylabel("tokens / s (all paired runs)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def step_accuracy(rows: pd.DataFrame, steps: int, title: str = "Draft accuracy per TTT step"):
+    """rows: one per wiring/source with full_acc_0.. columns."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for _, r in rows.iterrows():
+        ys = [r[f"full_acc_{j}"] for j in range(steps)]
+        ax.plot(range(steps), ys, marker="o", label=r["wiring"])
+    ax.set_xticks(range(steps))
+    ax.set_xlabel("draft step k")
+    ax.set_ylabel("full_acc_k (steps 0..k all right)")
+    ax.set_ylim(0, 1)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def slot_heatmap(sweep: pd.DataFrame, num_layers: int, value: str = "acc0", base=None):
+    """Slots x boundaries: what each slot's accuracy would be with each boundary swapped in."""
+    table = sweep.pivot(index="slot", columns="boundary", values=value)
+    fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * table.shape[1], 14), 0.7 + 0.6 * table.shape[0]))
+    im = ax.imshow(table.values, aspect="auto", cmap="viridis" if value == "acc0" else "viridis_r")
+    ax.set_xticks(range(table.shape[1]), [boundary_label(b, num_layers) for b in table.columns], rotation=45)
+    ax.set_yticks(range(table.shape[0]),
+                  [f"slot {s}" + (f" (base {boundary_label(base[s], num_layers)})" if base else "")
+                                          for s in table.index])
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            ax.text(j, i, f"{table.values[i, j]:.2f}", ha="center", va="center", fontsize=7, color="w")
+    fig.colorbar(im, ax=ax, label=value)
+    ax.set_title(f"{value} with one slot swapped, others fixed")
+    fig.tight_layout()
+    return fig
+
+
+def ranking_bars(ranking: pd.DataFrame, top: int = 15, highlight: dict | None = None):
+    """The best layouts by the ranking's measure (accepted tokens per verify step; cross-entropy for a
+    ranking that has no such column); ``highlight`` maps a layout to a name (served, trained)."""
+    head = ranking.head(top).iloc[::-1]
+    col = "sim_accept_length" if "sim_accept_length" in head else "ce"
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(head) + 1))
+    names = {tuple(k): v for k, v in (highlight or {}).items()}
+    colors = ["#d9534f" if tuple(l) in names and names[tuple(l)] == "served" else
+              "#2f6fde" if tuple(l) in names else "#9aa5b1" for l in head["layout"]]
+    ax.barh(head["label"] + [f"  [{names[tuple(l)]}]" if tuple(l) in names else "" for l in head["layout"]],
+            head[col], color=colors)
+    ax.set_xlabel("expected accepted tokens per verify step (higher = better)" if col != "ce" else
+                  "draft cross-entropy vs target (nats/token, lower = better)")
+    ax.set_xlim(head[col].min() * 0.98, head[col].max() * 1.01)
+    ax.set_title(f"Top {len(head)} of {len(ranking)} layouts")
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_histograms(results: dict):
+    """results: name -> BenchResult; share of verify steps accepting n draft tokens."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    n = len(results)
+    w = 0.8 / max(n, 1)
+    for i, (name, r) in enumerate(results.items()):
+        total = sum(r.histogram) or 1
+        xs = [x + i * w - 0.4 + w / 2 for x in range(len(r.histogram))]
+        ax.bar(xs, [h / total for h in r.histogram], w, label=f"{name} (tau {r.tau:.2f})")
+    ax.set_xlabel("draft tokens accepted in a verify step")
+    ax.set_ylabel("share of verify steps")
+    ax.legend(fontsize=8)
+    ax.set_title("Acceptance histogram")
+    fig.tight_layout()
+    return fig
+
+
+def training_curve(history: list[dict], steps: int):
+    """full_acc_k over training, from a draft's training record."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    xs = [h["step"] for h in history]
+    for j in range(steps):
+        ax.plot(xs, [h["full_acc"][j] for h in history], marker=".", label=f"full_acc_{j}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8, ncol=3)
+    ax.grid(alpha=0.3)
+    ax.set_title("Training log (validation split)")
+    fig.tight_layout()
+    return fig
+
+
+def speedup_vs_tau(results: dict, title: str = "Each prompt: accept length against speedup"):
+    """results: name -> BenchResult. One point per prompt; the dashed line is speedup = tau / break-even,
+    where the run's measured round cost puts a prompt with that accept length."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    top = 1.0
+    for name, r in results.items():
+        taus = [p["tau"] for p in r.per_prompt]
+        dots = ax.scatter(taus, [p["speedup"] for p in r.per_prompt], s=22, alpha=0.8,
+                          label=f"{name} (break-even tau {r.break_even_tau:.2f})")
+        top = max([top] + taus)
+        if r.break_even_tau:
+            ax.plot([1.0, top], [1.0 / r.break_even_tau, top / r.break_even_tau], ls="--", lw=0.8, alpha=0.6,
+                    color=dots.get_facecolor()[0])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.text(1.0, 1.0, " slower than baseline below", va="top", fontsize=7)
+    ax.set_xlabel("accept length tau (per prompt)")
+    ax.set_ylabel("speedup over baseline")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_profile(verdict: dict, title: str = "Per-position acceptance: served against expected"):
+    """``diagnose --metrics``'s JSON (``MetricsVerdict.to_dict``): the engine's per-position acceptance
+    with its 95% intervals, beside what the draft should reach and what the predicted served layout
+    simulates to."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    rows = verdict["per_position"]
+    x = [r["position"] for r in rows]
+    ys = [r["rate"] for r in rows]
+    err = [[y - r["interval"][0] for y, r in zip(ys, rows)], [r["interval"][1] - y for y, r in zip(ys, rows)]]
+    ax.bar(x, ys, 0.5, yerr=err, capsize=4, color="#2f6fde",
+           label=f"served ({verdict['engine']}, {verdict['drafts']} drafts)")
+    for key, src, style, name in (("expected_per_position", "expected_source", "k--o", "expected"),
+                                  ("served_predicted_per_position", "served_predicted_source", "r:s",
+                                   "served layout, simulated")):
+        if verdict.get(key):
+            ax.plot(x[:len(verdict[key])], verdict[key][:len(x)], style, label=name)
+    ax.set_xticks(x)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("share of drafts accepted")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{title}: {verdict['explanation']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

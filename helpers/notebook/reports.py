@@ -1,0 +1,375 @@
+"""The reports each notebook leaves in ``reports/``, as typed records.
+
+Notebook 06 reads what 05 wrote, ``run-workbook``'s index page reads ``summary.json``, and other
+tools read ``summary.json`` and the step files by key. While the format lived only inside
+notebook cells, a renamed key broke a reader far away and silently; here each file has one record
+class that says its keys and their types, one writer and one reader, so a report that is missing
+or from another version fails where it is read, naming the file and the notebook to (re)run.
+
+The JSON keys are the record's field names unless a field's metadata names another key (JSON keys
+such as ``fixA`` or ``02_isolate`` are not Python names). Fields marked ``optional`` are left out
+of the file when they are None, as the notebooks always did.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from ..errors import BadConfig, read_json_file, strict_json
+
+# The notebooks in the order a run executes them: each step's report is read by later ones.
+ORDER = ["01_baseline_throughput", "02_isolate_draft", "03_compare_concat_orders",
+         "04_layer_boundary_forward", "05_apply_patch", "06_rebenchmark"]
+
+
+class ReportError(BadConfig):
+    """A step's report that cannot be used: not JSON, or not what its notebook writes."""
+
+
+class MissingReport(ReportError):
+    """A step's report that is not there: the notebook that writes it has not run."""
+
+
+def _key(name: str | None = None, optional: bool = False) -> dict:
+    return {"key": name, "optional": optional}
+
+
+def _optional(name: str | None = None):
+    return field(default=None, metadata=_key(name, optional=True))
+
+
+@dataclass
+class PlanRef:
+    """A layout as a report quotes it: the boundaries, where they came from, and (for the served
+    layout) why the engine cannot feed them, if it cannot."""
+
+    layout: list[int]
+    source: str
+    problems: list[str] | None = _optional()
+
+
+@dataclass
+class FixA:
+    """Fix A as notebook 05 leaves it: the draft copy with engine ids and what they now serve."""
+
+    draft: str
+    ids: list[int]
+    layout: list[int]
+    errors: list[str]
+
+
+@dataclass
+class BaselineStep:
+    """Notebook 01: the deployed wiring and its benchmark (None when it cannot be served)."""
+
+    FILE: ClassVar[str] = "01_baseline.json"
+    NOTEBOOK: ClassVar[str] = ORDER[0]
+
+    plan: dict
+    problems: list[str]
+    served: dict | None
+    seed_break_even_tau: float
+    live: dict | None = _optional()        # the deployed wiring on the real engine (ENGINE="vllm")
+
+
+@dataclass
+class IsolateStep:
+    """Notebook 02: the draft scored outside the engine, fed each wiring."""
+
+    FILE: ClassVar[str] = "02_isolate.json"
+    NOTEBOOK: ClassVar[str] = ORDER[1]
+
+    trained: PlanRef
+    served: PlanRef
+    rows: list[dict]
+    tokens: int
+    source: str                      # "target capture" or "dump"
+    dump: dict | None = _optional()  # the dump diagnosis, when the test ran from a trainer's dump
+    wiring: dict | None = _optional()  # the verdict: mismatch (by rule), cost, significant, verdict line
+
+
+@dataclass
+class LayoutsStep:
+    """Notebook 03: the layout search's ranking (``SearchResult.to_dict``) and where the served
+    layout stands in it."""
+
+    FILE: ClassVar[str] = "03_layouts.json"
+    NOTEBOOK: ClassVar[str] = ORDER[2]
+
+    best_layout: list[int]
+    runner_up: list[int] | None
+    margin: float | None             # None where there was no runner-up (JSON has no NaN)
+    margin_acc: float | None
+    z: float | None
+    mode: str
+    evaluations: int
+    seconds: float
+    tokens: int
+    ranking: list[dict]
+    notes: list[str]
+    served_layout: list[int]
+    served_rank: int | None
+    heatmap: list[dict]
+    permutations: list[dict]
+    margin_ce: float | None = _optional()   # beside the ranking: ce margin of the runner-up (nats)
+    confident: bool | None = _optional()
+    ranked_by: str | None = _optional()      # the ranking's measure (accepted tokens per verify step)
+    steps: int | None = _optional()
+    blocks: int | None = _optional()         # paired-test blocks behind z
+    wiring: dict | None = _optional()        # the verdict: mismatch, cost, significant, verdict line
+
+
+@dataclass
+class BoundaryStep:
+    """Notebook 04: the engine source's capture machinery, the ids-to-boundaries table, what each
+    boundary is on the target, and the same draft across engines."""
+
+    FILE: ClassVar[str] = "04_boundary.json"
+    NOTEBOOK: ClassVar[str] = ORDER[3]
+
+    wiring: dict
+    plus_one: list[dict]
+    identities: list[dict]
+    conventions: list[dict]
+
+
+@dataclass
+class PatchStep:
+    """Notebook 05: the patched engine source and the two fixes notebook 06 measures."""
+
+    FILE: ClassVar[str] = "05_patch.json"
+    NOTEBOOK: ClassVar[str] = ORDER[4]
+
+    engine: str
+    root: str | None                 # the patched SGLang tree; None for an engine that needs no patch
+    trained: list[int]
+    fix_a: FixA | None = field(metadata=_key("fixA"))
+    before: dict                     # the resolver on the pristine source (WiringResult.to_dict)
+    fix_b: str | None = field(metadata=_key("fixB"))    # the retrained draft, if there is one
+    fc_reordered: str | None         # the draft with fc slots reordered, when training's were not ascending
+
+
+@dataclass
+class Summary:
+    """Notebook 06's before/after, the file other tools read: ``rows`` and ``costs`` hold one
+    entry per configuration (see ``bench_tables``), and notebooks 02 and 03's findings are quoted
+    when they ran."""
+
+    FILE: ClassVar[str] = "summary.json"
+    NOTEBOOK: ClassVar[str] = ORDER[5]
+
+    headline: str
+    engine: str
+    draft_steps: int
+    max_new_tokens: int
+    prompts: int
+    repeats: int
+    target: str
+    draft: str
+    rows: list[dict]
+    costs: list[dict]
+    details: dict
+    isolate: dict | None = _optional("02_isolate")
+    layouts: dict | None = _optional("03_layouts")
+    live: list[dict] | None = _optional()  # each wiring on the real engine, its reference figures beside it
+
+
+Record = TypeVar("Record")
+
+# summary.json's two tables, built from ``BenchResult.row``; the costs table calls the speedup
+# "measured" to set it beside the predicted one.
+ROW_COLUMNS = ("wiring", "engine", "layout", "baseline_tok_s", "spec_tok_s", "speedup", "speedup_interval",
+               "timing", "tau", "accept_rate", "speedup_per_tau", "lossless")
+COST_COLUMNS = ("wiring", "decode_ms", "verify_ms", "draft_step_ms", "draft_cost_ratio", "predicted_speedup",
+                "measured_speedup", "break_even_tau", "slower_prompts")
+_ROW_KEY = {"measured_speedup": "speedup"}
+# what the summary quotes of notebooks 02 and 03 (whichever keys each has)
+QUOTED = ("trained", "served", "rows", "best_layout", "margin", "z", "served_rank")
+
+
+# --------------------------------------------------------------------------------------
+# Records to JSON and back.
+
+
+def _json_key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key") or f.name
+
+
+def to_json(record) -> dict:
+    """Nested records become objects and unset optional fields disappear, so the file holds exactly
+    the keys the notebooks wrote before there were records."""
+    out = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.metadata.get("optional"):
+            continue
+        out[_json_key(f)] = to_json(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def _type_name(hint) -> str:
+    return getattr(hint, "__name__", None) if not typing.get_args(hint) else str(hint).replace("typing.", "")
+
+
+def _conform(value, hint, where: str, problems: list[str]):
+    """``value`` checked against ``hint`` (nested records built); a mismatch is added to
+    ``problems`` as 'where: what came, what was expected'."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        real = [a for a in args if a is not type(None)]
+        if len(real) == 1 and dataclasses.is_dataclass(real[0]):   # say what is wrong inside it
+            return _conform(value, real[0], where, problems)
+        for arg in real:
+            trial: list[str] = []
+            out = _conform(value, arg, where, trial)
+            if not trial:
+                return out
+    elif dataclasses.is_dataclass(hint):
+        if isinstance(value, dict):
+            return _build(hint, value, where, problems)
+    elif origin is list or hint is list:
+        if isinstance(value, list) and not args:
+            return value
+        if isinstance(value, list):
+            return [_conform(v, args[0], f"{where}[{i}]", problems) for i, v in enumerate(value)]
+    elif origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, hint):
+        return value
+    shown = repr(value)
+    shown = shown[:60] + "..." if len(shown) > 60 else shown
+    problems.append(f"{where} is {shown}, expected {_type_name(hint)}")
+    return value
+
+
+def _build(cls, data: dict, where: str, problems: list[str]):
+    hints = typing.get_type_hints(cls)
+    kw, missing = {}, []
+    for f in dataclasses.fields(cls):
+        key = _json_key(f)
+        if key not in data:
+            has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if not has_default:
+                missing.append(f"{where}.{key}" if where else key)
+            continue
+        kw[f.name] = _conform(data[key], hints[f.name], f"{where}.{key}" if where else key, problems)
+    if missing:
+        problems.insert(0, f"no {', '.join(missing)}")
+    return None if missing else cls(**kw)
+
+
+def from_json(cls: type[Record], data, where: str = "") -> Record:
+    """A record from its file's JSON object; ReportError lists every key that is missing or of
+    the wrong type (``where`` names the file)."""
+    expected = f"expected the JSON object notebook {cls.NOTEBOOK[:2]} ({cls.NOTEBOOK}) writes"
+    if not isinstance(data, dict):
+        raise ReportError(f"{where or cls.FILE} holds {type(data).__name__}, {expected}; "
+                          f"rerun notebook {cls.NOTEBOOK[:2]}")
+    problems: list[str] = []
+    record = _build(cls, data, "", problems)
+    if problems:
+        raise ReportError(f"{where or cls.FILE}: {'; '.join(problems)}; {expected} (an older workbook's, or "
+                          f"an edited file?); rerun notebook {cls.NOTEBOOK[:2]}")
+    return record
+
+
+# --------------------------------------------------------------------------------------
+# Files.
+
+
+def step_path(reports_dir, cls) -> Path:
+    return Path(reports_dir) / cls.FILE
+
+
+def write_step(reports_dir, record) -> Path:
+    """Write ``record`` to its file under ``reports_dir`` whole or not at all: a kernel stopped
+    halfway must not leave a truncated report for the next notebook to misread."""
+    path = step_path(reports_dir, type(record))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # strict: JSON readers other than Python's reject NaN; default=str: paths and enums as text
+    tmp.write_text(strict_json(to_json(record), indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_step(reports_dir, cls: type[Record]) -> Record:
+    """The record notebook ``cls.NOTEBOOK`` wrote; MissingReport says which notebook to run."""
+    path = step_path(reports_dir, cls)
+    nn = cls.NOTEBOOK[:2]
+    if not path.is_file():
+        raise MissingReport(f"{path} is missing: notebook {nn} ({cls.NOTEBOOK}) writes it; "
+                            f"run notebook {nn} first, with the same REPORTS_DIR")
+    try:
+        data = read_json_file(path, f"report of notebook {nn}")
+    except BadConfig as exc:
+        raise ReportError(f"{exc}; rerun notebook {nn} to write it again") from None
+    return from_json(cls, data, str(path))
+
+
+def read_step_if_any(reports_dir, cls: type[Record]) -> Record | None:
+    """The record, or None when its notebook has not run; a malformed one still fails."""
+    return read_step(reports_dir, cls) if step_path(reports_dir, cls).is_file() else None
+
+
+# --------------------------------------------------------------------------------------
+# The summary.
+
+
+def bench_tables(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``BenchResult.row`` dicts split into summary.json's ``rows`` and ``costs``."""
+    return ([{k: r[k] for k in ROW_COLUMNS} for r in rows],
+            [{k: r[_ROW_KEY.get(k, k)] for k in COST_COLUMNS} for r in rows])
+
+
+def quoted_steps(reports_dir) -> dict:
+    """``Summary`` keyword arguments quoting notebooks 02 and 03, where they ran."""
+    out = {}
+    for name, cls in (("isolate", IsolateStep), ("layouts", LayoutsStep)):
+        step = read_step_if_any(reports_dir, cls)
+        out[name] = None if step is None else {k: v for k, v in to_json(step).items() if k in QUOTED}
+    return out
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "(no configuration could be measured)"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_summary(reports_dir, summary: Summary) -> Path:
+    """summary.json, and summary.md for people: the headline over the before/after table."""
+    path = write_step(reports_dir, summary)
+    md = ["# EAGLE-3 wiring workbook: summary", "", summary.headline, "", markdown_table(summary.rows)]
+    (Path(reports_dir) / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    return path
+
+
+def read_summary(reports_dir) -> Summary:
+    return read_step(reports_dir, Summary)
+
+
+def frame_records(frame) -> list[dict]:
+    """A DataFrame's rows as JSON-ready dicts: pandas' own writer already turns numpy scalars,
+    tuples and NaN into plain JSON, which ``json.dumps`` of ``to_dict`` would not."""
+    return json.loads(frame.to_json(orient="records"))
