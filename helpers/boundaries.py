@@ -139,8 +139,27 @@ def capture_name(b: int) -> str:
     return f"resid.{b}"
 
 
+class HasProblems:
+    """``errors``, ``warnings`` and ``kinds`` of a result, rendered from its ``problems``: the sentences are
+    for people, never parsed back. ``_seq`` is the container the result has always returned."""
+
+    _seq = list
+
+    @property
+    def errors(self):
+        return self._seq(str(p) for p in self.problems if p.blocking)
+
+    @property
+    def warnings(self):
+        return self._seq(str(p) for p in self.problems if not p.blocking)
+
+    def kinds(self) -> set[str]:
+        """The kinds of the blocking problems."""
+        return {p.kind for p in self.problems if p.blocking}
+
+
 @dataclass(frozen=True)
-class CapturePlan:
+class CapturePlan(HasProblems):
     """Which boundaries are captured and how they are concatenated for the draft.
 
     ``layout`` is the order of the concatenation; ``verifier`` the boundary whose state
@@ -156,20 +175,10 @@ class CapturePlan:
     # differently (ignored ids, flags)
     problems: tuple[Problem, ...] = field(default=())
 
+    _seq = tuple
+
     def __post_init__(self):
         check_layout(self.layout, self.num_layers)
-
-    @property
-    def errors(self) -> tuple[str, ...]:
-        return tuple(str(p) for p in self.problems if p.blocking)
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        return tuple(str(p) for p in self.problems if not p.blocking)
-
-    def kinds(self) -> set[str]:
-        """The kinds of the blocking problems."""
-        return {p.kind for p in self.problems if p.blocking}
 
     @property
     def boundaries(self) -> Layout:
@@ -187,7 +196,7 @@ class CapturePlan:
 
 
 @dataclass
-class WiringResult:
+class WiringResult(HasProblems):
     """What one engine release will feed the draft's fc for one target, and whether it can at all.
 
     ``problems`` are typed (:class:`Problem`): blocking ones mean the deployment fails (or drops
@@ -208,17 +217,6 @@ class WiringResult:
     source_lines: list[dict] = field(default_factory=list)
     hazards: list[dict] = field(default_factory=list)
 
-    @property
-    def errors(self) -> list[str]:
-        return [str(p) for p in self.problems if p.blocking]
-
-    @property
-    def warnings(self) -> list[str]:
-        return [str(p) for p in self.problems if not p.blocking]
-
-    def kinds(self) -> set[str]:
-        """The kinds of the blocking problems."""
-        return {p.kind for p in self.problems if p.blocking}
 
     @property
     def capturable(self) -> bool:

@@ -242,3 +242,14 @@ def test_fixes_ids_and_reorder_write_new_folders(draft, tmp_path):
     assert read_record(tmp_path / "r").layout == (3, 7, 0)
     with pytest.raises(BadOption, match="is the draft itself"):
         fixes(["ids", "--draft", str(draft), "--out", str(draft), "--engine", "vllm", "--ids", "0,3,7"])
+
+
+def test_a_refusal_is_read_from_the_launch_report_not_from_the_log():
+    bad = _judge([2, 6, 9], (0, 3, 7))
+    row = {**bad.as_dict(), "mode": "refuse", "line": guard.render(bad)}
+    assert guard.refusal(row) == guard.render(bad)
+    assert guard.refusal({**row, "mode": "warn"}) is None
+    ok = _judge([0, 3, 7], (0, 3, 7))
+    assert guard.refusal({**ok.as_dict(), "mode": "refuse", "line": guard.render(ok)}) is None
+    assert guard.refusal({"kind": "unjudged", "mode": "refuse", "line": "x"}) == "x"
+    assert guard.refusal(None) is None

@@ -111,6 +111,16 @@ def _csv(values) -> str:
     return ",".join(map(str, values))
 
 
+def refusal(verdict: dict | None) -> str | None:
+    """The line a refusing guard recorded in its launch's report (the data, not the log's text), or None
+    when it let the engine start."""
+    if not verdict or verdict.get("mode") != Mode.REFUSE:
+        return None
+    if verdict.get("kind") in BLOCKING or verdict.get("kind") == "unjudged":
+        return verdict["line"]
+    return None
+
+
 class GuardRefused(RuntimeError):
     """Raised inside the engine so it stops before serving; the message is the guard's line."""
 

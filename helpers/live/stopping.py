@@ -12,6 +12,19 @@ _LIVE: "weakref.WeakSet" = weakref.WeakSet()
 _installed = {"done": False}
 
 
+class Stoppable:
+    """A started engine: ``with Engine(...) as e:`` stops it on leaving the block, whatever happens there."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def track(engine) -> None:
     """Register a started engine (anything with ``close()``); installs the handlers on first use."""
     _install()

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, error, layout_label
+from ..boundaries import HasProblems, Problem, ProblemKind, WiringError, WiringResult, error, layout_label
 from ..errors import BadConfig, CacheError, read_json_file
 from .conventions import (
     LLAMACPP_BUILDS_READ,
@@ -82,7 +82,7 @@ ID_CASES: tuple[tuple[str, Callable[[int], list[int] | None]], ...] = (
 
 
 @dataclass
-class MatrixRow:
+class MatrixRow(HasProblems):
     version: str
     status: str
     layers_to_capture: list[int]
@@ -90,13 +90,6 @@ class MatrixRow:
     problems: list[Problem] = field(default_factory=list)
     fingerprint: str = ""        # the text of the source lines the outcome rests on (release classes)
 
-    @property
-    def errors(self) -> list[str]:
-        return [str(p) for p in self.problems if p.blocking]
-
-    @property
-    def warnings(self) -> list[str]:
-        return [str(p) for p in self.problems if not p.blocking]
 
     def example(self) -> str:
         """The first error, else the first warning worth a reader's time (not the stub's placeholders)."""

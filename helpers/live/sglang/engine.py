@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from .. import guard
-from ..stopping import track, untrack
+from ..stopping import Stoppable, track, untrack
 from . import cpu
 from .install import ROOT, SglangInstall
 from .server import ServerSpec, ServerStartError, SGLangServer, find_free_port, http_json, read_server_info
@@ -127,7 +127,7 @@ def _target_config(target: Path) -> dict:
         raise InputError(f"{target}: no readable config.json ({exc})") from None
 
 
-class SGLangEngine:
+class SGLangEngine(Stoppable):
     """One running SGLang server. ``with SGLangEngine(install, spec) as e: e.generate(...)``."""
 
     def __init__(self, install: SglangInstall, spec: SglangLaunch, *, threads: int | None = 2,
@@ -245,9 +245,9 @@ class SGLangEngine:
 
     def _why(self, message: str) -> str:
         lines = [ln for ln in message.splitlines() if ln.strip()]
-        refused = [ln[ln.index(guard.PREFIX):] for ln in lines if guard.PREFIX in ln]
-        if refused:                      # the engine guard refused: its whole line is the reason
-            return f"SGLang {self.version} refused {self.spec.label}: {refused[-1]} (log: {self.log_path})"
+        refused = guard.refusal(self.guard_verdict())
+        if refused:                      # the engine guard refused: the line its report holds is the reason
+            return f"SGLang {self.version} refused {self.spec.label}: {refused} (log: {self.log_path})"
         errors = [ln.strip() for ln in lines if "Error" in ln or "error" in ln or "eagle3-workbook" in ln]
         tail = (errors or lines or [""])[-1][:300]
         return f"SGLang {self.version} would not start {self.spec.label}: {tail} (log: {self.log_path})"
@@ -259,12 +259,6 @@ class SGLangEngine:
         if server is not None:
             server.stop()
         untrack(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def pid(self) -> int | None:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from .. import guard
-from ..stopping import track, untrack
+from ..stopping import Stoppable, track, untrack
 from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
 
@@ -92,7 +92,7 @@ class LaunchSpec:
         return f"{self.target.name}" + (f" + {self.draft.name} (k={self.steps})" if self.draft else "")
 
 
-class VllmEngine:
+class VllmEngine(Stoppable):
     """One running engine. ``with VllmEngine(install, spec) as e: e.generate(...)``."""
 
     def __init__(self, install: VllmInstall, spec: LaunchSpec, *, kv_cache_gib: int = 1,
@@ -156,10 +156,10 @@ class VllmEngine:
                     if not line:
                         raise EngineStartError(self._died("exited while starting"))
                     msg = json.loads(line)
-                    if not msg.get("ready") and guard.PREFIX in str(msg.get("error")):
-                        line = str(msg["error"])
-                        raise EngineStartError(f"vLLM refused {self.spec.label}: "
-                                               f"{line[line.index(guard.PREFIX):]} (log: {self.log_path})")
+                    refused = guard.refusal(self.guard_verdict()) if not msg.get("ready") else None
+                    if refused:       # the engine guard refused: the line its report holds is the reason
+                        raise EngineStartError(f"vLLM refused {self.spec.label}: {refused} "
+                                               f"(log: {self.log_path})")
                     if not msg.get("ready"):
                         raise EngineStartError(f"vLLM would not start {self.spec.label}: {msg.get('error')} "
                                                f"(log: {self.log_path})")
@@ -213,12 +213,6 @@ class VllmEngine:
             self._reply.close()
             self._reply = None
         untrack(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     @property
     def pid(self) -> int | None:
