@@ -16,20 +16,16 @@ from helpers.rules.conventions import (
     default_boundaries,
     default_ids,
     engine_ids,
-    honours_norm_before_residual,
     ids_in_config,
     layer_outputs_to_boundaries,
     parse_engine,
     read_draft_config,
     read_target_config,
-    resolve_trtllm,
-    resolve_vllm,
-    sglang_documented_layout,
-    sglang_format_warnings,
-    sglang_plus_one,
-    vllm_draft_class,
-    vllm_ids_to_boundaries,
 )
+from helpers.rules.flags import honours_norm_before_residual
+from helpers.rules.sglang.rule import sglang_documented_layout, sglang_format_warnings, sglang_plus_one
+from helpers.rules.trtllm.rule import resolve_trtllm
+from helpers.rules.vllm.rule import resolve_vllm, vllm_draft_class, vllm_ids_to_boundaries
 
 L = 12
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -263,7 +259,7 @@ def test_vllm_capture_of_wrapped_and_other_targets_by_release(arch, before, firs
 
 
 def test_flag_fix_names_the_releases_that_run_every_ignored_flag():
-    from helpers.rules.conventions import flag_fix
+    from helpers.rules.flags import flag_fix
     assert flag_fix(["fc_norm", "norm_output"], "Eagle3DeepseekV2ForCausalLM") == (
         "serve with sglang>=0.5.13 or vllm>=0.23.0, or retrain without fc_norm, norm_output")
     assert flag_fix("norm_before_fc", "Eagle3DeepseekV2ForCausalLM").startswith(

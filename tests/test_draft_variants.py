@@ -34,8 +34,8 @@ from helpers.model.draft import (
     save_draft,
     vocab_maps,
 )
-from helpers.rules.conventions import honours_flag, ignored_flag_problems
 from helpers.rules.conventions import parse_engine as E
+from helpers.rules.flags import honours_flag, ignored_flag_problems
 
 H, VOCAB, DV = 32, 128, 64
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,17 +12,10 @@ import pytest
 
 from helpers.errors import BadOption
 from helpers.rules import engines
-from helpers.rules.conventions import (
-    ENGINES,
-    LLAMACPP_NEWEST_READ,
-    VLLM_NEWEST_READ,
-    Engine,
-    IdsAt,
-    engine_fc_slots,
-    engine_ids,
-    parse_engine,
-)
+from helpers.rules.conventions import ENGINES, Engine, IdsAt, engine_fc_slots, engine_ids, parse_engine
+from helpers.rules.llamacpp.rule import LLAMACPP_NEWEST_READ
 from helpers.rules.topology import pp_stages
+from helpers.rules.vllm.rule import VLLM_NEWEST_READ
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import helpers.rules.conventions as conventions
+import helpers.rules.llamacpp.rule as llamacpp_rules
 import helpers.rules.sglang.patch as sglang_patch
 import helpers.rules.sglang.resolve as sglang_resolve
+import helpers.rules.sglang.rule as sglang_rules
+import helpers.rules.trtllm.rule as trtllm_rules
+import helpers.rules.vllm.rule as vllm_rules
 from helpers.boundaries import CapturePlan, Problem, ProblemKind, WiringError, WiringResult
 from helpers.commands.check import check
 from helpers.commands.wiring import main as wiring_main
@@ -18,17 +21,12 @@ from helpers.errors import BadOption
 from helpers.live.vllm.install import VllmInstall
 from helpers.live.vllm.wirings import with_vllm_fixes
 from helpers.rules import matrix as matrix_mod
-from helpers.rules.conventions import (
-    Engine,
-    llamacpp_build_number,
-    llamacpp_rule,
-    parse_engine,
-    resolve_llamacpp,
-    resolve_trtllm,
-    resolve_vllm,
-)
+from helpers.rules.conventions import Engine, parse_engine
+from helpers.rules.llamacpp.rule import llamacpp_build_number, llamacpp_rule, resolve_llamacpp
 from helpers.rules.matrix import matrix, status_of, vllm_across_releases, vllm_status
 from helpers.rules.sglang import stub
+from helpers.rules.trtllm.rule import resolve_trtllm
+from helpers.rules.vllm.rule import resolve_vllm
 from helpers.rules.wiring import resolve
 
 K = ProblemKind
@@ -176,8 +174,9 @@ def test_rewording_changes_no_grouping(monkeypatch):
               for a, n, ids in cases]
     draft = {"architectures": ["LlamaForCausalLMEagle3"], IDS: [0, 30, 58]}
     vllm_before = vllm_across_releases("DeepseekV3ForCausalLM", 61, draft, data={}).entries()
-    for module in (conventions, sglang_resolve):
-        monkeypatch.setattr(module, "error", _garbled)
+    for module in (vllm_rules, trtllm_rules, llamacpp_rules, sglang_rules, sglang_resolve):
+        if hasattr(module, "error"):
+            monkeypatch.setattr(module, "error", _garbled)
         monkeypatch.setattr(module, "warning", _garbled_warning)
     after = [[(r.version, r.status, r.served) for r in matrix(a, n, ids, versions=versions, progress=False)]
              for a, n, ids in cases]

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.rules import vllm_source, wiring
-from helpers.rules.vllm_source import disagreements, expected_capture, read_facts
+from helpers.rules import wiring
+from helpers.rules.vllm import source as vllm_source
+from helpers.rules.vllm.source import disagreements, expected_capture, read_facts
 
 IDS = "eagle_aux_hidden_state_layer_ids"
 

@@ -31,7 +31,8 @@ from ..model.target import (
     train_target,
     write_json,
 )
-from ..rules.conventions import default_ids, sglang_plus_one
+from ..rules.conventions import default_ids
+from ..rules.sglang.rule import sglang_plus_one
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "data" / "tiny-kimi"
 

@@ -30,16 +30,14 @@ from ..rules.conventions import (
     Engine,
     IdsAt,
     engine_fc_slots,
-    honours_norm_before_residual,
     ids_in_config,
-    ignored_flag_problems,
     is_eagle_reference_config,
     is_speculators_format,
     parse_engine,
     read_draft_config,
     read_target_config,
-    sets_norm_before_residual,
 )
+from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
 from ..rules.sglang import source as ss
 from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology

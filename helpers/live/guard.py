@@ -188,13 +188,9 @@ def ignored_flags(cfg: dict, engine: str) -> list[tuple[str, str, str]]:
     """(flag, why, fix) for each forward flag the draft config sets that ``engine`` ("sglang==0.5.23")
     does not run, by the workbook's rules read from every release's draft file (``conventions``). An
     edge: the engine names itself as text inside its own process, parsed here."""
-    from ..rules.conventions import (
-        VLLM_HONOURS_NORM_BEFORE_RESIDUAL,
-        honours_norm_before_residual,
-        ignored_flag_problems,
-        parse_engine,
-        sets_norm_before_residual,
-    )
+    from ..rules.conventions import parse_engine
+    from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
+    from ..rules.vllm.rule import VLLM_HONOURS_NORM_BEFORE_RESIDUAL
 
     engine = parse_engine(engine)
 

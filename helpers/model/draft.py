@@ -37,21 +37,17 @@ from torch import nn
 from ..errors import BadCheckpoint, BadConfig, check_finite_weights
 from ..record import read_record
 from ..rules.conventions import (
-    FORWARD_FLAGS,
     MLA_DRAFT_ARCH,
-    NORM_BEFORE_RESIDUAL_ON_SGLANG,
     SGLANG_DRAFT_ARCH,
     SPECULATORS_ARCH,
     IdsAt,
-    draft_flags,
-    engine_draft_class,
-    flag_fix,
-    honours_flag,
     ids_in_config,
     is_eagle_reference_config,
     parse_engine,
     read_draft_config,
 )
+from ..rules.flags import FORWARD_FLAGS, draft_flags, engine_draft_class, flag_fix, honours_flag
+from ..rules.sglang.rule import NORM_BEFORE_RESIDUAL_ON_SGLANG
 
 SGLANG_ARCH = SGLANG_DRAFT_ARCH
 
@@ -85,7 +81,7 @@ def ignored_flags(draft, engine) -> list[tuple[str, str]]:
 
 def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
     """What a verdict says of the engine's forward: one phrase per ignored flag, and the releases that
-    run them all (``conventions.flag_fix``)."""
+    run them all (``rules.flags.flag_fix``)."""
     ignored = ignored_flags(draft, engine)
     if not ignored:
         return [], None
@@ -101,7 +97,7 @@ def run_as(draft, engine):
     release whose draft class never reads a flag the draft was trained with (SGLang's
     llama_eagle3 and norm_before_residual; SGLang before 0.5.17 and norm_before_fc; the MLA
     classes and norm_before_fc) builds the module without it, so the flag is switched off here.
-    The rules are ``conventions.honours_flag``'s (docs/conventions.md, "Forward flags").
+    The rules are ``rules.flags.honours_flag``'s (docs/conventions.md, "Forward flags").
     Yields notes saying what was switched, for the reports.
     """
     saved = {f: getattr(draft.cfg, f) for f in FORWARD_FLAGS}

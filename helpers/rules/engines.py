@@ -14,9 +14,14 @@ from typing import Sequence
 from ..boundaries import Layout, WiringResult
 from ..errors import BadOption
 from . import conventions as C
+from . import flags as F
 from .conventions import IDS_KEY, DraftIds, Engine, IdsAt
+from .llamacpp import rule as L
 from .matrix import llamacpp_across_builds, sglang_across_releases, vllm_across_releases
+from .sglang import rule as S
 from .topology import sglang_carried, vllm_carried
+from .trtllm import rule as T
+from .vllm import rule as V
 from .wiring import checked_against_vllm_source, ids_for_layout, resolve_sglang_release
 
 
@@ -90,7 +95,7 @@ class EngineRules:
                           where: IdsAt) -> tuple[Layout, str]:
         """The documented rule (docs/conventions.md), for when the engine's source cannot be read."""
         where = IdsAt.EAGLE_CONFIG if where == IdsAt.EXPLICIT else where
-        return C.sglang_documented_layout(arch, engine.version, ids, where, num_layers)
+        return S.sglang_documented_layout(arch, engine.version, ids, where, num_layers)
 
     def ids_for(self, layout: Sequence[int], arch: str, num_layers: int, engine: Engine,
                 root=None) -> list[int] | None:
@@ -119,7 +124,7 @@ class EngineRules:
     def honours(self, flag: str, engine: Engine, arch: str = C.SGLANG_DRAFT_ARCH,
                 speculators_format: bool = False) -> tuple[bool | None, str]:
         """(whether ``engine`` runs forward flag ``flag`` for a draft of class ``arch``, why)."""
-        return C.honours_flag(engine, flag, arch, speculators_format)
+        return F.honours_flag(engine, flag, arch, speculators_format)
 
     def honours_norm_before_residual(self, engine: Engine) -> bool | None:
         """Whether its draft forward implements ``norm_before_residual`` (None: not read)."""
@@ -128,7 +133,7 @@ class EngineRules:
     def serves_draft_class(self, engine: Engine, arch: str,
                            cfg: dict | None = None) -> tuple[bool | None, str]:
         """Whether the release has a model class for this draft architecture at all, and why."""
-        return C.mla_draft_class(engine, arch)
+        return F.mla_draft_class(engine, arch)
 
     def draft_class_first(self, arch: str) -> str | None:
         """The first release whose registry builds a draft of class ``arch`` (None: not recorded)."""
@@ -143,7 +148,7 @@ class EngineRules:
 
 class SGLangRules(EngineRules):
     name, title = "sglang", "SGLang"
-    newest_read = C.FLAGS_NEWEST_READ["sglang"]
+    newest_read = F.FLAGS_NEWEST_READ["sglang"]
     ids_home = IdsAt.EAGLE_CONFIG
     draft_files_read = True
     mla_draft_file = "kimi_k25_eagle3.py"
@@ -154,7 +159,7 @@ class SGLangRules(EngineRules):
     patchable = True
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return C.ids_sglang_reads(cfg, also_top_level)
+        return S.ids_sglang_reads(cfg, also_top_level)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
         return resolve_sglang_release(engine, arch, num_layers, ids, cfg, **source)
@@ -183,14 +188,14 @@ class SGLangRules(EngineRules):
 
 class VllmRules(EngineRules):
     name, title = "vllm", "vLLM"
-    newest_read = C.VLLM_NEWEST_READ
+    newest_read = V.VLLM_NEWEST_READ
     runners = C.RUNNERS
     ids_home = IdsAt.TOP_LEVEL
     draft_files_read = True
     mla_draft_file = "deepseek_eagle3.py"
     reads_speculators_format = True
     builds_reference_head = True
-    speculators_passes = C.VLLM_SPECULATORS_PASSES
+    speculators_passes = V.VLLM_SPECULATORS_PASSES
     fix_writes_top_level = True
     pp_partition_var = "VLLM_PP_LAYER_PARTITION"
     pp_remainder_before_last = True
@@ -202,10 +207,10 @@ class VllmRules(EngineRules):
         return f"no vLLM version given: the newest release read ({self.newest_read}) is assumed"
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return C.ids_vllm_reads(cfg, engine.version, arch, engine.runner)
+        return V.ids_vllm_reads(cfg, engine.version, arch, engine.runner)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, **source):
-        result = C.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner)
+        result = V.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner)
         if read_vllm_source:
             return checked_against_vllm_source(result, engine, arch)
         return result
@@ -213,12 +218,12 @@ class VllmRules(EngineRules):
     def documented_layout(self, engine, arch, num_layers, ids, where):
         if ids is None:
             return C.default_boundaries(num_layers), "EAGLE-3 default boundaries"
-        return C.vllm_ids_to_boundaries(ids), "vLLM id = boundary"
+        return V.vllm_ids_to_boundaries(ids), "vLLM id = boundary"
 
     def misplaced_ids(self, cfg, ids, where, engine, arch):
         if where != IdsAt.EAGLE_CONFIG or cfg.get(IDS_KEY) is not None:
             return None
-        _, reads_nested, why = C.vllm_reads(engine.version, arch, engine.runner)
+        _, reads_nested, why = V.vllm_reads(engine.version, arch, engine.runner)
         return (f"the ids {ids} sit under eagle_config (SGLang format); "
                 + ("vLLM reads them here only as a fallback" if reads_nested
                    else f"vLLM ignores them: {why}"),
@@ -229,21 +234,21 @@ class VllmRules(EngineRules):
         return vllm_across_releases(arch, num_layers, cfg, engine.runner)
 
     def fc_slots(self, cfg, engine):
-        if not C.at_least(engine.version, C.VLLM_FC_FROM_CONFIG):
+        if not V.at_least(engine.version, V.VLLM_FC_FROM_CONFIG):
             return 3, (f"vllm {engine.version} llama_eagle3 builds fc for 3 states "
-                       f"(from the config from {C.VLLM_FC_FROM_CONFIG})")
+                       f"(from the config from {V.VLLM_FC_FROM_CONFIG})")
         return C.fc_slots_from_config(cfg)
 
     def honours_norm_before_residual(self, engine):
-        return C.at_least(engine.version, C.VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
+        return V.at_least(engine.version, V.VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
 
     def serves_draft_class(self, engine, arch, cfg=None):
         if cfg is not None:
-            return C.vllm_draft_class(engine.version, cfg)
-        return C.mla_draft_class(engine, arch)
+            return V.vllm_draft_class(engine.version, cfg)
+        return F.mla_draft_class(engine, arch)
 
     def draft_class_first(self, arch):
-        return C.VLLM_DRAFT_CLASS_FIRST.get(arch)
+        return V.VLLM_DRAFT_CLASS_FIRST.get(arch)
 
     def pp_carried(self, engine, arch, root):
         return vllm_carried(engine, arch)
@@ -254,10 +259,10 @@ class TrtllmRules(EngineRules):
     ids_home = None                       # eagle3_layers_to_capture sit in its speculative config
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return C.ids_trtllm_reads(cfg)
+        return T.ids_trtllm_reads(cfg)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
-        return C.resolve_trtllm(engine.version, arch, num_layers, ids, cfg)
+        return T.resolve_trtllm(engine.version, arch, num_layers, ids, cfg)
 
     def fc_slots(self, cfg, engine):
         return None, "TensorRT-LLM's fc sizing is not recorded here"
@@ -268,11 +273,11 @@ class TrtllmRules(EngineRules):
 
 class LlamacppRules(EngineRules):
     name, title = "llamacpp", "llama.cpp"
-    newest_read = f"b{C.LLAMACPP_NEWEST_READ}"
+    newest_read = f"b{L.LLAMACPP_NEWEST_READ}"
     ids_home = IdsAt.TOP_LEVEL            # the converter's (conversion/llama.py), from b10705
 
     def check_version(self, text, version):
-        if not C._LLAMACPP_BUILD_RE.match(version):
+        if not L.LLAMACPP_BUILD_RE.match(version):
             raise BadOption(f"engine '{text}': {version!r} is not a llama.cpp build; expected e.g. "
                             f"llamacpp==b11434 (or the bare build number, llamacpp==11434)")
 
@@ -282,11 +287,11 @@ class LlamacppRules(EngineRules):
         return f"no llama.cpp build given: {self.newest_read}, the newest read, is assumed"
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        at, rule, _ = C.llamacpp_rule(self.effective_version(engine.version))
-        return C.ids_llamacpp_reads(cfg, at, rule)
+        at, rule, _ = L.llamacpp_rule(self.effective_version(engine.version))
+        return L.ids_llamacpp_reads(cfg, at, rule)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
-        return C.resolve_llamacpp(engine.version, arch, num_layers, ids, cfg)
+        return L.resolve_llamacpp(engine.version, arch, num_layers, ids, cfg)
 
     def across_releases(self, engine, arch, num_layers, cfg, target_config):
         return llamacpp_across_builds(arch, num_layers, cfg, target_config)

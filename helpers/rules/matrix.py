@@ -21,8 +21,10 @@ from tqdm.auto import tqdm
 
 from ..boundaries import HasProblems, Problem, ProblemKind, WiringError, WiringResult, error, layout_label
 from ..errors import BadConfig, CacheError, read_json_file
-from .conventions import (
-    LLAMACPP_BUILDS_READ,
+from .conventions import Engine, IdsAt, ids_in_config, version_tuple
+from .llamacpp.rule import LLAMACPP_BUILDS_READ, resolve_llamacpp
+from .sglang import source as ss
+from .vllm.rule import (
     VLLM_CAPTURE,
     VLLM_DRAFT_CLASS_FIRST,
     VLLM_FC_FROM_CONFIG,
@@ -31,15 +33,9 @@ from .conventions import (
     VLLM_READS_TOP_LEVEL,
     VLLM_V1_READS_NESTED,
     VLLM_V2_DEFAULT,
-    Engine,
-    IdsAt,
-    ids_in_config,
-    resolve_llamacpp,
     resolve_vllm,
-    version_tuple,
     vllm_draft_class,
 )
-from .sglang import source as ss
 from .wheels import PackageIndexUnreachable, released_versions
 from .wiring import resolve
 
@@ -464,7 +460,7 @@ def vllm_rule_versions() -> list[str]:
 
 def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | None = None,
                          data: dict | None = None) -> Drift:
-    """Every vLLM release's rule (conventions.VLLM_*) applied to this draft, in runs."""
+    """Every vLLM release's rule (rules.vllm.rule.VLLM_*) applied to this draft, in runs."""
     started = time.perf_counter()
     data = data if data is not None else load_release_data()
     versions = (data or {}).get("vllm_releases") or vllm_rule_versions()
@@ -478,7 +474,7 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
         r = resolve_vllm(v, arch, num_layers, None, draft, runner)
         spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),
                                          [p for p in r.problems if p.kind != K.NEWER_THAN_READ])))
-    how = (f"vLLM: the recorded rules (conventions.VLLM_*) over {len(versions)} releases listed in "
+    how = (f"vLLM: the recorded rules (rules.vllm.rule.VLLM_*) over {len(versions)} releases listed in "
            f"data/releases.json" + (f" (runner {runner})" if runner else ""))
     return Drift(str(Engine("vllm", None, runner)), _merge(spans), how,
                  round(time.perf_counter() - started, 3))
@@ -486,7 +482,7 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
 
 def llamacpp_across_builds(arch: str, num_layers: int, draft: dict,
                            target_config: dict | None = None) -> Drift:
-    """Each llama.cpp build read (conventions.LLAMACPP_BUILDS_READ) applied to this draft."""
+    """Each llama.cpp build read (rules.llamacpp.rule.LLAMACPP_BUILDS_READ) applied to this draft."""
     started = time.perf_counter()
     spans = []
     for b in sorted(LLAMACPP_BUILDS_READ):

@@ -16,9 +16,10 @@ from typing import Sequence
 
 from ..boundaries import WiringError
 from ..errors import BadOption
-from .conventions import VLLM_PP_AUX_RELAY, VLLM_READS_TOP_LEVEL, Engine, at_least, vllm_on_v2
+from .conventions import Engine
 from .sglang import source as ss
 from .sglang.inspect import inspect_model
+from .vllm.rule import VLLM_PP_AUX_RELAY, VLLM_READS_TOP_LEVEL, at_least, vllm_on_v2
 
 
 @dataclass

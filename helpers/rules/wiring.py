@@ -13,7 +13,6 @@ from typing import Sequence
 
 from ..boundaries import CapturePlan, ProblemKind, WiringError, WiringResult, warning
 from ..errors import CacheError, one_line, warn_once
-from . import vllm_source
 from .conventions import (
     DEFAULT_ENGINE,
     DEFAULT_ENGINES,
@@ -27,6 +26,7 @@ from .conventions import (
 from .sglang import patch as sglang_patch
 from .sglang import source as ss
 from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
+from .vllm import source as vllm_source
 
 
 def resolve(engine: str | Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,

