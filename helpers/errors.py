@@ -6,6 +6,7 @@ has its own exception type so a command can catch them all in one place.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import sys
@@ -201,3 +202,16 @@ def check_finite(what: str, *values) -> None:
         if not ok:
             raise NonFiniteResult(f"{what} is {v!r}, not a finite number: the model produced NaN/Inf, so "
                                   f"nothing it measured can be trusted; check the checkpoints' weights")
+
+
+def check_loopback(host: str) -> str:
+    """The workbook only talks to engines on this machine (ones it started, or a /metrics it is pointed at):
+    refuse any other host, so a URL typed by mistake never sends a request off the machine."""
+    if host == "localhost":
+        return host
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return host
+    except ValueError:
+        pass
+    raise ValueError(f"host {host!r} is not a loopback address; use 127.0.0.1")

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 from helpers.__main__ import main as cli
-from helpers.commands.check import check, safetensors_shapes
 from helpers.errors import InputError
+from helpers.investigation.gate import check, safetensors_shapes
 
 H = 16                      # a narrow hidden size: the checks depend on ids, depths and versions, not width
 IDS = "eagle_aux_hidden_state_layer_ids"

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers.commands.check import check
+from helpers.investigation.gate import check
 from helpers.model.draft import (
     MLA_DRAFT_ARCH,
     DraftFormatError,

@@ -8,8 +8,8 @@ import torch
 from _pairs import tiny_default
 
 from helpers.boundaries import CapturePlan
-from helpers.commands.bench import encode_prompts, run_bench
 from helpers.investigation.pair import load_pair, read_prompts
+from helpers.live.reference import encode_prompts, run_bench
 from helpers.model.engine import (
     TargetRunner,
     accept,

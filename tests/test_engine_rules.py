@@ -26,7 +26,7 @@ HELPERS = REPO / "helpers"
 PARSED_AT = {
     ("cli.py", "EngineOption.__call__"), ("cli.py", "engine_value"), ("cli.py", "add_pair_args"),
     ("commands/workbook.py", "check_run_inputs"),
-    ("commands/check.py", "check"), ("rules/wiring.py", "resolve"), ("rules/wiring.py", "served_plan"),
+    ("investigation/gate.py", "check"), ("rules/wiring.py", "resolve"), ("rules/wiring.py", "served_plan"),
     ("rules/wiring.py", "ids_for_layout"), ("investigation/fixes.py", "with_engine_ids"),
     ("live/backends.py", "choose"),
     ("model/draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step

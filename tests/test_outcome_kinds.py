@@ -15,9 +15,9 @@ import helpers.rules.sglang.rule as sglang_rules
 import helpers.rules.trtllm.rule as trtllm_rules
 import helpers.rules.vllm.rule as vllm_rules
 from helpers.boundaries import CapturePlan, Problem, ProblemKind, WiringError, WiringResult
-from helpers.commands.check import check
 from helpers.commands.wiring import main as wiring_main
 from helpers.errors import BadOption
+from helpers.investigation.gate import check
 from helpers.live.vllm.install import VllmInstall
 from helpers.live.vllm.wirings import with_vllm_fixes
 from helpers.rules import matrix as matrix_mod

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.commands import patch_sglang
 from helpers.rules import wiring
 from helpers.rules.sglang import patch as ps
 from helpers.rules.sglang import source as ss
@@ -223,25 +224,25 @@ def test_show_diff(tree):
 
 def test_cli(tree, capsys):
     root = str(tree)
-    assert ps.main(["status", "--version", "0.5.9", "--root", root, "--json"]) == 0
+    assert patch_sglang.main(["status", "--version", "0.5.9", "--root", root, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["version"] == "0.5.9" and d["patched"] is False and set(d["files"]) == set(FILES)
-    assert ps.main(["apply", "--version", "0.5.9", "--root", root, "--json"]) == 0
+    assert patch_sglang.main(["apply", "--version", "0.5.9", "--root", root, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["patched"] is True
-    assert ps.main(["diff", "--version", "0.5.9", "--root", root]) == 0
+    assert patch_sglang.main(["diff", "--version", "0.5.9", "--root", root]) == 0
     assert "eagle3-workbook patch" in capsys.readouterr().out
-    assert ps.main(["revert", "--version", "0.5.9", "--root", root]) == 0
+    assert patch_sglang.main(["revert", "--version", "0.5.9", "--root", root]) == 0
     assert "pristine" in capsys.readouterr().out
 
 
 def test_cli_bad_input(capsys):
-    assert ps.main(["apply"]) == 2
+    assert patch_sglang.main(["apply"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--version" in err and err.count("\n") == 1
-    assert ps.main(["apply", "--version", "not-a-version"]) == 2
+    assert patch_sglang.main(["apply", "--version", "not-a-version"]) == 2
     assert "not an sglang version" in capsys.readouterr().err
     if ss.installed_sglang() is None:
-        assert ps.main(["status", "--version", "0.5.9", "--target", "installed"]) == 2
+        assert patch_sglang.main(["status", "--version", "0.5.9", "--target", "installed"]) == 2
         assert "no sglang is installed" in capsys.readouterr().err
 
 
@@ -287,7 +288,7 @@ def test_054_advice_is_a_command_that_works(tree_054, capsys):
     advice = next(e for e in r.errors if "patch-sglang apply" in e)
     cmd = advice.split("`python -m helpers patch-sglang ")[1].split("`")[0].split()
     assert cmd == ["apply", "--version", "0.5.4", "--root", str(tree_054), "--arch", "LlamaForCausalLM"]
-    assert ps.main(cmd) == 0
+    assert patch_sglang.main(cmd) == 0
     assert "patched (changed)" in capsys.readouterr().out
     assert wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054).capturable
 
@@ -303,6 +304,7 @@ def test_advice_for_a_file_the_patch_does_not_edit(tree_054):
 
 
 def test_cli_arch_only_for_apply(tree, capsys):
-    assert ps.main(["status", "--version", "0.5.9", "--root", str(tree), "--arch", "LlamaForCausalLM"]) == 2
+    args = ["status", "--version", "0.5.9", "--root", str(tree), "--arch", "LlamaForCausalLM"]
+    assert patch_sglang.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--arch only applies to `apply`" in err and err.count("\n") == 1

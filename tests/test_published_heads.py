@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.commands.check import check
+from helpers.investigation.gate import check
 
 HEADS = Path(__file__).resolve().parent / "heads"
 MANIFEST = json.loads((HEADS / "manifest.json").read_text())

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from helpers.commands.bench import BenchResult
 from helpers.errors import InputError
+from helpers.live.reference import BenchResult
 from helpers.notebook import reports
 from helpers.notebook.reports import (
     BaselineStep,

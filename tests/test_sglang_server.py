@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import scaled
 
+from helpers.commands import sglang_bench
 from helpers.investigation.prompts import read_prompts
 from helpers.live.sglang import server as ss
 
@@ -413,8 +414,8 @@ def test_main_dry_run_prints_commands(capsys, tmp_path):
     target = tmp_path / "t dir"
     target.mkdir()
     shutil.copy(data / "target" / "config.json", target / "config.json")
-    code = ss.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4", "--python",
-                    "/py", "--dry-run"])
+    code = sglang_bench.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4",
+                              "--python", "/py", "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0
     assert "# baseline" in out and "# speculative" in out
@@ -424,17 +425,17 @@ def test_main_dry_run_prints_commands(capsys, tmp_path):
 
 def test_main_checks_input_before_anything(capsys, tmp_path):
     with pytest.raises(SystemExit):
-        ss.main(["--target", "T", "--draft", "D", "--steps", "0", "--dry-run"])
+        sglang_bench.main(["--target", "T", "--draft", "D", "--steps", "0", "--dry-run"])
     assert "--steps must be at least 1" in capsys.readouterr().err
-    assert ss.main(["--target", str(tmp_path / "nope"), "--draft", "D", "--dry-run"]) == 2
+    assert sglang_bench.main(["--target", str(tmp_path / "nope"), "--draft", "D", "--dry-run"]) == 2
     assert "no config.json" in capsys.readouterr().err
-    assert ss.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"),
+    assert sglang_bench.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"),
                     "--dry-run"]) == 2
     assert "no prompts file" in capsys.readouterr().err
 
 
 def test_main_dry_run_json(capsys):
-    assert ss.main(["--target", "T", "--draft", "D", "--no-baseline", "--dry-run", "--json"]) == 0
+    assert sglang_bench.main(["--target", "T", "--draft", "D", "--no-baseline", "--dry-run", "--json"]) == 0
     cmds = json.loads(capsys.readouterr().out)["commands"]
     assert list(cmds) == ["speculative"] and "--speculative-algorithm EAGLE3" in cmds["speculative"]
 
@@ -442,6 +443,7 @@ def test_main_dry_run_json(capsys):
 def test_main_without_sglang_exits_2(tmp_path, capsys):
     py = _fake_python(tmp_path,
                       {"sglang_error": "ModuleNotFoundError: No module named 'sglang'", "cuda": False})
-    assert ss.main(["--target", "T", "--draft", "D", "--python", py]) == ss.EXIT_UNAVAILABLE
+    code = sglang_bench.main(["--target", "T", "--draft", "D", "--python", py])
+    assert code == sglang_bench.EXIT_UNAVAILABLE
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sglang" in err and "GPU" in err

@@ -100,7 +100,7 @@ def test_run_bench_times_pairs_in_abba_order(monkeypatch):
     import torch
 
     from helpers.boundaries import CapturePlan
-    from helpers.commands import bench
+    from helpers.live import reference as bench
     from helpers.model.engine import GenerationResult
 
     order = []

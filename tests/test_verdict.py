@@ -99,10 +99,10 @@ def test_ways_out_are_data():
 def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
     """data/tiny-kimi: check lists every way out, diagnose (from the pair and from its dump) names the
     shortest, both from ``ways_out``."""
-    from helpers.commands.check import check
     from helpers.commands.diagnose import diagnose
     from helpers.investigation.dump_diagnose import diagnose_dump
     from helpers.investigation.dumps import open_dump
+    from helpers.investigation.gate import check
     from helpers.investigation.pair import eval_captures, load_pair
 
     _, arch, n, trained, served, _, listed, shortest = CASES[0]

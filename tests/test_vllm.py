@@ -175,8 +175,8 @@ def test_plugin_fixes_make_vllm_compute_the_workbooks_target(install, prompts, t
 
 @pytest.mark.live
 def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(install, prompts, tmp_path):
-    from helpers.commands.bench import run_bench
     from helpers.investigation.pair import load_pair
+    from helpers.live.reference import run_bench
     from helpers.model.draft import run_as
     pair = load_pair(TARGET, PAIR / "draft")
     plan = pair.served(install.engine)
@@ -260,7 +260,7 @@ def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
 
 
 def test_check_reads_the_measured_layout(tmp_path):
-    from helpers.commands.check import check
+    from helpers.investigation.gate import check
     dump = tmp_path / "dump"
     dump.mkdir()
     rec = {"engine": "vllm==0.32.0", "layer_ids": [2, 6, 9], "measured_boundaries": [2, 6, 9]}

@@ -15,11 +15,10 @@ from ..boundaries import layout_label
 from ..errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
 from ..investigation.evaluate import MIN_BLOCKS, RANKED_BY, EvalInputError, evaluate_layout
 from ..investigation.layout_search import SearchResult, search
-from ..investigation.metrics import Expected, MetricsVerdict, explain, read_metrics
+from ..investigation.metrics import metrics_verdict, read_metrics
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 from ..investigation.verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
-from ..model.draft import forward_verdict, run_as
-from ..record import read_record
+from ..model.draft import run_as
 from ..rules.conventions import Engine
 from .dump import run_dump_diagnosis
 
@@ -237,45 +236,6 @@ def main(argv=None) -> int:
 
 # --------------------------------------------------------------------------------------
 # python -m helpers diagnose --metrics SOURCE
-
-
-def metrics_verdict(source, draft_dir, target_dir=None, engine=None, text=None, windows: int = 12,
-                    device: str = "cpu", progress: bool = False) -> MetricsVerdict:
-    """The served profile beside what the draft should reach: the training record's per-step accuracy
-    first, else the draft teacher-forced at its trained layout on held-out text; with a target, the
-    layout ``engine`` is predicted to serve, simulated on the same text."""
-    profile = read_metrics(source)                       # before any weights load: a bad source fails fast
-    k = len(profile.accepted_per_position)
-    record = read_record(draft_dir)
-    trained = record.layout if record else None
-    expected = None
-    full = record.full_acc if record else None
-    if full and len(full) >= k > 0:
-        expected = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step")
-    served_pred = served = None
-    notes = []
-    if target_dir is not None and k:
-        pair = load_pair(target_dir, draft_dir, device)
-        trained = trained or pair.recorded_layout
-        plan = pair.served(engine)
-        served = tuple(plan.layout) if not plan.errors else None
-        caps = eval_captures(pair, text, max_windows=windows)
-        what = "--text" if text is not None else "held-out text"
-        where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens)"
-        with run_as(pair.draft, engine):
-            if served is not None:
-                s = evaluate_layout(pair.draft, caps, served, steps=k)
-                served_pred = Expected(list(s.full_acc), f"{where} at the served layout {served}")
-            if expected is None and trained is not None:
-                t = evaluate_layout(pair.draft, caps, trained, steps=k)
-                expected = Expected(list(t.full_acc), f"{where} at the trained layout {trained}")
-        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
-        notes.append(f"served layout from {plan.source}")
-    else:
-        ignored = ()
-    v = explain(profile, expected, served_pred, served, trained, ignored)
-    v.evidence += notes
-    return v
 
 
 def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:

@@ -30,7 +30,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from ..errors import BadOption, BadText, read_text_file
+from ..errors import BadOption, BadText, check_loopback, read_text_file
+from ..model.draft import forward_verdict, run_as
+from ..record import read_record
+from .evaluate import evaluate_layout
+from .pair import eval_captures, load_pair
 
 Z95 = 1.959964
 MIN_DRAFTS = 30          # fewer draft rounds than this say nothing about a rate but its order of magnitude
@@ -185,11 +189,9 @@ def _sglang(obj, where: str) -> ServedProfile:
 
 
 def _fetch(url: str, timeout: float) -> str:
-    from ..live.sglang.server import _check_loopback
-
     host = urllib.parse.urlsplit(url).hostname or ""
     try:
-        _check_loopback(host)
+        check_loopback(host)
     except ValueError as exc:
         raise BadOption(f"--metrics {url}: {exc}") from None
     try:
@@ -366,4 +368,43 @@ def explain(profile: ServedProfile, expected: Expected | None, served_predicted:
     v.evidence.append("served = trained by the engine's rules: the draft does worse on this traffic than in "
                       "training (a weak draft, or a workload unlike its training data)")
     v.next.append("python -m helpers diagnose --draft D --target T --text SAMPLE_OF_YOUR_TRAFFIC")
+    return v
+
+
+def metrics_verdict(source, draft_dir, target_dir=None, engine=None, text=None, windows: int = 12,
+                    device: str = "cpu", progress: bool = False) -> MetricsVerdict:
+    """The served profile beside what the draft should reach: the training record's per-step accuracy
+    first, else the draft teacher-forced at its trained layout on held-out text; with a target, the
+    layout ``engine`` is predicted to serve, simulated on the same text."""
+    profile = read_metrics(source)                       # before any weights load: a bad source fails fast
+    k = len(profile.accepted_per_position)
+    record = read_record(draft_dir)
+    trained = record.layout if record else None
+    expected = None
+    full = record.full_acc if record else None
+    if full and len(full) >= k > 0:
+        expected = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step")
+    served_pred = served = None
+    notes = []
+    if target_dir is not None and k:
+        pair = load_pair(target_dir, draft_dir, device)
+        trained = trained or pair.recorded_layout
+        plan = pair.served(engine)
+        served = tuple(plan.layout) if not plan.errors else None
+        caps = eval_captures(pair, text, max_windows=windows)
+        what = "--text" if text is not None else "held-out text"
+        where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens)"
+        with run_as(pair.draft, engine):
+            if served is not None:
+                s = evaluate_layout(pair.draft, caps, served, steps=k)
+                served_pred = Expected(list(s.full_acc), f"{where} at the served layout {served}")
+            if expected is None and trained is not None:
+                t = evaluate_layout(pair.draft, caps, trained, steps=k)
+                expected = Expected(list(t.full_acc), f"{where} at the trained layout {trained}")
+        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
+        notes.append(f"served layout from {plan.source}")
+    else:
+        ignored = ()
+    v = explain(profile, expected, served_pred, served, trained, ignored)
+    v.evidence += notes
     return v

@@ -82,7 +82,7 @@ class LiveRow(PairedSpeedup):
         return None if not self.reference else round(self.accept_length - self.reference["tau"], 3)
 
     def finding(self, label: str) -> str:
-        """This row in one sentence, as ``bench.finding`` says a reference row."""
+        """This row in one sentence, as ``reference.finding`` says a reference row."""
         ref = f" (reference engine {self.reference['tau']:.2f})" if self.reference else ""
         return (f"{self.wiring} {label} on {self.backend}: accept length {self.accept_length:.2f}{ref}, "
                 f"{'lossless' if self.lossless else 'NOT lossless'}; speed {speed_phrase(self.timing)}.")
@@ -156,7 +156,7 @@ def _timed(engine, prompt: list[int], max_new_tokens: int, other=None) -> tuple[
 def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
             repeats: int, bar) -> tuple[PairedTiming, list[float], list[float], list]:
     """Every prompt of every repeat as one pair, baseline and speculative back to back in ABBA order,
-    as the reference engine times them (``bench.run_bench``). Returns the paired timing, each
+    as the reference engine times them (``reference.run_bench``). Returns the paired timing, each
     repeat's pooled tok/s per side, and each repeat's speculative generations merged."""
     n = len(prompt_ids)
     pb, ps, po, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], []

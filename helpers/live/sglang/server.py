@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import ipaddress
 import json
 import os
 import shlex
@@ -37,16 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from ... import cli
-from ...errors import print_json
-from ...investigation.prompts import read_prompts
+from ...errors import check_loopback
 from ...rules.conventions import IdsAt, ids_in_config, read_draft_config
 from ...rules.sglang.rule import ids_sglang_reads
 
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # new name first; old kept as alias
-EXIT_UNAVAILABLE = 2
 
 # Code-like prompts: the embedded tiny target was trained on Python source, so these give
 # it something it can continue fluently, which is what makes accept length meaningful.
@@ -65,20 +61,8 @@ DEFAULT_PROMPTS = (
 # --------------------------------------------------------------------------- launch spec
 
 
-def _default_python() -> str:
+def default_python() -> str:
     return os.environ.get("SGLANG_PYTHON") or sys.executable
-
-
-def _check_loopback(host: str) -> str:
-    """The workbook only talks to servers it started on this machine; refuse anything else."""
-    if host == "localhost":
-        return host
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return host
-    except ValueError:
-        pass
-    raise ValueError(f"host {host!r} is not a loopback address; use 127.0.0.1")
 
 
 @dataclass
@@ -93,7 +77,7 @@ class ServerSpec:
     draft: str | None = None
     port: int = DEFAULT_PORT
     host: str = "127.0.0.1"
-    python: str = field(default_factory=_default_python)
+    python: str = field(default_factory=default_python)
     steps: int = 3
     topk: int = 1
     draft_tokens: int | None = None
@@ -104,7 +88,7 @@ class ServerSpec:
     command: list[str] | None = None
 
     def __post_init__(self) -> None:
-        _check_loopback(self.host)
+        check_loopback(self.host)
         self.target = str(self.target)
         self.draft = None if self.draft is None else str(self.draft)
         self.extra_args = tuple(str(a) for a in self.extra_args)
@@ -151,7 +135,7 @@ def build_launch_command(spec: ServerSpec, speculative: bool = True) -> list[str
 
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now; racy by nature, good enough for one local server."""
-    _check_loopback(host)
+    check_loopback(host)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -555,7 +539,7 @@ def live_bench(
     fair. ``dry_run`` only builds the commands, so a notebook can show exactly what would run.
     """
     spec = ServerSpec(
-        target=target, draft=draft, port=port, python=python or _default_python(), steps=steps,
+        target=target, draft=draft, port=port, python=python or default_python(), steps=steps,
         topk=topk, draft_tokens=draft_tokens, tp_size=tp_size, mem_fraction=mem_fraction,
         extra_args=tuple(extra_args), env=dict(env or {}),
     )
@@ -631,7 +615,7 @@ def sglang_available(python: str | None = None, timeout: float = 120.0) -> Avail
     Both conditions are checked and both failures named, so a notebook can say exactly why it
     falls back to the reference engine.
     """
-    python = python or _default_python()
+    python = python or default_python()
     probe = _probe(python, timeout)
     if isinstance(probe, str):
         return Availability(False, probe)
@@ -650,14 +634,14 @@ def sglang_available(python: str | None = None, timeout: float = 120.0) -> Avail
 # --------------------------------------------------------------------------- prompts and CLI
 
 
-def _looks_local(ref: str) -> bool:
+def looks_local(ref: str) -> bool:
     """A path the user typed (absolute or relative), as opposed to a hub id like org/name."""
     return ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
 
 
 def draft_wiring_notes(draft: str) -> list[str]:
     """What SGLang will read from a local draft's config: only the nested eagle_config ids."""
-    if not _looks_local(draft):
+    if not looks_local(draft):
         return [f"{draft} is not a local directory; its ids are not checked here"]
     cfg = read_draft_config(draft)
     ids, where = ids_in_config(cfg)
@@ -670,99 +654,3 @@ def draft_wiring_notes(draft: str) -> list[str]:
                 f"its defaults; write them into eagle_config (helpers.investigation.fixes.with_engine_ids) "
                 f"if they are the training layout"]
     return ["the draft config carries no ids: SGLang captures its defaults"]
-
-
-def _parser():
-    p = cli.parser("sglang-bench", "Serve a target with SGLang, without and with an EAGLE-3 draft; compare "
-                                   "tok/s and accept length.")
-    cli.add_pair_args(p, target="target model directory (or HF id)",
-                      draft="EAGLE-3 draft directory (or HF id)", engine=None, device=False, json=False,
-                      required=True, paths=False)
-    p.add_argument("--prompts", help="JSONL with a 'prompt' field per line, or .txt one per line")
-    p.add_argument("--steps", type=int, default=3, help="--speculative-num-steps")
-    p.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk")
-    p.add_argument("--draft-tokens", type=int, help="--speculative-num-draft-tokens (default steps+1)")
-    p.add_argument("--python", help="python that has sglang (default $SGLANG_PYTHON or this one)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--tp-size", type=int, default=1)
-    p.add_argument("--mem-fraction", type=float)
-    p.add_argument("--no-baseline", action="store_true", help="only run the speculative server")
-    p.add_argument("--startup-timeout", type=float, default=900.0)
-    p.add_argument("--log-dir", help="where server logs go (default: a new temp dir)")
-    p.add_argument("--dry-run", action="store_true", help="print the launch commands and exit")
-    cli.add_pair_args(p, target=None, draft=None, engine=None, device=False)
-    return p
-
-
-def _fmt(x: float | None, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _print_report(cmp: LiveBenchComparison) -> None:
-    for res in (cmp.baseline, cmp.speculative):
-        if res is None:
-            continue
-        print(f"{res.label:12s} median {res.median_tok_s:8.1f} tok/s  accept length median "
-              f"{_fmt(res.median_accept_length)} pooled {_fmt(res.pooled_accept_length)} "
-              f"server {_fmt(res.server_avg_accept_length)}  ({len(res.rows)} requests)")
-    if cmp.speedup is not None:
-        print(f"speedup      {cmp.speedup:.2f}x")
-    for name, path in cmp.log_paths.items():
-        print(f"log {name}: {path}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    for flag in ("steps", "topk", "max_new_tokens", "tp_size"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    if args.draft_tokens is not None and args.draft_tokens < 2:
-        parser.error(f"--draft-tokens must be at least 2 (one verified token plus a draft), got "
-                     f"{args.draft_tokens}")
-    python = args.python or _default_python()
-    try:
-        for what in ("target", "draft"):
-            ref = getattr(args, what)
-            if _looks_local(ref) and not (Path(ref).expanduser() / "config.json").is_file():
-                raise FileNotFoundError(f"--{what} {ref}: no config.json there (a local model directory or a "
-                                        f"hub id like org/name is expected)")
-        beside = Path(args.target).parent / "prompts.jsonl"
-        prompts = (read_prompts(args.prompts) if args.prompts else
-                   read_prompts(beside) if beside.is_file() else list(DEFAULT_PROMPTS))
-        notes = draft_wiring_notes(args.draft)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    kwargs = dict(
-        steps=args.steps, topk=args.topk, draft_tokens=args.draft_tokens, python=python, port=args.port,
-        max_new_tokens=args.max_new_tokens, baseline=not args.no_baseline, tp_size=args.tp_size,
-        mem_fraction=args.mem_fraction, startup_timeout=args.startup_timeout, log_dir=args.log_dir,
-    )
-    if args.dry_run:
-        cmp = live_bench(args.target, args.draft, prompts, dry_run=True, **kwargs)
-        if args.json:
-            print_json({"commands": {k: shlex.join(v) for k, v in cmp.commands.items()},
-                        "wiring_notes": notes},
-                       indent=2)
-        else:
-            for name, cmd in cmp.commands.items():
-                print(f"# {name}\n{shlex.join(cmd)}")
-            for n in notes:
-                print(f"# wiring: {n}")
-        return 0
-    ok, reason = sglang_available(python)
-    if not ok:
-        print(f"sglang-bench: cannot run live: {reason}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    cmp = live_bench(args.target, args.draft, prompts, **kwargs)
-    if args.json:
-        print_json(cmp.to_dict(), indent=2, default=str)  # a live server's NaN accept length stays out
-    else:
-        _print_report(cmp)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,17 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from ... import cli
-from ...errors import BadOption, InputError, fail, print_json, read_text_file
-from ...investigation.dumps import check_new_dir, staged_dir
-from ...investigation.pair import text_windows
+from ...errors import InputError
+from ...investigation.dumps import staged_dir
 from ...model.capture import run_and_capture
-from ...model.target import load_target
-from ...rules.conventions import read_draft_config, read_target_config
-from ...rules.wiring import resolve
+from ...rules.conventions import read_target_config
 from .bench import fixes_for
 from .engine import LaunchSpec, VllmEngine
-from .install import VllmInstall, find_vllm
+from .install import VllmInstall
 
 # A slot equals a boundary when their difference is within float noise of the state's own scale.
 MATCH_REL = 1e-3
@@ -136,61 +132,3 @@ def capture_vllm(install: VllmInstall, target_dir: Path, windows: torch.Tensor, 
     return out, matches
 
 
-def main(argv: list[str]) -> int:
-    """``capture --backend vllm``: the real engine's extraction with the draft's own ids, measured."""
-    ap = cli.parser("capture", "hidden states through vLLM's own extraction, measured against boundaries")
-    ap.add_argument("--backend", choices=("vllm",), required=True)
-    ap.add_argument("--target", type=Path, required=True, help="the target's Hugging Face folder")
-    ap.add_argument("--draft", type=Path, default=None,
-                    help="the draft whose ids vLLM reads (as this release reads them)")
-    ap.add_argument("--layer-ids", default=None, help="ids to extract instead of the draft's, e.g. 0,3,7")
-    ap.add_argument("--text", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--window", type=int, default=256)
-    ap.add_argument("--records", type=int, default=4)
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(cli.glue_option_values(argv, "--layer-ids"))
-    try:
-        if (a.draft is None) == (a.layer_ids is None):
-            raise BadOption("give --draft DIR (its ids, as vLLM reads them) or --layer-ids a,b,c "
-                            "(one of them)")
-        if a.window < 8 or a.records < 1:
-            raise BadOption(f"--window must be at least 8 and --records at least 1, got {a.window}, "
-                            f"{a.records}")
-        check_new_dir(a.out)
-        install = find_vllm()
-        tcfg = read_target_config(a.target)
-        text = read_text_file(a.text, "text file")
-        arch, layers = (tcfg.get("architectures") or [""])[0], tcfg["num_hidden_layers"]
-        if a.draft is not None:
-            plan = resolve(install.engine, arch, layers, draft=read_draft_config(a.draft))
-            ids, predicted = list(plan.layers_to_capture), list(plan.served_layout)
-        else:
-            ids = cli.parse_int_list(a.layer_ids, "--layer-ids")
-            plan = resolve(install.engine, arch, layers, ids=ids)
-            predicted = list(plan.served_layout)
-        target, tok = load_target(a.target)
-        limit = int(tcfg.get("max_position_embeddings") or a.window)
-        if a.window > limit:
-            raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
-        windows = text_windows(tok, text, a.window, a.records, min_windows=1)
-        out, matches = capture_vllm(install, a.target, windows, ids, a.out, target=target,
-                                    meta={"predicted_layout": predicted, "rules": str(install.engine),
-                                          "draft": str(a.draft) if a.draft else None})
-    except (InputError, FileNotFoundError, OSError, ValueError) as exc:
-        return fail(exc)
-    measured = [m.boundary for m in matches]
-    if a.json:
-        print_json({"dump": str(out), "layer_ids": sorted(set(ids)), "predicted_layout": predicted,
-                    "measured_boundaries": measured, "slot_matches": [asdict(m) for m in matches]},
-                   indent=2)
-    else:
-        print(f"wrote {out} ({windows.shape[0]} records of {windows.shape[1]} tokens, "
-              f"vLLM {install.version})")
-        for m in matches:
-            print(f"  slot {m.slot}: id {m.layer_id} -> boundary {m.boundary} "
-                  f"(max abs diff {m.max_abs_diff:.2e})")
-        agree = measured == sorted(predicted)
-        print(f"  predicted {tuple(predicted)} by {install.engine}'s rules; measured {tuple(measured)}: "
-              f"{'the prediction holds' if agree else 'THEY DIFFER'}")
-    return 0 if measured == sorted(predicted) else 1

@@ -1,0 +1,558 @@
+"""The pre-deployment gate behind ``python -m helpers check``: will this deployment feed the draft what
+it was trained on?
+
+A static gate for CI before a deploy. It loads no weights: it reads the draft's and the target's
+config files, the safetensors headers (tensor names and shapes), the training record if there is
+one, the trainer's rule if one is named, and the engine release's own source through ``wiring``.
+Each problem comes with its fix: ids to write and in which key, the patch to apply, or retraining.
+Exit 0: the engine serves the trained layout; 1: it does not (or that cannot be known statically);
+2: bad input.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
+from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_file
+from ..record import read_record
+from ..rules import matrix as releases
+from ..rules.conventions import (
+    IDS_KEY,
+    MLA_DRAFT_ARCH,
+    SGLANG_DRAFT_ARCH,
+    Engine,
+    IdsAt,
+    engine_fc_slots,
+    ids_in_config,
+    is_eagle_reference_config,
+    is_speculators_format,
+    parse_engine,
+    read_draft_config,
+    read_target_config,
+)
+from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
+from ..rules.sglang import source as ss
+from ..rules.sglang.classes import entry_class_index
+from ..rules.topology import check_sizes, topology
+from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
+from ..rules.wiring import resolve
+from .verdict import candidate_table, ways_out, writer_candidates
+
+ALGORITHMS = ("EAGLE3", "EAGLE")
+# ``Problem`` (boundaries) is the one shape of a finding: the resolvers' problems carry a ProblemKind and
+# a command as their fix (or None); check's own kinds ('layout-mismatch', 'fc-width', ...) are strings
+# with an instruction as the fix; the engine's blocking problems are reported as ENGINE_CANNOT_CAPTURE.
+ENGINE_CANNOT_CAPTURE = "engine-cannot-capture"
+
+
+@dataclass
+class CheckReport:
+    draft: str
+    target: str
+    engine: str
+    arch: str
+    num_layers: int
+    training_layout: tuple[int, ...] | None
+    training_source: str
+    served_layout: tuple[int, ...]
+    served_source: str
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    # every release of the engine, in runs that serve this draft alike ({first, last, served_layout, note})
+    served_across_releases: list[dict] = field(default_factory=list)
+    release_drift: str | None = None     # one line when another release serves it otherwise
+    releases_from: str = ""              # how the runs were found (committed data or resolved now)
+    # trainer conventions that write this config format, when the trainer is not recorded
+    candidates: list[dict] = field(default_factory=list)
+    topology: dict | None = None
+    # what the engine itself captured (``capture --backend vllm`` wrote it into the dump's capture.json)
+    measured_layout: tuple[int | None, ...] | None = None
+    measured_source: str = ""
+
+    @property
+    def agree(self) -> bool | None:
+        return (None if self.training_layout is None
+                else tuple(self.served_layout) == tuple(self.training_layout))
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.agree) and not any(p.blocking for p in self.problems)
+
+    @property
+    def verdict(self) -> str:
+        if self.ok:
+            return f"OK: {self.engine} serves the trained layout {self._label(self.served_layout)}"
+        if self.training_layout is None:
+            return "UNKNOWN: the training layout is not recorded; see the fixes below for how to settle it"
+        if not self.agree:
+            # two questions: whether they differ is settled here by rule; what it costs needs the weights
+            return (f"MISMATCH: {self.engine} serves {self._label(self.served_layout)} ≠ trained "
+                    f"{self._label(self.training_layout)}; the cost is not measured statically (`python -m "
+                    f"helpers diagnose` measures it in accepted tokens per verify step)")
+        return (f"BLOCKED: the layouts agree, but {len([p for p in self.problems if p.blocking])} "
+                f"problem(s) remain")
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def _label(self, layout) -> str:
+        return f"{tuple(layout)} {layout_label(layout, self.num_layers)}" if layout else "nothing"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(training_layout=list(self.training_layout) if self.training_layout else None,
+                 served_layout=list(self.served_layout), agree=self.agree, ok=self.ok, verdict=self.verdict,
+                 exit_code=self.exit_code, mismatch=None if self.agree is None else not self.agree,
+                 cost=None, significant=None)
+        return d
+
+
+# --------------------------------------------------------------------------------------
+# Reading without loading.
+
+
+def safetensors_shapes(folder: Path) -> dict[str, list[int]] | None:
+    """name -> shape from every safetensors header in ``folder`` (None when it ships none)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    shapes: dict[str, list[int]] = {}
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > 100 * 2**20:
+                    raise ValueError(f"header length {n}")
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, struct.error, RecursionError) as exc:
+            raise BadCheckpoint(f"{f} is not a readable safetensors file ({str(exc)[:120]})") from None
+        if not isinstance(header, dict):
+            raise BadCheckpoint(f"{f}: its header is a JSON {type(header).__name__}; expected a safetensors "
+                                f"header object")
+        for k, v in header.items():
+            shape = v.get("shape") if isinstance(v, dict) else None
+            if k != "__metadata__" and (not isinstance(shape, list) or not all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+                raise BadCheckpoint(f"{f}: header entry {k!r} has no shape (a list of sizes), got {shape!r}; "
+                                    f"not a readable safetensors file")
+            if k != "__metadata__":
+                shapes[k] = shape
+    return shapes
+
+
+def _fc_in(shapes: dict[str, list[int]]) -> tuple[str, int] | None:
+    for name, shape in shapes.items():
+        if name.split(".")[-2:] == ["fc", "weight"] and len(shape) == 2:
+            return name, shape[1]
+    return None
+
+
+def _record(draft_dir: Path) -> dict | None:
+    rec = read_record(draft_dir)      # the one reader and validation (helpers/record.py)
+    return rec.raw if rec else None
+
+
+# --------------------------------------------------------------------------------------
+# The check.
+
+
+def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
+          target_config: str | Path | None = None, trainer: str | None = None,
+          train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
+          root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
+          across_releases: bool = True, measured: str | Path | None = None) -> CheckReport:
+    """``across_releases``: also every release of the engine (committed data, or resolved now);
+    ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
+    started = time.perf_counter()
+    check_sizes(tp, pp)
+    if (target is None) == (target_config is None):
+        raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
+    if algorithm.upper() not in ALGORITHMS:
+        raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
+                        f"(the engine's speculative algorithm)")
+    engine = eng = parse_engine(engine)     # an entry point: parsed here, the Engine from here on
+    if trainer is not None:
+        parse_trainer(trainer)
+    draft_dir = Path(draft).expanduser()
+    cfg = read_draft_config(draft_dir)
+    if draft_dir.is_file():  # DIR/config.json: the folder's training.json and weights count all the same
+        draft_dir = draft_dir.parent
+    tcfg = read_target_config(target if target is not None else target_config)
+    arch = (tcfg.get("architectures") or [None])[0]
+    if not arch:
+        raise BadConfig(f"the target config {target or target_config} names no architectures")
+    n = tcfg["num_hidden_layers"]
+    shapes = safetensors_shapes(draft_dir) if draft_dir.is_dir() else None
+
+    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg,
+                     read_vllm_source=read_vllm_source)
+    ids, where = ids_in_config(cfg)
+    # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
+    # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
+    captures = not (eng.rules.reports_inner_capture and releases.status_of(served) == "no EAGLE-3 capture")
+    report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
+                         tuple(served.served_layout) if captures else (),
+                         f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
+                         f"{served.layers_to_capture}" + ("" if captures else
+                                                          ", but the release never turns capture on"))
+    _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
+    if across_releases:
+        _releases(report, eng, arch, n, cfg, tcfg)
+    if report.training_layout is None and trainer is None:
+        _candidates(report, cfg, eng, arch, n, served.errors)
+    problems = report.problems
+    for p in served.problems:
+        if p.blocking:
+            fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
+            problems.append(Problem(ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
+    _layout_fixes(report, served, engine, root)
+    _ids_key(report, cfg, ids, where, eng)
+    _fc_width(report, cfg, shapes, tcfg, engine, served)
+    _forward_flags(report, cfg, eng)
+    _sglang_draft_class(report, cfg, eng, root)
+    _vocab(report, cfg, shapes, tcfg)
+    if algorithm.upper() == "EAGLE":
+        problems.append(Problem(
+            "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
+            "for this EAGLE-3 draft, whose fc then sees the wrong input; "
+            "it serves at accept length 1.00 with no warning "
+            "(SGLang PR #21272, Kimi-K2.5)",
+            "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
+    _topology(report, eng, arch, n, tp, pp, root)
+    report.notes += [str(p) for p in served.problems
+                     if not p.blocking and p.kind != ProblemKind.STUB_PLACEHOLDERS]
+    if measured is not None:
+        _measured(report, Path(measured))
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tcfg: dict) -> None:
+    """Every release of the named engine, in runs: the same draft served otherwise after an upgrade
+    is the failure people meet most (SGLang PR #25454 changed DeepSeek's rule in 0.5.13)."""
+    drift = eng.rules.across_releases(eng, arch, n, cfg, tcfg)
+    if drift is None:
+        return
+    report.served_across_releases = drift.entries()
+    report.release_drift = drift.line(eng.version)
+    report.releases_from = f"{drift.how}; {drift.seconds:.2f} s"
+
+
+def _candidates(report: CheckReport, cfg: dict, eng: Engine, arch: str, n: int,
+                cannot_capture: Sequence[str] = ()) -> None:
+    """No record and no trainer: the config format's writers and what each reads its ids as
+    (``verdict.writer_candidates``)."""
+    report.candidates = writer_candidates(cfg, eng, arch, n, report.served_layout, cannot_capture)
+
+
+def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: int, root) -> None:
+    topo = topology(eng, arch, n, report.served_layout, tp, pp, root)
+    report.topology = topo.to_dict()
+    if topo.blocking:
+        what = ("the engine refuses EAGLE-3 with pipeline parallelism for this target"
+                if topo.carried is None else "their aux states never reach the draft")
+        report.problems.append(Problem(
+            "topology", f"--pp {pp} splits the layers {topo.stages}: boundaries {topo.off_last} are captured "
+            f"before the last stage, and {what} ({topo.evidence})", topo.fix))
+    elif pp > 1:
+        report.notes.append(f"--pp {pp}: {topo.evidence}")
+
+
+def _measured(report: CheckReport, dump: Path) -> None:
+    """The served layout as measured: each slot of an engine-written dump matched to a boundary of the
+    workbook's own capture. A measurement that disagrees with the rules is a blocking problem: the
+    prediction, not the engine, is then wrong for this deployment."""
+    cap = dump / "capture.json"
+    rec = read_json_file(cap, "capture record")
+    got = rec.get("measured_boundaries") if isinstance(rec, dict) else None
+    if not isinstance(got, list) or not all(b is None or isinstance(b, int) for b in got):
+        raise BadConfig(f"{cap} has no measured_boundaries list; expected a dump written by "
+                        f"`capture --backend vllm` (which measures its slots)")
+    report.measured_layout = tuple(got)
+    report.measured_source = f"{cap} ({rec.get('engine', 'an engine')}, ids {rec.get('layer_ids')})"
+    if list(got) == sorted(report.served_layout):
+        report.notes.append(f"measured: {rec.get('engine', 'the engine')} captured {tuple(got)}, the layout "
+                            f"predicted ({report.served_source})")
+    else:
+        report.problems.append(Problem(
+            "measured-differs", f"measured {tuple(got)} by {report.measured_source}, but the rules predict "
+            f"{tuple(report.served_layout)}", "trust the measurement: rerun check with --engine naming the "
+            "release that wrote the dump, and report the rule that predicted otherwise"))
+
+
+def _writer_example(cfg: dict) -> str:
+    """A trainer that writes this config's format, so the suggested command fits the draft at hand."""
+    try:
+        writers = writers_of(cfg)
+    except InputError:
+        writers = []
+    return writers[0] if writers else "NAME[==VERSION]"
+
+
+def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
+              tcfg: dict, arch: str) -> None:
+    n = report.num_layers
+    rec = _record(draft_dir) if draft_dir.is_dir() else None
+    recorded = rec.get("training_boundaries") if rec else None
+    if recorded is not None:
+        try:
+            report.training_layout = check_layout(recorded, n)
+        except (WiringError, TypeError, ValueError) as exc:
+            raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} "
+                            f"do not fit a {n}-layer target: {exc}") from None
+        report.training_source = "training.json (training_boundaries)"
+    if trainer is None:
+        if report.training_layout is None:
+            report.training_source = "unknown"
+            report.problems.append(Problem(
+                "training-unknown", "no training record (training.json) and no trainer named, "
+                "so the layout the fc learned is unknown",
+                f"name the trainer (--trainer {_writer_example(cfg)} [--train-ids ...]), "
+                f"or measure it: `python -m "
+                f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` "
+                f"on the trainer's hidden-state "
+                f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` "
+                f"where the target runs"))
+        return
+    res = _trainer_side(trainer, train_ids, cfg, n, arch)
+    report.notes += [f"trainer: {w}" for w in res.warnings]
+    for e in res.errors:
+        report.problems.append(Problem("trainer", e, "retrain the draft on boundaries"))
+    if res.training_layout is None:
+        return
+    k = _fc_slots(shapes, tcfg)
+    layout = res.training_layout
+    if k is not None and len(layout) == k + 1 and res.ids_source == IdsAt.EXPLICIT:
+        layout = layout[:k]   # the ids given were the captured list with the verifier's state last
+    said = (f"{res.trainer}{'==' + res.version if res.version else ''} "
+            f"rule on ids {res.ids} ({res.read_from})")
+    if report.training_layout is not None and tuple(layout) != tuple(report.training_layout):
+        report.problems.append(Problem(
+            "record-vs-trainer",
+            f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
+            "check which trainer release and ids produced the features, or measure with `diagnose`"))
+        return
+    if report.training_layout is None:
+        report.training_layout = tuple(layout)
+        report.training_source = said
+
+
+def _trainer_side(trainer: str, train_ids, cfg: dict, n: int, arch: str) -> TrainerResult:
+    """Explicit ids first; else the ids the trainer wrote into the draft config, if it writes any."""
+    name, _ = parse_trainer(trainer)
+    if train_ids is None:
+        ids, where = ids_in_config(cfg)
+        probe = trainer_layout(trainer, n, None, arch=arch, read_source=False)
+        if ids is not None and where == probe.writes_ids:
+            return trainer_layout(trainer, n, ids, arch=arch)
+    return trainer_layout(trainer, n, train_ids, arch=arch)
+
+
+def _fc_slots(shapes, tcfg: dict) -> int | None:
+    fc = _fc_in(shapes) if shapes else None
+    h = tcfg.get("hidden_size")
+    if fc is None or not isinstance(h, int) or fc[1] % h:
+        return None
+    return fc[1] // h
+
+
+def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, root) -> None:
+    if report.training_layout is None or report.agree:
+        return
+    trained = report.training_layout
+    ways = ways_out(trained, served.served_layout, engine, report.arch, report.num_layers, root=root)
+    report.problems.append(Problem(
+        "layout-mismatch", f"served {tuple(served.served_layout)} "
+        f"{layout_label(served.served_layout, report.num_layers)} != trained {trained} "
+        f"{layout_label(trained, report.num_layers)} ({report.training_source})", ways.listed))
+
+
+def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> None:
+    home = eng.rules.ids_home
+    if home is None:
+        return   # TensorRT-LLM reads its capture layers from the speculative config, never the draft's
+    if ids is None:
+        report.problems.append(Problem(
+            "ids-missing",
+            f"the draft config carries no {IDS_KEY}: {eng.name} serves its default boundaries (vLLM "
+            f"PR #50170: about 1% acceptance when those are not the trained ones)",
+            f"write the trained ids into {'eagle_config' if home == IdsAt.EAGLE_CONFIG else 'the top level'}",
+            blocking=False))
+    elif (misplaced := eng.rules.misplaced_ids(cfg, ids, where, eng, report.arch)) is not None:
+        report.problems.append(Problem("ids-key", *misplaced, blocking=False))
+
+
+def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: Engine,
+              served: WiringResult) -> None:
+    if shapes is None:
+        report.notes.append("no safetensors in the draft folder: fc width not checked (a .bin cannot be read "
+                            "without loading it)")
+        # the engine sizes fc from the config and feeds what it captures: the two can disagree on their own
+        built, rule = engine_fc_slots(cfg, engine)
+        fed = len(served.served_layout)
+        if built is not None and fed and fed != built and not served.errors:
+            report.problems.append(Problem(
+                "fc-width", f"{report.engine} builds fc for {built} states ({rule}) but feeds it {fed} "
+                f"({tuple(served.served_layout)}): the first draft forward fails on the shape",
+                f"give the engine {built} ids where it reads them (vLLM: top level; SGLang: eagle_config)"))
+        return
+    fc = _fc_in(shapes)
+    h = tcfg.get("hidden_size")
+    if fc is None or not isinstance(h, int):
+        report.notes.append("fc width not checked (no fc.weight in the headers, "
+                            "or no hidden_size in the target)")
+        return
+    name, width = fc
+    if width % h:
+        report.problems.append(Problem(
+            "fc-width",
+            f"{name} takes {width} inputs, not a multiple of the target's hidden_size {h}: this draft "
+            f"was trained for another target", "retrain (or pair it with the target it was trained for)"))
+        return
+    k = width // h
+    built, rule = engine_fc_slots(cfg, engine)
+    if built is None:
+        report.notes.append(f"fc is {k} states wide; {rule}")
+    elif built != k:
+        report.problems.append(Problem(
+            "fc-width",
+            f"{report.engine} builds fc for {built} states ({rule}) but {name} is {width} = {k} x {h} "
+            f"wide: loading the weights fails", f"set num_aux_hidden_states = {k} in the draft config"))
+    if served.served_layout and len(served.served_layout) != k and not served.errors:
+        report.problems.append(Problem(
+            "fc-width", f"{report.engine} feeds {len(served.served_layout)} states, fc takes {k}",
+            f"give {k} ids"))
+
+
+def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
+    rules = engine.rules
+    if rules.reads_speculators_format is False and is_speculators_format(cfg):
+        archs = ", ".join(cfg.get("architectures") or ["no architectures"])
+        report.problems.append(Problem(
+            "speculators-format", f"speculators-format draft ({archs}): "
+            "SGLang registers no such architecture in the releases read so far; "
+            "its llama_eagle3 would skip layers.0.* weights silently",
+            "convert it: architectures LlamaForCausalLMEagle3, "
+            "the ids under eagle_config (SGLang's numbering), "
+            "weights layers.0.* renamed midlayer.* (helpers.model.draft.save_draft(..., fmt='sglang') writes "
+            "that layout from a loaded draft)"))
+    if is_eagle_reference_config(cfg):
+        archs = ", ".join(cfg.get("architectures") or [])
+        head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"
+        if rules.builds_reference_head is False:
+            report.problems.append(Problem(
+                "draft-class",
+                f"{head}: SGLang builds the draft from architectures[0] as written (configs/model_config.py "
+                f"renames only MTP classes), i.e. a plain {archs} whose load_weights skips the names it has "
+                f"no parameter for: fc.* and midlayer.* never load and the aux states are never read",
+                "set architectures to [\"LlamaForCausalLMEagle3\"] in the draft's config.json (the weights "
+                "already carry SGLang's fc.* / midlayer.* names)"))
+        elif rules.builds_reference_head:
+            report.notes.append(f"{head}: vLLM's EAGLEConfig renames it Eagle3{archs.split(',')[0]}, "
+                                f"which its registry must hold (conventions.VLLM_DRAFT_CLASS_FIRST)")
+        else:
+            report.notes.append(f"{head}: whether {engine.name} loads this class as an EAGLE-3 head is not "
+                                f"recorded here")
+    if sets_norm_before_residual(cfg) and honours_norm_before_residual(engine) is False:
+        report.problems.append(Problem(
+            "norm-before-residual",
+            f"the draft was trained with norm_before_residual=true; {report.engine}'s "
+            f"llama_eagle3 ignores the flag and runs another forward",
+            "serve with vLLM, or retrain without it"))
+    for kind, message, fix in ignored_flag_problems(cfg, engine):  # MLA class, EAGLE 3.1 flags (conventions)
+        report.problems.append(Problem(kind, message, fix))
+
+
+def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> None:
+    """SGLang builds the draft from architectures[0] and refuses a name no model file registers
+    (vLLM's Eagle3LlamaForCausalLM, say), read from the release's own EntryClass lists."""
+    if not eng.rules.runs_release_source or any(p.kind in ("draft-class", "speculators-format")
+                                                 for p in report.problems):
+        return
+    arch = str((cfg.get("architectures") or [""])[0])
+    try:
+        source = ss.get_source(eng.version, root=root) if root is not None or eng.version else None
+    except (ss.SglangSourceError, OSError, ValueError):
+        source = None
+    if source is None or not arch:
+        return
+    registered = entry_class_index(source)
+    if arch in registered:
+        return
+    drafts = sorted(a for a in registered if "eagle3" in a.lower())
+    want = MLA_DRAFT_ARCH if cfg.get("kv_lora_rank") else SGLANG_DRAFT_ARCH   # MLA drafts carry the latent
+    report.problems.append(Problem(
+        "draft-class", f"{report.engine} registers no model class named {arch} (its EAGLE-3 draft classes: "
+        f"{', '.join(drafts) or 'none'}): models/registry.py falls back to the Transformers backend, which "
+        f"has no EAGLE-3 head, or refuses the name",
+        f"write architectures as [\"{want}\"] in the draft's config.json (the weights need no change "
+        f"when they use SGLang's fc.* / midlayer.* names)"))
+
+
+def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
+    layer = (cfg.get("transformer_layer_config")
+             if isinstance(cfg.get("transformer_layer_config"), dict) else {})
+    draft_vocab = cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")
+    vocab = tcfg.get("vocab_size")
+    if (not (isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab)
+            or shapes is None):
+        return
+    if "d2t" not in shapes:
+        report.problems.append(Problem(
+            "vocab",
+            f"reduced draft vocabulary ({draft_vocab} of {vocab}) but no d2t tensor: the engine cannot map "
+            f"draft tokens to target tokens, so nearly every draft token is rejected",
+            "add d2t (target_id - draft_id for each draft token) from the trainer's vocabulary mapping"))
+
+
+# --------------------------------------------------------------------------------------
+# CLI.
+
+
+def format_report(r: CheckReport) -> str:
+    lines = [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
+             f"  trained on : {r._label(r.training_layout)}   [{r.training_source}]",
+             f"  served     : {r._label(r.served_layout)}   [{r.served_source}]"]
+    if r.measured_layout is not None:
+        lines.append(f"  measured   : {tuple(r.measured_layout)}   [{r.measured_source}]")
+    lines.append(f"  verdict    : {r.verdict}")
+    for i, p in enumerate(r.problems, 1):
+        lines.append(f"  {i}. [{p.kind}{'' if p.blocking else ', advisory'}] {p.message}")
+        lines.append(f"     fix: {p.fix}")
+    lines += format_candidates(r)
+    lines += format_releases(r)
+    lines += [f"  note: {n}" for n in r.notes]
+    lines.append(f"  ({r.seconds:.2f} s, no weights loaded)")
+    return "\n".join(lines)
+
+
+def format_candidates(r: CheckReport) -> list[str]:
+    if not r.candidates:
+        return []
+    lines = candidate_table(r.candidates, r.engine, r.num_layers)
+    lines.append(f"    settle it: name the trainer (--trainer NAME[==VERSION]), or measure the layout from "
+                 f"the trainer's dump: `python -m helpers diagnose --draft {r.draft} --data DUMP "
+                 f"--target TARGET`")
+    return lines
+
+
+def format_releases(r: CheckReport) -> list[str]:
+    if not r.served_across_releases:
+        return []
+    lines = [f"  across releases ({r.releases_from}):"]
+    for e in r.served_across_releases:
+        span = e["first"] if e["first"] == e["last"] else f"{e['first']} .. {e['last']}"
+        served = r._label(e["served_layout"]) if e["served_layout"] else "nothing"
+        lines.append(f"    {span:<26} {served:<34} {e['note'][:90]}")
+    if r.release_drift:
+        lines.append(f"  release drift: {r.release_drift}")
+    return lines
+
+
