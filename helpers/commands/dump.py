@@ -47,9 +47,8 @@ def run_dump_diagnosis(a) -> int:
                             f"needs at least --steps + 3 = {a.steps + 3} tokens")
         stated = parse_slot_boundaries(a.slot_boundaries)
         dump = open_dump(a.data)                           # before any weights load: a bad dump fails fast
-        draft, heads, target, tcfg, notes, dcfg = load_for_dump(a.draft, a.target, a.run_target, a.device)
-        arch = ((tcfg or {}).get("architectures") or [None])[0]
-        L = (tcfg or {}).get("num_hidden_layers")
+        draft, heads, target, tspec, notes, dcfg = load_for_dump(a.draft, a.target, a.run_target, a.device)
+        arch, L = (tspec.arch, tspec.num_layers) if tspec is not None else (None, None)
         if stated is not None and L is not None:
             for b in stated:
                 if b is not None and not 0 <= b <= L:

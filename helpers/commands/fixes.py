@@ -19,7 +19,7 @@ from typing import Sequence
 from ..cli import engine_value, glue_option_values, parse_int_list, parser
 from ..errors import BadOption, read_json_file, say
 from ..record import read_record, write_record
-from ..rules.conventions import IdsAt
+from ..rules.conventions import IdsAt, read_target
 
 
 def _args(argv):
@@ -57,15 +57,11 @@ def _args(argv):
 
 def _target_shape(a) -> tuple[int, str | None]:
     """(layer count, architecture) for a trainer's rule: from --num-layers/--arch, else --target's config."""
-    cfg = {}
-    if a.target is not None:
-        cfg = read_json_file(Path(a.target) / "config.json", "target config")
-        cfg = cfg if isinstance(cfg, dict) else {}
-    n = a.num_layers or cfg.get("num_hidden_layers")
+    target = read_target(a.target) if a.target is not None else None
+    n = a.num_layers or (target.num_layers if target else None)
     if not isinstance(n, int):
         raise BadOption("--trainer needs the target's layer count: give --num-layers N or --target DIR")
-    arch = a.arch or next(iter(cfg.get("architectures") or []), None)
-    return n, arch
+    return n, a.arch or (target.arch if target else None)
 
 
 def _fractions(text: str, option: str) -> list[float]:

@@ -14,7 +14,7 @@ from typing import Sequence
 from .. import cli
 from ..boundaries import WiringError, WiringResult
 from ..errors import BadOption, InputError, fail, print_json
-from ..rules.conventions import IdsAt, read_target_config
+from ..rules.conventions import IdsAt, TargetSpec, read_target
 from ..rules.matrix import format_runs, matrix, runs, write_doc
 from ..rules.sglang import source as ss
 from ..rules.trainers import TRAINERS, trainer_layout
@@ -50,19 +50,18 @@ def _parser():
     return p
 
 
-def _target_arch_and_layers(args, target_cfg: dict | None) -> tuple[str, int]:
+def _target_arch_and_layers(args, target: TargetSpec | None) -> tuple[str, int]:
     """--arch/--layers, or the target's config.json; when both are given they must agree,
     since a report about a different depth or class than the target's is silently wrong."""
-    cfg_arch = ((target_cfg or {}).get("architectures") or [None])[0]
-    cfg_layers = (target_cfg or {}).get("num_hidden_layers")
-    if target_cfg is not None:
+    cfg_arch, cfg_layers = (target.arch, target.num_layers) if target is not None else (None, None)
+    if target is not None:
         where = Path(args.target) if Path(args.target).is_file() else Path(args.target) / "config.json"
         if args.layers is not None and cfg_layers is not None and args.layers != cfg_layers:
             raise WiringError(f"--layers {args.layers} contradicts {where}, which has num_hidden_layers = "
                               f"{cfg_layers}; drop --layers or pass the matching value")
         if args.arch is not None and cfg_arch is not None and args.arch != cfg_arch:
             raise WiringError(f"--arch {args.arch} contradicts {where}, whose architectures are "
-                              f"{target_cfg.get('architectures')}; drop --arch or pass the matching name")
+                              f"{list(target.architectures)}; drop --arch or pass the matching name")
     arch = args.arch or cfg_arch
     layers = args.layers if args.layers is not None else cfg_layers
     if not arch or layers is None:
@@ -102,17 +101,17 @@ def _other_modes(args) -> int | None:
         if args.train_ids is not None:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
         return None
-    target_cfg = read_target_config(args.target) if args.target is not None else None
+    target = read_target(args.target) if args.target is not None else None     # read once
     if args.trainer:
-        layers = args.layers if args.layers is not None else (target_cfg or {}).get("num_hidden_layers")
+        layers = args.layers if args.layers is not None else (target.num_layers if target else None)
         if layers is None:
             raise BadOption("--trainer needs --layers N (or --target DIR)")
-        arch = args.arch or ((target_cfg or {}).get("architectures") or [None])[0]
+        arch = args.arch or (target.arch if target else None)
         ids = cli.parse_int_list(args.train_ids, "--train-ids") if args.train_ids is not None else None
         res = trainer_layout(args.trainer, layers, ids, arch=arch)
         cli.emit(res, args.json, format_trainer)
         return 1 if res.errors else 0
-    arch, layers = _target_arch_and_layers(args, target_cfg)
+    arch, layers = _target_arch_and_layers(args, target)
     ids = cli.parse_int_list(args.ids, "--ids") if args.ids is not None else None
     versions = _versions(args)
     found = runs(matrix(arch, layers, ids, draft=args.draft, versions=versions, progress=not args.json))
@@ -167,13 +166,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         other = _other_modes(args)
         if other is not None:
             return other
-        target_cfg = read_target_config(args.target) if args.target is not None else None
-        arch, layers = _target_arch_and_layers(args, target_cfg)
+        target = read_target(args.target) if args.target is not None else None
+        arch, layers = _target_arch_and_layers(args, target)
         ids = (cli.parse_int_list(args.ids, "--ids",
                                   empty_hint=", or omit --ids to use the engine's default ids")
                if args.ids is not None else None)
         result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
-                         target_config=target_cfg, read_vllm_source=args.read_source)
+                         target_config=target.config if target else None, read_vllm_source=args.read_source)
     except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
         return int(exc.code or 0)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:

@@ -31,8 +31,8 @@ from ..errors import BadCheckpoint, BadOption, BadText
 from ..model.capture import decoder_parts, run_and_capture
 from ..model.draft import NoEmbeddingError, load_draft, run_as
 from ..model.target import load_target
-from ..model.target_heads import load_target_heads
-from ..rules.conventions import read_draft_config, read_target_config
+from ..model.target_heads import HEAD_KEYS, load_target_heads
+from ..rules.conventions import read_draft_config, read_target
 from ..rules.wiring import served_plan
 from .dumps import Dump, check_token_ids
 from .evaluate import RANKED_BY, PairedTest, accepted_run, accuracy_table, paired_test, token_blocks
@@ -623,18 +623,18 @@ def _weights_bytes(path: Path) -> int:
 
 
 def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str = "cpu"):
-    """(draft, target heads or None, runnable target or None, target config or None, notes, draft config).
+    """(draft, target heads or None, runnable target or None, TargetSpec or None, notes, draft config).
 
     The target is run only when asked or when its weights are small (``auto``: under 4 GB): a large
     target contributes its config and three tensors, nothing more."""
     notes = []
-    heads = target = tcfg = None
+    heads = target = tspec = None
     if target_dir is not None:
         target_dir = Path(target_dir)
-        tcfg = read_target_config(target_dir)
         has_weights = any(target_dir.glob("*.safetensors"))
+        tspec = read_target(target_dir, HEAD_KEYS if has_weights else ())   # read once, handed down
         if has_weights:
-            heads = load_target_heads(target_dir)
+            heads = load_target_heads(target_dir, tspec)
             notes += heads.notes
         else:
             notes.append(f"{target_dir} has no safetensors weights: its config names the layers and "
@@ -657,4 +657,4 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
         raise
     if heads is not None and torch.equal(draft.embed_tokens.weight, heads.embed.weight):
         heads.embed = draft.embed_tokens     # borrowed: one copy of a large vocabulary's embedding, not two
-    return draft, heads, target, tcfg, notes, read_draft_config(draft_dir)
+    return draft, heads, target, tspec, notes, read_draft_config(draft_dir)

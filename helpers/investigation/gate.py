@@ -27,13 +27,15 @@ from ..rules.conventions import (
     SGLANG_DRAFT_ARCH,
     Engine,
     IdsAt,
+    TargetSpec,
+    architectures,
     engine_fc_slots,
     ids_in_config,
     is_eagle_reference_config,
     is_speculators_format,
     parse_engine,
     read_draft_config,
-    read_target_config,
+    read_target,
 )
 from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
 from ..rules.sglang import source as ss
@@ -184,14 +186,13 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     cfg = read_draft_config(draft_dir)
     if draft_dir.is_file():  # DIR/config.json: the folder's training.json and weights count all the same
         draft_dir = draft_dir.parent
-    tcfg = read_target_config(target if target is not None else target_config)
-    arch = (tcfg.get("architectures") or [None])[0]
-    if not arch:
+    spec = read_target(target if target is not None else target_config)   # the target, read once
+    if spec.arch is None:
         raise BadConfig(f"the target config {target or target_config} names no architectures")
-    n = tcfg["num_hidden_layers"]
+    arch, n = spec.arch, spec.num_layers
     shapes = safetensors_shapes(draft_dir) if draft_dir.is_dir() else None
 
-    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=tcfg,
+    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=spec.config,
                      read_vllm_source=read_vllm_source)
     ids, where = ids_in_config(cfg)
     # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
@@ -202,9 +203,9 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
                          f"{served.layers_to_capture}" + ("" if captures else
                                                           ", but the release never turns capture on"))
-    _training(report, draft_dir, cfg, trainer, train_ids, shapes, tcfg, arch)
+    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec)
     if across_releases:
-        _releases(report, eng, arch, n, cfg, tcfg)
+        _releases(report, eng, spec, cfg)
     if report.training_layout is None and trainer is None:
         _candidates(report, cfg, eng, arch, n, served.errors)
     problems = report.problems
@@ -214,10 +215,10 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
             problems.append(Problem(ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
     _layout_fixes(report, served, engine, root)
     _ids_key(report, cfg, ids, where, eng)
-    _fc_width(report, cfg, shapes, tcfg, engine, served)
+    _fc_width(report, cfg, shapes, spec, engine, served)
     _forward_flags(report, cfg, eng)
     _sglang_draft_class(report, cfg, eng, root)
-    _vocab(report, cfg, shapes, tcfg)
+    _vocab(report, cfg, shapes, spec)
     if algorithm.upper() == "EAGLE":
         problems.append(Problem(
             "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
@@ -234,10 +235,10 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     return report
 
 
-def _releases(report: CheckReport, eng: Engine, arch: str, n: int, cfg: dict, tcfg: dict) -> None:
+def _releases(report: CheckReport, eng: Engine, spec: TargetSpec, cfg: dict) -> None:
     """Every release of the named engine, in runs: the same draft served otherwise after an upgrade
     is the failure people meet most (SGLang PR #25454 changed DeepSeek's rule in 0.5.13)."""
-    drift = eng.rules.across_releases(eng, arch, n, cfg, tcfg)
+    drift = eng.rules.across_releases(eng, spec.arch, spec.num_layers, cfg, spec.config)
     if drift is None:
         return
     report.served_across_releases = drift.entries()
@@ -297,7 +298,7 @@ def _writer_example(cfg: dict) -> str:
 
 
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
-              tcfg: dict, arch: str) -> None:
+              spec: TargetSpec) -> None:
     n = report.num_layers
     rec = _record(draft_dir) if draft_dir.is_dir() else None
     recorded = rec.get("training_boundaries") if rec else None
@@ -321,13 +322,13 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
                 f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` "
                 f"where the target runs"))
         return
-    res = _trainer_side(trainer, train_ids, cfg, n, arch)
+    res = _trainer_side(trainer, train_ids, cfg, n, spec.arch)
     report.notes += [f"trainer: {w}" for w in res.warnings]
     for e in res.errors:
         report.problems.append(Problem("trainer", e, "retrain the draft on boundaries"))
     if res.training_layout is None:
         return
-    k = _fc_slots(shapes, tcfg)
+    k = _fc_slots(shapes, spec)
     layout = res.training_layout
     if k is not None and len(layout) == k + 1 and res.ids_source == IdsAt.EXPLICIT:
         layout = layout[:k]   # the ids given were the captured list with the verifier's state last
@@ -355,10 +356,10 @@ def _trainer_side(trainer: str, train_ids, cfg: dict, n: int, arch: str) -> Trai
     return trainer_layout(trainer, n, train_ids, arch=arch)
 
 
-def _fc_slots(shapes, tcfg: dict) -> int | None:
+def _fc_slots(shapes, spec: TargetSpec) -> int | None:
     fc = _fc_in(shapes) if shapes else None
-    h = tcfg.get("hidden_size")
-    if fc is None or not isinstance(h, int) or fc[1] % h:
+    h = spec.hidden_size
+    if fc is None or h is None or fc[1] % h:
         return None
     return fc[1] // h
 
@@ -389,7 +390,7 @@ def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> 
         report.problems.append(Problem("ids-key", *misplaced, blocking=False))
 
 
-def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: Engine,
+def _fc_width(report: CheckReport, cfg: dict, shapes, spec: TargetSpec, engine: Engine,
               served: WiringResult) -> None:
     if shapes is None:
         report.notes.append("no safetensors in the draft folder: fc width not checked (a .bin cannot be read "
@@ -404,8 +405,8 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: Engine
                 f"give the engine {built} ids where it reads them (vLLM: top level; SGLang: eagle_config)"))
         return
     fc = _fc_in(shapes)
-    h = tcfg.get("hidden_size")
-    if fc is None or not isinstance(h, int):
+    h = spec.hidden_size
+    if fc is None or h is None:
         report.notes.append("fc width not checked (no fc.weight in the headers, "
                             "or no hidden_size in the target)")
         return
@@ -434,7 +435,7 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, tcfg: dict, engine: Engine
 def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
     rules = engine.rules
     if rules.reads_speculators_format is False and is_speculators_format(cfg):
-        archs = ", ".join(cfg.get("architectures") or ["no architectures"])
+        archs = ", ".join(architectures(cfg) or ("no architectures",))
         report.problems.append(Problem(
             "speculators-format", f"speculators-format draft ({archs}): "
             "SGLang registers no such architecture in the releases read so far; "
@@ -444,7 +445,7 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
             "weights layers.0.* renamed midlayer.* (helpers.model.draft.save_draft(..., fmt='sglang') writes "
             "that layout from a loaded draft)"))
     if is_eagle_reference_config(cfg):
-        archs = ", ".join(cfg.get("architectures") or [])
+        archs = ", ".join(architectures(cfg))
         head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"
         if rules.builds_reference_head is False:
             report.problems.append(Problem(
@@ -476,7 +477,7 @@ def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> No
     if not eng.rules.runs_release_source or any(p.kind in ("draft-class", "speculators-format")
                                                  for p in report.problems):
         return
-    arch = str((cfg.get("architectures") or [""])[0])
+    arch = next(iter(architectures(cfg)), "")
     try:
         source = ss.get_source(eng.version, root=root) if root is not None or eng.version else None
     except (ss.SglangSourceError, OSError, ValueError):
@@ -496,11 +497,11 @@ def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> No
         f"when they use SGLang's fc.* / midlayer.* names)"))
 
 
-def _vocab(report: CheckReport, cfg: dict, shapes, tcfg: dict) -> None:
+def _vocab(report: CheckReport, cfg: dict, shapes, spec: TargetSpec) -> None:
     layer = (cfg.get("transformer_layer_config")
              if isinstance(cfg.get("transformer_layer_config"), dict) else {})
     draft_vocab = cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")
-    vocab = tcfg.get("vocab_size")
+    vocab = spec.vocab_size
     if (not (isinstance(draft_vocab, int) and isinstance(vocab, int) and draft_vocab < vocab)
             or shapes is None):
         return

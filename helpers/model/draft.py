@@ -41,6 +41,7 @@ from ..rules.conventions import (
     SGLANG_DRAFT_ARCH,
     SPECULATORS_ARCH,
     IdsAt,
+    architectures,
     ids_in_config,
     is_eagle_reference_config,
     parse_engine,
@@ -555,12 +556,12 @@ def _need(d: dict, key: str, where: str = "config"):
 
 
 def draft_format(cfg_json: dict) -> str:
-    arch = (cfg_json.get("architectures") or [""])[0]
+    arch = next(iter(architectures(cfg_json)), "")
     if arch == SPECULATORS_ARCH or cfg_json.get("speculators_model_type") == "eagle3":
         return "speculators"
     if "eagle3" in arch.lower() or "eagle_config" in cfg_json or is_eagle_reference_config(cfg_json):
         return "sglang"                      # the EAGLE reference head has SGLang's weight names
-    raise DraftFormatError(f"config architectures {cfg_json.get('architectures')} is not an EAGLE-3 draft "
+    raise DraftFormatError(f"config architectures {list(architectures(cfg_json))} is not an EAGLE-3 draft "
                            f"(expected {SGLANG_ARCH}, {MLA_DRAFT_ARCH} or {SPECULATORS_ARCH})")
 
 
@@ -601,7 +602,7 @@ def _mla_fields(layer: dict) -> dict:
 def config_from_json(cfg_json: dict) -> DraftConfig:
     fmt = draft_format(cfg_json)
     layer = _layer_cfg_from(cfg_json)
-    arch = SPECULATORS_ARCH if fmt == "speculators" else (cfg_json.get("architectures") or [SGLANG_ARCH])[0]
+    arch = SPECULATORS_ARCH if fmt == "speculators" else next(iter(architectures(cfg_json)), SGLANG_ARCH)
     flags = draft_flags(cfg_json)
     for name in FORWARD_FLAGS:
         _flag(cfg_json, layer, name)                  # a non-boolean value is refused, not read as set

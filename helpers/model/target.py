@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file
+from ..rules.conventions import architectures
 
 
 def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024):
@@ -61,7 +62,7 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
         raise BadConfig(f"{path / 'config.json'} holds a JSON {type(cfg).__name__}; expected an object (a "
                         f"model config)")
     check_architectures(cfg, path / "config.json")
-    archs = cfg.get("architectures") or []
+    archs = architectures(cfg)
     if (cfg.get("speculators_model_type")
             or any("eagle" in str(a).lower() or "speculator" in str(a).lower() for a in archs)):
         raise BadCheckpoint(f"{path} holds an EAGLE-3 draft "

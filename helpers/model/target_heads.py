@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..errors import BadCheckpoint, read_json_file
-from ..rules.conventions import TEXT_KEYS, read_target_config
+from ..rules.conventions import TEXT_KEYS, TargetSpec, read_target
 
 HEAD_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size")
 
@@ -111,9 +111,11 @@ class TargetHeads:
         return torch.cat([x @ head[i:i + chunk].float().T for i in range(0, head.shape[0], chunk)], -1)
 
 
-def load_target_heads(path) -> TargetHeads:
+def load_target_heads(path, spec: TargetSpec | None = None) -> TargetHeads:
+    """The embedding, final norm and head of a target, and nothing else. ``spec``: its config already read
+    (with ``HEAD_KEYS``), so a caller that read it once does not read it again."""
     path = Path(path)
-    cfg = read_target_config(path, HEAD_KEYS)
+    cfg = (spec if spec is not None else read_target(path, HEAD_KEYS)).config
     wm = _weight_map(path)
     keys = list(wm)
     emb_key = _pick(keys, "embed_tokens.weight") or _pick(keys, "wte.weight")

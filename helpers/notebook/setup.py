@@ -76,9 +76,9 @@ def _heads_only(target, draft, device: str, reports: Path) -> NotebookSetup:
     target_dir = Path(target) if target else DEFAULT_DIR / "target"
     draft_dir = Path(draft) if draft else DEFAULT_DIR / "draft"
     print("loading the draft and the target's embedding, final norm and head (not the target's layers)...")
-    loaded, heads, small_target, tcfg, notes, draft_config = load_for_dump(draft_dir, target_dir, "auto",
+    loaded, heads, small_target, tspec, notes, draft_config = load_for_dump(draft_dir, target_dir, "auto",
                                                                            device)
     return NotebookSetup(reports, target_dir, draft_dir, loaded, draft_config,
-                         arch=(tcfg.get("architectures") or ["?"])[0], num_layers=tcfg["num_hidden_layers"],
-                         hidden_size=tcfg["hidden_size"], record=read_training_record(draft_dir), heads=heads,
+                         arch=tspec.arch or "?", num_layers=tspec.num_layers,
+                         hidden_size=tspec.hidden_size, record=read_training_record(draft_dir), heads=heads,
                          small_target=small_target, notes=list(notes))

@@ -178,7 +178,7 @@ def read_draft_config(draft: str | Path | dict) -> dict:
                                f" "
                                f"expected an object like {{\"{IDS_KEY}\": [2, 6, 9]}} (SGLang reads its keys "
                                f"and would fail to load this draft)")
-    archs = [str(a) for a in cfg.get("architectures") or []]
+    archs = list(architectures(cfg))
     if archs and not is_draft_config(cfg) and "eagle_config" not in cfg:
         layers = cfg.get("num_hidden_layers")
         head = (isinstance(layers, int) and layers <= 2) or any(k in a for a in archs for k in OTHER_DRAFTERS)
@@ -195,7 +195,7 @@ def is_eagle_reference_config(cfg: dict) -> bool:
     a plain ``LlamaForCausalLM`` config with a ``draft_vocab_size`` (no model's own config has one) and
     no eagle_config; its ``num_hidden_layers`` is 1 as written, but tools copy the target's there.
     Only vLLM turns that class into its EAGLE-3 head (docs/conventions.md, "Draft formats")."""
-    archs = [str(a) for a in cfg.get("architectures") or []]
+    archs = list(architectures(cfg))
     return (bool(archs) and "eagle_config" not in cfg and not cfg.get("speculators_model_type")
             and not _names_a_draft(archs)
             and all(a.endswith("ForCausalLM") and not any(k in a for k in OTHER_DRAFTERS) for a in archs)
@@ -207,12 +207,60 @@ OTHER_DRAFTERS = ("Draft", "MTP", "Medusa", "DFlash", "NextN")
 
 
 def is_draft_config(cfg: dict) -> bool:
-    archs = [str(a) for a in cfg.get("architectures") or []]
+    archs = list(architectures(cfg))
     return bool(cfg.get("speculators_model_type")) or is_eagle_reference_config(cfg) or _names_a_draft(archs)
 
 
 def _names_a_draft(archs: Sequence[str]) -> bool:
     return any("eagle" in a.lower() or "speculator" in a.lower() for a in archs)
+
+
+def architectures(cfg: dict) -> tuple[str, ...]:
+    """The class names a config declares: the one read of ``architectures`` (``check_architectures``
+    already refused anything but a list of names when the file was read). Empty when it names none."""
+    return tuple(str(a) for a in cfg.get("architectures") or ())
+
+
+# The keys of a multi-head latent attention target (DeepSeek-V2/V3, Kimi-K2.x).
+MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target's config.json, read once at the edge into what every reader below it asks for.
+
+    ``arch`` is the first declared class, or None when the config names none: the one fallback, so a
+    reader that needs a class says so instead of inventing "" or "?". ``config`` keeps the whole file
+    (text_config numbers lifted to the top) for the rules that read a key of their own (SGLang's setter
+    runs on it, vLLM's fixes read the MLA keys)."""
+
+    where: Path
+    config: dict
+    arch: str | None
+    num_layers: int
+    hidden_size: int | None
+    vocab_size: int | None
+    mla: bool
+
+    @classmethod
+    def of(cls, cfg: dict, where: str | Path) -> "TargetSpec":
+        """From a config already read by ``read_target_config`` (its checks done)."""
+        def number(key):
+            v = cfg.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+        return cls(Path(where), cfg, next(iter(architectures(cfg)), None), cfg["num_hidden_layers"],
+                   number("hidden_size"), number("vocab_size"), all(cfg.get(k) is not None for k in MLA_KEYS))
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        return architectures(self.config)
+
+
+def read_target(path: str | Path, require: Sequence[str] = ("num_hidden_layers",)) -> TargetSpec:
+    """A target folder (or its config.json) -> its ``TargetSpec``; every bad file is a one-line
+    ``TargetConfigError`` (``read_target_config``)."""
+    need = tuple(dict.fromkeys(("num_hidden_layers", *require)))
+    return TargetSpec.of(read_target_config(path, need), path)
 
 
 def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_layers",)) -> dict:
@@ -234,7 +282,7 @@ def read_target_config(path: str | Path, require: Sequence[str] = ("num_hidden_l
     except BadConfig as exc:
         raise TargetConfigError(str(exc)) from None
     if is_draft_config(cfg):
-        what = ", ".join(str(a) for a in cfg.get("architectures") or []) or cfg.get("speculators_model_type")
+        what = ", ".join(architectures(cfg)) or cfg.get("speculators_model_type")
         raise TargetConfigError(f"target {path} is an EAGLE-3 draft ({what}), not a target model: "
                                 f"are --target and --draft swapped?")
     text = cfg.get("text_config") or cfg.get("language_config") or {}
@@ -374,7 +422,7 @@ def fc_slots_from_config(cfg: dict) -> tuple[int, str]:
 
 
 def is_speculators_format(cfg: dict) -> bool:
-    archs = [str(a) for a in cfg.get("architectures") or []]
+    archs = list(architectures(cfg))
     return bool(cfg.get("speculators_model_type")) or any("Speculator" in a for a in archs)
 
 

@@ -9,6 +9,7 @@ from .conventions import (
     MLA_DRAFT_ARCHS,
     SGLANG_DRAFT_ARCH,
     Engine,
+    architectures,
     is_speculators_format,
     rules_of,
     version_tuple,
@@ -151,7 +152,7 @@ def ignored_flag_problems(cfg: dict, engine: Engine) -> list[tuple[str, str, str
     eng = engine
     if not eng.rules.draft_files_read:
         return []
-    arch = str((cfg.get("architectures") or [""])[0])
+    arch = next(iter(architectures(cfg)), "")
     out = []
     has, why = serves_draft_class(eng, arch, cfg)
     if has is False:

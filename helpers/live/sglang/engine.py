@@ -24,6 +24,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ...errors import InputError
+from ...rules.conventions import read_target
 from .. import guard
 from ..stopping import Stoppable, track, untrack
 from . import cpu
@@ -120,13 +121,6 @@ def setter_rule(release: str, arch: str) -> dict:
             "line": fn.lineno, "source": text}
 
 
-def _target_config(target: Path) -> dict:
-    try:
-        return json.loads((target / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{target}: no readable config.json ({exc})") from None
-
-
 class SGLangEngine(Stoppable):
     """One running SGLang server. ``with SGLangEngine(install, spec) as e: e.generate(...)``."""
 
@@ -147,7 +141,7 @@ class SGLangEngine(Stoppable):
         self.report_path = self.log_dir / f"{stem}.hooks.jsonl"
         self.probe_dir = self.log_dir / f"{stem}.fc" if spec.probe else None
         self.rule: dict | None = None
-        self.config = _target_config(spec.target)
+        self.target_spec = read_target(spec.target)      # one reader, one set of one-line errors
         self.launch_notes: list[dict] = []
         self.server: SGLangServer | None = None
         self.start_seconds = 0.0
@@ -179,8 +173,8 @@ class SGLangEngine(Stoppable):
                               "(tiny pair, 2026-12-01); speculative launches keep SGLang's default"})
         elif self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
-        deepseek = any("Deepseek" in a for a in self.config.get("architectures", []))
-        if deepseek and "moe_layer_freq" not in self.config:
+        deepseek = any("Deepseek" in a for a in self.target_spec.architectures)
+        if deepseek and "moe_layer_freq" not in self.target_spec.config:
             override = json.dumps({"moe_layer_freq": 1})
             args += ["--json-model-override-args", override]
             notes.append({"name": "moe_layer_freq", "what": f"--json-model-override-args '{override}'",
@@ -188,8 +182,7 @@ class SGLangEngine(Stoppable):
                                  "(real DeepSeek-V3 configs carry it); 1 = every layer past the dense "
                                  "ones is MoE, as HF builds it"})
         if spec.capture_rule:
-            arch = (self.config.get("architectures") or [""])[0]
-            self.rule = setter_rule(spec.capture_rule, arch)
+            self.rule = setter_rule(spec.capture_rule, self.target_spec.arch or "")
             rule_file = self.log_dir / f"{self.log_path.stem}.rule.json"
             rule_file.write_text(json.dumps(self.rule))
             env[cpu.RULE_ENV] = str(rule_file)

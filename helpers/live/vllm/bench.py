@@ -8,23 +8,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...rules.conventions import Engine, read_target_config
+from ...rules.conventions import Engine, TargetSpec, read_target
 from .. import bench as live
 from ..bench import LiveRow, LiveWiring
 from ..guard import Mode
 from .engine import LaunchSpec, VllmEngine
 from .install import VllmInstall
 
-MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
 
-
-def fixes_for(target_config: dict, layout: tuple[int, ...] | None, install: VllmInstall) -> tuple[str, ...]:
+def fixes_for(target: TargetSpec, layout: tuple[int, ...] | None, install: VllmInstall) -> tuple[str, ...]:
     """The plugin fixes a launch asks for. Each fix still checks, inside the engine, whether this
     release needs it (helpers/live/vllm/plugin.py) and reports what it did."""
-    mla = all(target_config.get(k) is not None for k in MLA_KEYS)
-    arch = (target_config.get("architectures") or [""])[0]
+    arch = target.arch or ""
     fixes = []
-    if mla and install.device == "cpu":
+    if target.mla and install.device == "cpu":
         fixes += ["rope3d", "mla_width"]
     if layout is not None and 0 in layout and arch.startswith("Deepseek"):
         fixes.append("boundary0")
@@ -36,14 +33,14 @@ def live_bench(install: VllmInstall, target: Path, wirings: list[LiveWiring], pr
                max_model_len: int | None = None, progress: bool = True,
                log_dir: Path | None = None, guard: Mode = Mode.WARN) -> list[LiveRow]:
     """``helpers.live.bench.live_bench`` on vLLM: each engine gets the plugin fixes its layout needs."""
-    tcfg = read_target_config(target)
+    tspec = read_target(target)
     longest = max((len(p) for p in prompt_ids), default=0)
-    max_len = max_model_len or min(int(tcfg.get("max_position_embeddings") or 2048),
+    max_len = max_model_len or min(int(tspec.config.get("max_position_embeddings") or 2048),
                                    longest + max_new_tokens + steps + 64)
 
     def launch(draft: Path | None, layout: tuple[int, ...] | None) -> VllmEngine:
         spec = LaunchSpec(target, draft, steps=steps, max_model_len=max_len,
-                          fixes=fixes_for(tcfg, layout, install), guard=guard)
+                          fixes=fixes_for(tspec, layout, install), guard=guard)
         return VllmEngine(install, spec, progress=progress, log_dir=log_dir)
 
     return live.live_bench(launch, "vllm", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ...errors import InputError
 from ...investigation.dumps import staged_dir
 from ...model.capture import run_and_capture
-from ...rules.conventions import read_target_config
+from ...rules.conventions import read_target
 from .bench import fixes_for
 from .engine import LaunchSpec, VllmEngine
 from .install import VllmInstall
@@ -89,7 +89,7 @@ def capture_vllm(install: VllmInstall, target_dir: Path, windows: torch.Tensor, 
         storage.mkdir()
         spec = LaunchSpec(target_dir, extract_ids=tuple(ids), storage=storage, device=install.device,
                           max_model_len=int(windows.shape[1]) + 16,
-                          fixes=fixes_for(read_target_config(target_dir), tuple(ids), install))
+                          fixes=fixes_for(read_target(target_dir), tuple(ids), install))
         records = []
         n = int(windows.shape[1])
         with VllmEngine(install, spec, progress=progress, log_dir=log_dir) as engine:

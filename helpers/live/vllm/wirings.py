@@ -15,7 +15,7 @@ from pathlib import Path
 from ...boundaries import CapturePlan, ProblemKind
 from ...investigation.fixes import with_engine_ids
 from ...record import read_record
-from ...rules.conventions import Engine, read_draft_config, read_target_config
+from ...rules.conventions import Engine, TargetSpec, read_draft_config, read_target
 from .bench import LiveWiring, fixes_for
 from .install import VllmInstall
 
@@ -23,11 +23,11 @@ from .install import VllmInstall
 BOUNDARY0_CRASH = ProblemKind.BOUNDARY0_RESIDUAL_NONE
 
 
-def with_vllm_fixes(plan: CapturePlan, ids: list[int], target_config: dict, install: VllmInstall
+def with_vllm_fixes(plan: CapturePlan, ids: list[int], target: TargetSpec, install: VllmInstall
                     ) -> CapturePlan:
     """A plan whose only error is the boundary-0 capture becomes servable when the plugin's fix
     applies: the layout is the ids, sorted (vLLM's order), and the source says which fix made it."""
-    if not plan.errors or "boundary0" not in fixes_for(target_config, tuple(ids), install):
+    if not plan.errors or "boundary0" not in fixes_for(target, tuple(ids), install):
         return plan
     if plan.kinds() != {BOUNDARY0_CRASH}:
         return plan
@@ -40,13 +40,13 @@ def vllm_wirings(pair, rules: Engine, install: VllmInstall, training_layout: tup
                  retrained: Path | None, out_dir: Path) -> dict[str, tuple[Path, CapturePlan]]:
     """Each wiring's draft folder (copies under ``out_dir``, the originals untouched) and its plan."""
     out_dir = Path(out_dir)
-    tcfg = read_target_config(pair.target_dir)
+    tspec = read_target(pair.target_dir)
     found = {"deployed": (pair.draft_dir, pair.served(rules))}
     if training_layout is not None:
         ids = [int(b) for b in training_layout]
         fix_a = with_engine_ids(pair.draft_dir, out_dir / "vllm-fix-a", ids, engine=rules)
         plan = pair.served(rules, config=read_draft_config(fix_a))
-        found["fix A"] = (fix_a, with_vllm_fixes(plan, ids, tcfg, install))
+        found["fix A"] = (fix_a, with_vllm_fixes(plan, ids, tspec, install))
     if retrained is not None:
         rec = read_draft_config(retrained)
         record = read_record(retrained)

@@ -11,6 +11,7 @@ from ..conventions import (
     SGLANG_DRAFT_ARCH,
     DraftIds,
     IdsAt,
+    architectures,
     config_ids,
     default_boundaries,
     is_speculators_format,
@@ -79,7 +80,7 @@ def sglang_format_warnings(cfg: dict, knows_speculators: bool | None = None) -> 
     registers the speculators architecture (None when its source was not read)."""
     out = []
     if is_speculators_format(cfg) and not knows_speculators:
-        archs = [str(a) for a in cfg.get("architectures") or []]
+        archs = list(architectures(cfg))
         out.append(f"speculators-format draft ({', '.join(archs) or cfg.get('speculators_model_type')}): "
                    + ("this SGLang version registers no such architecture; "
                       if knows_speculators is False else "")

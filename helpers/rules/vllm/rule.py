@@ -15,6 +15,7 @@ from ..conventions import (
     DraftIds,
     Engine,
     IdsAt,
+    architectures,
     check_ids,
     config_ids,
     default_ids,
@@ -251,7 +252,7 @@ VLLM_SPECULATORS_CONFIG_FIRST = "0.10.1"   # transformers_utils/configs/speculat
 def vllm_draft_class(version: str | None, cfg: dict) -> tuple[bool | None, str]:
     """Whether this vLLM release builds a draft class for the config at all (None: not recorded)."""
     v = _vllm_version(version)
-    arch = str((cfg.get("architectures") or [""])[0])
+    arch = next(iter(architectures(cfg)), "")
     if is_speculators_format(cfg):
         if at_least(v, VLLM_SPECULATORS_CONFIG_FIRST):
             return True, ""
