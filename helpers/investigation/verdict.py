@@ -42,9 +42,7 @@ class WayKind(StrEnum):
     RETRAIN = "retrain"                # fix B: retrain the draft on the served layout
 
 
-# where each engine reads the ids: the structured key, then how ``check`` and a verdict name it (by engine
-# name, as the texts always had it: llama.cpp's fix still names the speculative config)
-IDS_WHERE = {"sglang": "eagle_config", "vllm": "top-level"}
+# where fix A writes the ids (``engine.rules.fix_ids_at``), then how ``check`` and a verdict name it
 SPECULATIVE_CONFIG = "speculative-config"
 _LISTED_WHERE = {"eagle_config": f"eagle_config.{IDS_KEY}", "top-level": f"top-level {IDS_KEY}",
                  SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config"}
@@ -59,7 +57,7 @@ class WayOut:
     kind: WayKind
     message: str
     ids: tuple[int, ...] | None = None    # the ids to write (fix A, also after the patch)
-    where: str | None = None              # where the engine reads them: a key of IDS_WHERE's values
+    where: str | None = None              # where the engine reads them: a key of _LISTED_WHERE
     command: str | None = None            # a command to run first (the patch, from the resolver's problem)
     layout: Layout | None = None          # the layout the fc then takes, or is retrained on
 
@@ -116,7 +114,7 @@ def ways_out(trained: Sequence[int], served: Sequence[int], engine, arch: str, n
     eng = parse_engine(engine)
     trained, served = tuple(trained), tuple(served)
     ascending = tuple(sorted(trained))
-    where = IDS_WHERE.get(eng.name, SPECULATIVE_CONFIG)
+    where = eng.rules.fix_ids_at
     ways = []
     if ascending != trained:
         ways.append(WayOut(WayKind.REORDER_FC,

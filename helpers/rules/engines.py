@@ -37,6 +37,8 @@ class EngineRules:
     newest_read: str | None = None        # the newest release whose rules were read (None: none recorded)
     runners: tuple[str, ...] = ()         # model runners an engine may pin (vLLM's :v1 / :v2)
     ids_home: IdsAt | None = None         # where it reads a draft's ids (None: not from the draft's config)
+    fix_ids_at: str = "speculative-config"   # where fix A tells people to write the ids (a key of
+    #                                          verdict's WHERE_LISTED): the draft's config or the engine's
     draft_files_read: bool = False        # its draft model files were read (FLAG_FIRST, FIRST_MLA_DRAFT)
     mla_draft_file: str | None = None     # its MLA draft model file, when it has one
     reads_speculators_format: bool | None = None   # builds a speculators-format config (None: not read)
@@ -150,6 +152,7 @@ class SGLangRules(EngineRules):
     name, title = "sglang", "SGLang"
     newest_read = F.FLAGS_NEWEST_READ["sglang"]
     ids_home = IdsAt.EAGLE_CONFIG
+    fix_ids_at = "eagle_config"
     draft_files_read = True
     mla_draft_file = "kimi_k25_eagle3.py"
     reads_speculators_format = False
@@ -191,6 +194,7 @@ class VllmRules(EngineRules):
     newest_read = V.VLLM_NEWEST_READ
     runners = C.RUNNERS
     ids_home = IdsAt.TOP_LEVEL
+    fix_ids_at = "top-level"
     draft_files_read = True
     mla_draft_file = "deepseek_eagle3.py"
     reads_speculators_format = True
@@ -275,6 +279,7 @@ class LlamacppRules(EngineRules):
     name, title = "llamacpp", "llama.cpp"
     newest_read = f"b{L.LLAMACPP_NEWEST_READ}"
     ids_home = IdsAt.TOP_LEVEL            # the converter's (conversion/llama.py), from b10705
+    # fix_ids_at stays the speculative config: its ids are fixed when the draft is converted to GGUF
 
     def check_version(self, text, version):
         if not L.LLAMACPP_BUILD_RE.match(version):
