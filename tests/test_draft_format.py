@@ -20,24 +20,25 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers.model.draft import (
-    SGLANG_ARCH,
-    SPECULATORS_ARCH,
-    DraftConfig,
-    DraftFormatError,
-    DraftKVCache,
-    Eagle3Draft,
-    ServingMismatchWarning,
+from helpers.model.checkpoint import (
     check_fits_target,
     config_from_json,
     config_to_json,
     draft_format,
     load_draft,
-    new_draft_config,
     save_draft,
+)
+from helpers.model.draft import (
+    SGLANG_ARCH,
+    DraftConfig,
+    DraftFormatError,
+    DraftKVCache,
+    Eagle3Draft,
+    ServingMismatchWarning,
+    new_draft_config,
     vocab_maps,
 )
-from helpers.rules.conventions import DraftConfigError, ids_in_config
+from helpers.rules.conventions import SPECULATORS_ARCH, DraftConfigError, ids_in_config
 
 H = 32
 VOCAB = 128
@@ -1009,7 +1010,8 @@ def test_run_as_sglang_drops_norm_before_residual_only_inside_the_block(tmp_path
     same weights compute unflagged; outside, and under vLLM, the trained forward is back."""
     import shutil
 
-    from helpers.model.draft import ServingMismatchWarning, load_draft, run_as
+    from helpers.model.checkpoint import load_draft
+    from helpers.model.draft import ServingMismatchWarning, run_as
     from helpers.model.target import load_target
 
     data = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"

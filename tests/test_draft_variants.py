@@ -22,16 +22,15 @@ import torch
 from safetensors import safe_open
 
 from helpers.investigation.gate import check
+from helpers.model.checkpoint import load_draft, save_draft
 from helpers.model.draft import (
     MLA_DRAFT_ARCH,
     DraftFormatError,
     DraftKVCache,
     Eagle3Draft,
-    load_draft,
     mla_variant,
     new_draft_config,
     run_as,
-    save_draft,
     vocab_maps,
 )
 from helpers.rules.conventions import parse_engine as E

@@ -11,7 +11,7 @@ from helpers.boundaries import WiringError
 from helpers.investigation.evaluate import evaluate_layout
 from helpers.investigation.fixes import reorder_fc, with_engine_ids
 from helpers.investigation.pair import eval_captures, load_pair
-from helpers.model.draft import load_draft
+from helpers.model.checkpoint import load_draft
 
 
 def _digest(folder):

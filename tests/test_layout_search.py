@@ -17,7 +17,7 @@ from helpers.investigation.layout_search import (
     slot_sweep,
 )
 from helpers.investigation.pair import eval_captures, load_pair, text_windows
-from helpers.model.draft import load_draft
+from helpers.model.checkpoint import load_draft
 
 
 @pytest.fixture(scope="module")

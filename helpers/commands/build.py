@@ -20,8 +20,9 @@ import torch
 from .. import cli
 from ..boundaries import check_layout, parse_layout
 from ..investigation.draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
+from ..model.checkpoint import save_draft
 from ..model.corpus import prompt_chunks, save_hf_tokenizer, stdlib_corpus, train_tokenizer
-from ..model.draft import Eagle3Draft, new_draft_config, save_draft, vocab_maps
+from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
 from ..model.target import (
     describe,
     eval_loss,

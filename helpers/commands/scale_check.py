@@ -22,11 +22,12 @@ from safetensors.torch import save_file
 
 from .. import cli
 from ..errors import BadOption, fail, print_json
-from ..model.draft import KIMI_YARN, MLA_DRAFT_ARCH, DraftConfig, Eagle3Draft, config_to_json
+from ..model.checkpoint import config_to_json
+from ..model.draft import KIMI_YARN, MLA_DRAFT_ARCH, DraftConfig, Eagle3Draft
 
 SCORER = r"""
 import json, resource, sys, time, torch
-from helpers.model.draft import load_draft
+from helpers.model.checkpoint import load_draft
 from helpers.investigation.dumps import open_dump
 from helpers.investigation.dump_diagnose import candidate_slots, score_layouts
 draft_dir, dump_dir, steps, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]

@@ -26,7 +26,7 @@ from ..boundaries import parse_layout
 from ..errors import BadOption, InputError
 from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..live.backends import auto as auto_backend
-from ..model.draft import config_from_json
+from ..model.checkpoint import config_from_json
 from ..notebook.lab import SMALL
 from ..notebook.reports import ORDER, Summary, read_summary
 from ..rules.conventions import DEFAULT_ENGINE, parse_engine, read_draft_config

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..model.capture import capture_boundaries, decoder_parts
+from ..model.checkpoint import save_draft
 from ..model.corpus import stdlib_corpus
-from ..model.draft import Eagle3Draft, new_draft_config, save_draft, vocab_maps
+from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
 from ..model.target import load_target, write_json
 from .evaluate import TargetCaptures, accuracy_table, step_correct, verifier_logits
 

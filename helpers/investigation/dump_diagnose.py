@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from ..boundaries import layout_label
 from ..errors import BadCheckpoint, BadOption, BadText
 from ..model.capture import decoder_parts, run_and_capture
-from ..model.draft import NoEmbeddingError, load_draft, run_as
+from ..model.checkpoint import NoEmbeddingError, load_draft
+from ..model.draft import run_as
 from ..model.target import load_target
 from ..model.target_heads import HEAD_KEYS, load_target_heads
 from ..rules.conventions import read_draft_config, read_target

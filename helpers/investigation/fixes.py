@@ -19,9 +19,9 @@ from safetensors.torch import save_file
 
 from ..boundaries import WiringError
 from ..errors import BadOption
-from ..model.draft import read_draft_config, read_draft_weights
+from ..model.checkpoint import read_draft_weights
 from ..record import read_record, write_record
-from ..rules.conventions import Engine, parse_engine
+from ..rules.conventions import Engine, parse_engine, read_draft_config
 from ..rules.sglang.source import fetch_sglang
 
 

@@ -442,8 +442,8 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
             "its llama_eagle3 would skip layers.0.* weights silently",
             "convert it: architectures LlamaForCausalLMEagle3, "
             "the ids under eagle_config (SGLang's numbering), "
-            "weights layers.0.* renamed midlayer.* (helpers.model.draft.save_draft(..., fmt='sglang') writes "
-            "that layout from a loaded draft)"))
+            "weights layers.0.* renamed midlayer.* (helpers.model.checkpoint.save_draft(..., "
+            "fmt='sglang') writes that layout from a loaded draft)"))
     if is_eagle_reference_config(cfg):
         archs = ", ".join(architectures(cfg))
         head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"

@@ -14,7 +14,8 @@ import torch
 
 from ..boundaries import CapturePlan, WiringError, check_layout, parse_layout
 from ..errors import BadOption, read_text_file
-from ..model.draft import Eagle3Draft, load_draft, read_training_record
+from ..model.checkpoint import load_draft, read_training_record
+from ..model.draft import Eagle3Draft
 from ..model.target import load_target
 from ..rules.conventions import DEFAULT_ENGINE, read_draft_config
 from ..rules.wiring import served_plan

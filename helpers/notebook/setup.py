@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..investigation.dump_diagnose import load_for_dump
 from ..investigation.pair import DEFAULT_DIR, Pair, load_pair
-from ..model.draft import Eagle3Draft, read_training_record
+from ..model.checkpoint import read_training_record
+from ..model.draft import Eagle3Draft
 
 
 @dataclass
