@@ -1,11 +1,8 @@
 """``python -m helpers check``: will this deployment feed the draft what it was trained on?
 
-A static gate for CI before a deploy. It loads no weights: it reads the draft's and the target's
-config files, the safetensors headers (tensor names and shapes), the training record if there is
-one, the trainer's rule if one is named, and the engine release's own source through ``wiring``.
-Each problem comes with its fix: ids to write and in which key, the patch to apply, or retraining.
-Exit 0: the engine serves the trained layout; 1: it does not (or that cannot be known statically);
-2: bad input.
+A static gate for CI before a deploy (``investigation.gate``): no weights are loaded, every problem comes
+with its fix. Exit 0: the engine serves the trained layout; 1: it does not (or that cannot be known
+statically); 2: bad input.
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """The pre-deployment gate behind ``python -m helpers check``: will this deployment feed the draft what
 it was trained on?
 
-A static gate for CI before a deploy. It loads no weights: it reads the draft's and the target's
-config files, the safetensors headers (tensor names and shapes), the training record if there is
-one, the trainer's rule if one is named, and the engine release's own source through ``wiring``.
-Each problem comes with its fix: ids to write and in which key, the patch to apply, or retraining.
-Exit 0: the engine serves the trained layout; 1: it does not (or that cannot be known statically);
-2: bad input.
+``check`` loads no weights, so it can run in CI before a deploy. It reads the draft's config, the target's
+(once, as a ``TargetSpec``), the safetensors headers, the training record, a named trainer's rule and
+the engine release's own source through ``wiring``, and returns a ``CheckReport`` whose problems each
+carry their fix (ids and the key to write them in, the patch, or retraining); ``CheckReport.exit_code``
+is the command's.
 """
 from __future__ import annotations
 

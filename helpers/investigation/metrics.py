@@ -8,6 +8,8 @@ position" line. This module reads any of them into one ``ServedProfile`` (counts
 counts say how sure a rate is), and ``explain`` sets it beside the expected profile (the training
 record's per-step accuracy, or the workbook's own teacher-forced evaluation) and, where the target is
 known, the profile the engine's predicted served layout simulates to.
+``metrics_verdict`` gathers those (the record first; the pair loaded only when a target is given) and
+calls ``explain``.
 
 Formats, read from the engines' own source:
 - vLLM 0.32 ``v1/spec_decode/metrics.py``: counters ``vllm:spec_decode_num_drafts``,
