@@ -32,7 +32,7 @@ PARSED_AT = {
     ("model/draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
     ("live/guard.py", "ignored_flags"),         # inside a live engine, which names itself as text
     # the verdict's entry points (notebooks 02/03 name the engine as text)
-    ("investigation/verdict.py", "ways_out"), ("investigation/verdict.py", "writer_candidates"),
+    ("investigation/verdict.py", "ways_out"), ("investigation/evidence.py", "writer_candidates"),
 }
 
 

@@ -28,11 +28,11 @@ def draft(tmp_path):
 
 
 def _record(layout):
-    return SimpleNamespace(layout=tuple(layout))
+    return guard.record_evidence(layout)
 
 
 def _judge(indices, trained, highest=11, engine="sglang 0.5.23", **kw):
-    return guard.judge(engine=engine, draft="d", indices=indices, highest=highest, record=_record(trained),
+    return guard.judge(engine=engine, draft="d", indices=indices, highest=highest, evidence=_record(trained),
                        **kw)
 
 
@@ -41,8 +41,9 @@ def _judge(indices, trained, highest=11, engine="sglang 0.5.23", **kw):
 
 def test_mode_is_parsed_once_and_a_typo_is_refused(monkeypatch):
     assert guard.mode_from(None) is guard.Mode.OFF and guard.mode_from(" Refuse ") is guard.Mode.REFUSE
-    with pytest.raises(ValueError, match="expected off, warn or refuse"):
-        guard.mode_from("strict")
+    assert guard.mode_from("strict") is guard.Mode.STRICT and guard.Mode.STRICT.refusing
+    with pytest.raises(ValueError, match="expected off, warn, refuse or strict"):
+        guard.mode_from("strikt")
     monkeypatch.setenv(guard.GUARD_ENV, "warn")
     assert guard.mode() is guard.Mode.WARN
 
@@ -53,14 +54,15 @@ def test_mode_is_parsed_once_and_a_typo_is_refused(monkeypatch):
     ([0, 3, 7], (7, 0, 3), guard.Kind.ORDER),
 ])
 def test_kinds(indices, trained, kind):
-    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=indices, highest=11, record=_record(trained))
+    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=indices, highest=11, evidence=_record(trained))
     assert v.kind is kind and v.served == tuple(sorted(indices)) and v.trained == trained
     assert v.blocking == (kind is not guard.Kind.MATCH)
 
 
 def test_no_record_says_so_and_does_not_guess():
-    v = guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12, record=None)
-    assert v.kind is guard.Kind.NO_RECORD and not v.blocking and v.trained is None
+    v = guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12, evidence=None)
+    assert v.kind is guard.Kind.UNKNOWN and not v.blocking and v.trained is None
+    assert not v.refused_by(guard.Mode.REFUSE) and v.refused_by(guard.Mode.STRICT)
     assert "does not guess" in guard.render(v)
 
 
@@ -92,7 +94,7 @@ def test_the_fix_is_found_by_running_the_engines_own_setter_and_the_model_is_res
         holder.layers_to_capture = original
     ids_for = guard.probe_ids(set_ids, lambda: holder.layers_to_capture, 11, restore)
     v = guard.judge(engine="sglang 0.5.23", draft="d", indices=original, highest=11,
-                    record=_record((0, 3, 7)), ids_for=ids_for)
+                    evidence=_record((0, 3, 7)), ids_for=ids_for)
     assert v.kind is guard.Kind.MISWIRED and f"to {want}" in v.fix
     assert holder.layers_to_capture is original
 
@@ -114,7 +116,7 @@ def test_a_flag_the_engine_does_not_run_blocks_even_on_the_right_layout():
 def test_warn_logs_once_refuse_raises_only_when_blocking(capsys):
     rows = []
     bad = guard.judge(engine="sglang 0.5.23", draft="d-warn", indices=[2, 6, 9], highest=11,
-                      record=_record((0, 3, 7)))
+                      evidence=_record((0, 3, 7)))
     guard.enforce(bad, guard.Mode.WARN, rows.append)
     guard.enforce(bad, guard.Mode.WARN, rows.append)
     assert capsys.readouterr().err.count("eagle3-workbook guard") == 1 and len(rows) == 2
@@ -246,10 +248,14 @@ def test_fixes_ids_and_reorder_write_new_folders(draft, tmp_path):
 
 def test_a_refusal_is_read_from_the_launch_report_not_from_the_log():
     bad = _judge([2, 6, 9], (0, 3, 7))
-    row = {**bad.as_dict(), "mode": "refuse", "line": guard.render(bad)}
-    assert guard.refusal(row) == guard.render(bad)
-    assert guard.refusal({**row, "mode": "warn"}) is None
+    rows = []
+    with pytest.raises(guard.GuardRefused):
+        guard.enforce(bad, guard.Mode.REFUSE, rows.append)
+    assert guard.refusal(rows[-1]) == guard.render(bad, guard.Mode.REFUSE)
+    guard.enforce(bad, guard.Mode.WARN, rows.append)
+    assert guard.refusal(rows[-1]) is None
     ok = _judge([0, 3, 7], (0, 3, 7))
-    assert guard.refusal({**ok.as_dict(), "mode": "refuse", "line": guard.render(ok)}) is None
-    assert guard.refusal({"kind": "unjudged", "mode": "refuse", "line": "x"}) == "x"
+    guard.enforce(ok, guard.Mode.REFUSE, rows.append)
+    assert guard.refusal(rows[-1]) is None
+    assert guard.refusal({"kind": "unjudged", "mode": "refuse", "line": "x", "refused": True}) == "x"
     assert guard.refusal(None) is None

@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Sequence
 
-from ..boundaries import Layout, ProblemKind, WiringError, layout_label
-from ..errors import InputError
+from ..boundaries import Layout, ProblemKind, WiringError
 from ..model.draft import forward_verdict, run_as
-from ..rules.conventions import IDS_KEY, ids_in_config, parse_engine
-from ..rules.trainers import parse_trainer, rule_for, trainer_layout, training_ids_from_config, writers_of
+from ..rules.conventions import IDS_KEY, parse_engine
 from ..rules.wiring import ids_for_layout, resolve
 from .evaluate import PairedTest, evaluate_layout, paired_test
+from .evidence import Settled, agreed_layout, by_format, candidate_table, read_format, writer_candidates  # noqa: F401
 
 # --------------------------------------------------------------------------------------
 # The ways out of a mismatch
@@ -162,111 +161,6 @@ def layout_fix(trained, served, engine, arch: str | None, num_layers: int | None
     if trained is None or served is None or not arch or num_layers is None or engine is None:
         return None
     return ways_out(trained, served, engine, arch, num_layers, root=root).shortest
-
-
-# --------------------------------------------------------------------------------------
-# Who wrote the config: its format's writers, and what each reads its ids as
-
-
-def writer_candidates(cfg: dict, engine, arch: str, num_layers: int, served: Sequence[int] | None,
-                      cannot_capture: Sequence[str] = ()) -> list[dict]:
-    """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
-    its ids a known meaning, so list the layout each would mean and whether ``served`` is it. A release
-    that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees. Each entry:
-    ``{trainer, training_layout, served_agrees, note}``."""
-    eng = parse_engine(engine)
-    n = num_layers
-    ids, where = ids_in_config(cfg)
-    model_type = cfg.get("model_type")
-    out = []
-    for spec in writers_of(cfg, eng.rules.capture_release(eng)):
-        rule = rule_for(*parse_trainer(spec))
-        train = (training_ids_from_config(spec, ids, model_type)
-                 if ids is not None and rule.writes_ids == where and rule.meaning != "fixed" else None)
-        try:
-            res = trainer_layout(spec, n, train, arch=arch, read_source=False, model_type=model_type)
-        except (WiringError, InputError) as exc:
-            out.append({"trainer": spec, "training_layout": None, "served_agrees": None,
-                        "note": str(exc).split("\n")[0][:200]})
-            continue
-        layout = list(res.training_layout) if res.training_layout else None
-        agrees = None if layout is None or served is None else (
-            not cannot_capture and tuple(layout) == tuple(served))
-        said = "its default ids" if train is None and rule.meaning != "fixed" else (
-            "fixed boundaries" if rule.meaning == "fixed" else f"ids {train} ({rule.meaning} numbering)")
-        gone = [f"{eng} captures nothing for {arch} (engine-cannot-capture)"] if cannot_capture else []
-        out.append({"trainer": spec, "training_layout": layout, "served_agrees": agrees,
-                    "note": "; ".join([said] + res.errors + gone)})
-    return out
-
-
-def candidate_table(candidates: Sequence[dict], engine: str, num_layers: int) -> list[str]:
-    """The writers as ``check`` prints them: trainer, the training layout its ids mean, served or not."""
-    def label(layout) -> str:
-        return f"{tuple(layout)} {layout_label(layout, num_layers)}" if layout else "nothing"
-
-    lines = ["  who could have written this config (its format), and what its ids would mean:",
-             f"    {'trainer':<26} {'training layout':<34} {'served by ' + str(engine):<24}"]
-    for c in candidates:
-        layout = label(c["training_layout"]) if c["training_layout"] else "(none)"
-        agrees = {True: "agrees", False: "MISMATCH", None: "-"}[c["served_agrees"]]
-        lines.append(f"    {c['trainer']:<26} {layout:<34} {agrees:<24}")
-    return lines
-
-
-@dataclass(frozen=True)
-class Settled:
-    """The training layout and how it was settled: ``known`` by rule, else None here (the caller infers
-    it from the ranking). ``candidates``: the config format's writers, when they were read; ``note``:
-    why they did not settle it, for the verdict."""
-
-    layout: Layout | None
-    source: str = ""
-    known: bool = False
-    candidates: tuple[dict, ...] = ()
-    note: str = ""
-
-
-def read_format(cfg: dict | None, engine, arch: str | None, num_layers: int | None, served=None,
-                cannot_capture: Sequence[str] = ()) -> list[dict]:
-    """``writer_candidates`` where everything it needs is at hand (else none); a config no writer's
-    rule can read gives none either: a verdict then infers the layout, as it always did."""
-    if cfg is None or engine is None or not arch or num_layers is None:
-        return []
-    try:
-        return writer_candidates(cfg, engine, arch, num_layers, served, cannot_capture)
-    except (WiringError, InputError):
-        return []
-
-
-def agreed_layout(candidates: Sequence[dict]) -> Layout | None:
-    """The one training layout every writer reads the ids as (None: none, or they differ)."""
-    layouts = {tuple(c["training_layout"]) if c["training_layout"] else None for c in candidates}
-    return next(iter(layouts)) if len(layouts) == 1 and None not in layouts else None
-
-
-def by_format(candidates: Sequence[dict], *, width: int | None = None, ranked: Sequence = (),
-              confident_set: Sequence = ()) -> Settled:
-    """Settled by the config's format when every writer reads its ids as one layout that fits the fc
-    (``width`` slots) and the ranking does not separate from the best (a scored layout outside the
-    ``confident_set``: the ids were then edited after training). Otherwise not settled, with a note
-    that lists the writers."""
-    if not candidates:
-        return Settled(None)
-    names = ", ".join(c["trainer"] for c in candidates)
-    agreed = agreed_layout(candidates)
-    reads = f"every writer of its config format ({names}) reads its ids as {agreed}"
-    if agreed is None:
-        note = "the writers of its config format disagree: " + ", ".join(
-            f"{c['trainer']} {tuple(c['training_layout']) if c['training_layout'] else '(none)'}"
-            for c in candidates)
-    elif width is not None and len(agreed) != width:
-        note = f"{reads}, which does not fit the draft's {width} fc slots"
-    elif agreed in {tuple(x) for x in ranked} and agreed not in {tuple(x) for x in confident_set}:
-        note = f"{reads}, but the ranking separates that layout from the best: the ids are not the training's"
-    else:
-        return Settled(agreed, f"by format: {reads}", True, tuple(candidates))
-    return Settled(None, "", False, tuple(candidates), note)
 
 
 # --------------------------------------------------------------------------------------

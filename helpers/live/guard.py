@@ -5,14 +5,20 @@ It runs inside the engine's own processes, called by the workbook's vLLM plugin 
 and SGLang hooks (``sglang/cpu/hooks.py``) right after the engine's own code has chosen the capture
 layers, so it judges the live model object, not a prediction. ``EAGLE3_WORKBOOK_GUARD`` sets the mode:
 ``off`` (the default when a user's engine loads the workbook), ``warn`` (the workbook's own launches:
-the symptom must stay measurable) or ``refuse``. The judgement is data (``GuardVerdict``: a kind, the
-two layouts, the fix); the one-line sentence is rendered where it is logged or raised.
+the symptom must stay measurable), ``refuse`` or ``strict``. The judgement is data (``GuardVerdict``: a
+kind, the two layouts, the fix, what the trained layout rests on); the one-line sentence is rendered where
+it is logged or raised. The trained layout comes from the one chain of evidence ``check`` reads
+(``investigation.evidence``): the draft's record, a trainer named at launch (``EAGLE3_WORKBOOK_TRAINER``,
+``EAGLE3_WORKBOOK_TRAIN_IDS``), the trainer the config names, the format's writers. ``refuse`` refuses a
+mismatch on any of them and a launch it cannot judge; ``strict`` also refuses a match resting only on the
+format's writers (a prior) or on nothing.
 
 Capture indices are read as boundaries: index i is the state entering layer i (0 = the embedding
 output, L = the state after the last layer), the capture site of every SGLang and vLLM forward loop the
 workbook has read (docs/conventions.md). Which indices a loop tests at all is the caller's to say: SGLang
 0.5.23 captures at layer entries (0..L-1), vLLM 0.32's ``EagleModelMixin`` also after the last (0..L).
-Imports: the standard library, the training record and the forward-flag rules, nothing that needs torch.
+Imports: the standard library, the evidence chain (the record, the trainers' rules) and the forward-flag
+rules, nothing that needs torch.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..record import TrainingRecord, read_record
+from ..investigation.evidence import PROVEN, TRAIN_IDS_ENV, TRAINER_ENV, Basis, Evidence, training_evidence
 
 GUARD_ENV = "EAGLE3_WORKBOOK_GUARD"
 PREFIX = "eagle3-workbook guard"
@@ -34,7 +40,12 @@ PREFIX = "eagle3-workbook guard"
 class Mode(StrEnum):
     OFF = "off"
     WARN = "warn"
-    REFUSE = "refuse"
+    REFUSE = "refuse"      # refuses a mismatch on any evidence, and a launch it cannot judge
+    STRICT = "strict"      # also refuses a match it cannot prove (resting on the format's writers only)
+
+    @property
+    def refusing(self) -> bool:
+        return self in (Mode.REFUSE, Mode.STRICT)
 
 
 def mode_from(text: str | None) -> Mode:
@@ -44,7 +55,7 @@ def mode_from(text: str | None) -> Mode:
     try:
         return Mode(value)
     except ValueError:
-        raise ValueError(f"{GUARD_ENV}={text!r}: expected off, warn or refuse") from None
+        raise ValueError(f"{GUARD_ENV}={text!r}: expected off, warn, refuse or strict") from None
 
 
 def mode() -> Mode:
@@ -56,7 +67,8 @@ class Kind(StrEnum):
     MISWIRED = "miswired"          # other boundaries than training used
     ORDER = "order"                # the same boundaries in another fc slot order
     IGNORED_FLAG = "ignored-flag"  # right layout, a forward flag the draft was trained with is not run
-    NO_RECORD = "no-record"        # no training record: nothing to compare with, no guess made
+    UNKNOWN = "unknown"            # nothing settles the training layout: no comparison, no guess made
+    OTHER_RANK = "other-rank"      # this rank does not feed the draft (a pipeline stage before the last)
 
 
 BLOCKING = (Kind.MISWIRED, Kind.ORDER, Kind.IGNORED_FLAG)
@@ -75,36 +87,62 @@ class GuardVerdict:
     basis: str = ""                      # where the served layout was read
     seconds: float = 0.0                 # what the check added to the engine's start
     ids: tuple[int, ...] | None = None   # the ids the engine was given
+    evidence: Basis = Basis.NONE         # what the trained layout rests on: record, trainer, config, format
+    evidence_source: str = ""            # ... as a sentence
+    settle: str = ""                     # the command that measures the served layout (only a prior spoke)
     notes: tuple[str, ...] = field(default=())
 
     @property
     def blocking(self) -> bool:
         return self.kind in BLOCKING
 
+    @property
+    def proven(self) -> bool:
+        """A verdict on a statement about this draft (record, trainer), not on its format's writers."""
+        return self.kind is Kind.OTHER_RANK or (self.trained is not None and self.evidence in PROVEN)
+
+    def refused_by(self, how: Mode) -> bool:
+        return how.refusing and (self.blocking or (how is Mode.STRICT and not self.proven))
+
     def as_dict(self) -> dict:
         return {"kind": str(self.kind), "engine": self.engine, "draft": self.draft,
                 "served": list(self.served), "trained": None if self.trained is None else list(self.trained),
                 "fix": self.fix,
                 "ignored_flags": list(self.ignored_flags), "dropped": list(self.dropped), "basis": self.basis,
-                "seconds": self.seconds, "ids": None if self.ids is None else list(self.ids)}
+                "seconds": self.seconds, "ids": None if self.ids is None else list(self.ids),
+                "evidence": str(self.evidence), "evidence_source": self.evidence_source,
+                "proven": self.proven, "settle": self.settle}
 
 
-def render(v: GuardVerdict) -> str:
-    """The one line a log or an exception carries."""
+def render(v: GuardVerdict, how: Mode | None = None) -> str:
+    """The one line a log or an exception carries: the mode, the verdict, what it rests on."""
+    head = f"{PREFIX} ({how}): {v.kind}" if how is not None else f"{PREFIX}: {v.kind}"
     served = f"{v.engine} will feed {v.draft} boundaries {v.served}"
     if v.ids is not None:
         served += f" (ids {list(v.ids)}"
         served += f"; {list(v.dropped)} past the last layer, never captured)" if v.dropped else ")"
     elif v.dropped:
         served += f" (capture indices {list(v.dropped)} past the last layer, never captured)"
-    if v.kind is Kind.NO_RECORD:
-        return (f"{PREFIX}: {served}; the draft has no training record (training.json), so the guard "
-                f"cannot compare and does not guess (python -m helpers fixes record --draft {v.draft} ...)")
+    rests = f" [evidence: {v.evidence_source}]" if v.evidence_source else ""
+    refused = how is not None and v.refused_by(how)
+    if v.kind is Kind.OTHER_RANK:
+        return f"{head}: {v.basis}; the rank that feeds the draft judges it; starting"
+    if v.kind is Kind.UNKNOWN:
+        why = "; ".join(v.notes) or "no training record (training.json) and no trainer named"
+        end = ("refusing: strict mode serves only a layout it can prove" if refused else
+               "the guard cannot compare and does not guess; starting")
+        return (f"{head}: {served}; the training layout is not settled ({why}); {end}. Settle it: "
+                f"python -m helpers fixes record --draft {v.draft} --layout B1,B2,B3, or launch with "
+                f"EAGLE3_WORKBOOK_TRAINER=NAME==VERSION [EAGLE3_WORKBOOK_TRAIN_IDS=...]")
     if v.kind is Kind.MATCH:
-        return f"{PREFIX}: {served}, the layout it was trained on; starting"
+        if v.proven:
+            return f"{head}: {served}, the layout it was trained on{rests}; starting"
+        end = "refusing: strict mode serves only a layout it can prove" if refused else "starting"
+        return (f"{head}: {served}, the layout its config format's writers mean{rests}: a prior, not a "
+                f"measurement; {end}. Measure it on the running engine: {v.settle}")
     if v.kind is Kind.IGNORED_FLAG:
-        return f"{PREFIX}: {served} as trained, but ignores {', '.join(v.ignored_flags)}; fix: {v.fix}"
-    return f"{PREFIX}: {served}; it was trained on {v.trained}; fix: {v.fix}"
+        return f"{head}: {served} as trained{rests}, but ignores {', '.join(v.ignored_flags)}; fix: {v.fix}"
+    return f"{head}: {served}; it was trained on {v.trained}{rests}; fix: {v.fix}"
 
 
 def _csv(values) -> str:
@@ -114,11 +152,9 @@ def _csv(values) -> str:
 def refusal(verdict: dict | None) -> str | None:
     """The line a refusing guard recorded in its launch's report (the data, not the log's text), or None
     when it let the engine start."""
-    if not verdict or verdict.get("mode") != Mode.REFUSE:
+    if not verdict or not verdict.get("refused"):
         return None
-    if verdict.get("kind") in BLOCKING or verdict.get("kind") == "unjudged":
-        return verdict["line"]
-    return None
+    return verdict["line"]
 
 
 class GuardRefused(RuntimeError):
@@ -138,23 +174,31 @@ def served_layout(indices: Sequence[int], highest: int) -> tuple[tuple[int, ...]
 
 
 def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: int,
-          ids: Sequence[int] | None = None, record: TrainingRecord | None = None,
+          ids: Sequence[int] | None = None, evidence: Evidence | None = None,
           ignored: Sequence[tuple[str, str, str]] = (), ids_for: Callable[[tuple[int, ...]], list | None]
           | None = None, ids_key: str = "eagle_aux_hidden_state_layer_ids", basis: str = "",
-          hazards: dict[int, str] | None = None) -> GuardVerdict:
-    """Compare the live capture with the draft's training record.
+          hazards: dict[int, str] | None = None, feeds_draft: bool = True, settle: str = "") -> GuardVerdict:
+    """Compare the live capture with what the draft was trained on (``evidence``: the record, a named
+    trainer, the config's own trainer, or the format's writers; ``investigation.evidence``).
 
     ``ignored``: (flag, why, fix) for each forward flag the draft sets that this engine's draft forward
     does not run (``ignored_flags``). ``ids_for(layout)``: the ids this engine turns into ``layout``,
     found by running its own setter (None where no ids can), used to name the fix. ``hazards``: boundary ->
-    what else serving it needs on this engine (vLLM's boundary-0 residual), added to an ids fix.
+    what else serving it needs on this engine (vLLM's boundary-0 residual; SGLang 0.5.9's), added to an ids
+    fix. ``feeds_draft`` False: a rank that does not feed the draft (a pipeline stage before the last, whose
+    setter leaves the capture empty), never judged miswired. ``settle``: the command that measures the
+    served layout, named where only a prior spoke.
     """
     served, dropped = served_layout(indices, highest)
+    ev = evidence or Evidence(None, Basis.NONE, "")
     common = dict(engine=engine, draft=str(draft), served=served, dropped=dropped, basis=basis,
-                  ids=None if ids is None else tuple(int(i) for i in ids))
-    if record is None or record.layout is None:
-        return GuardVerdict(Kind.NO_RECORD, trained=None, **common)
-    trained = record.layout
+                  ids=None if ids is None else tuple(int(i) for i in ids), evidence=ev.basis,
+                  evidence_source=ev.source, settle=settle)
+    if not feeds_draft:
+        return GuardVerdict(Kind.OTHER_RANK, trained=ev.layout, **common)
+    if ev.layout is None:
+        return GuardVerdict(Kind.UNKNOWN, trained=None, notes=(ev.note,) if ev.note else (), **common)
+    trained = ev.layout
     if served == trained:
         if ignored:
             names = tuple(f for f, _, _ in ignored)
@@ -182,6 +226,11 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
                "no ids make this engine capture them")
         fix = f"no ids serve {trained} here ({why}): retrain the draft on {served}, or patch the engine"
     return GuardVerdict(Kind.MISWIRED, trained=trained, fix=fix, **common)
+
+
+def record_evidence(layout: Sequence[int]) -> Evidence:
+    """A training layout stated by a record (what ``fixes record`` writes), as evidence."""
+    return Evidence(tuple(int(b) for b in layout), Basis.RECORD, "the training record (training.json)")
 
 
 def ignored_flags(cfg: dict, engine: str) -> list[tuple[str, str, str]]:
@@ -251,44 +300,91 @@ _said: set[tuple] = set()
 
 
 def enforce(verdict: GuardVerdict, how: Mode, report: Callable[[dict], None] | None = None) -> None:
-    """Log the line once per process (warn, and refuse when it lets the engine start), then raise
-    ``GuardRefused`` when refusing a blocking verdict. ``report`` receives the verdict as a dict."""
+    """Log the line once per process, then raise ``GuardRefused`` when ``how`` refuses this verdict
+    (``GuardVerdict.refused_by``). ``report`` receives the verdict as a dict, with the mode, the line and
+    whether it refused."""
     if how is Mode.OFF:
         return
-    line = render(verdict)
+    line = render(verdict, how)
+    refused = verdict.refused_by(how)
     if report is not None:
-        report({**verdict.as_dict(), "mode": str(how), "line": line})
+        report({**verdict.as_dict(), "mode": str(how), "line": line, "refused": refused})
     key = (verdict.kind, verdict.served, verdict.draft)
     if key not in _said:
         _said.add(key)
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    if how is Mode.REFUSE and verdict.blocking:
+    if refused:
         raise GuardRefused(line)
+
+
+def launch_trainer() -> tuple[str | None, list[int] | None]:
+    """The trainer named at launch (``EAGLE3_WORKBOOK_TRAINER=NAME==VERSION``) and the ids it ran with
+    (``EAGLE3_WORKBOOK_TRAIN_IDS=2,30,58``): an edge, parsed here once."""
+    spec = (os.environ.get(TRAINER_ENV) or "").strip() or None
+    text = (os.environ.get(TRAIN_IDS_ENV) or "").strip()
+    if not text:
+        return spec, None
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ValueError(f"{TRAIN_IDS_ENV}={text!r}: expected comma-separated integers, e.g. 2,30,58") \
+            from None
+    if spec is None:
+        raise ValueError(f"{TRAIN_IDS_ENV} is set but {TRAINER_ENV} is not: name the trainer the ids are for")
+    return spec, ids
+
+
+def _arch(holder, arch: str | None) -> str | None:
+    if arch:
+        return arch
+    names = getattr(getattr(holder, "config", None), "architectures", None)
+    return str(names[0]) if names else None
+
+
+def settle_command(family: str, draft) -> str:
+    """The measurement that replaces a prior: the running engine's own capture, then the paired test."""
+    return (f"python -m helpers capture --backend {family} --target TARGET --draft {draft} --text TEXT "
+            f"--out DUMP, "
+            f"then python -m helpers diagnose --draft {draft} --data DUMP")
 
 
 def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int, ids,
             set_ids: Callable[[list[int]], None], report: Callable[[dict], None] | None = None,
             ids_key: str = "eagle_aux_hidden_state_layer_ids",
-            hazards: dict[int, str] | None = None) -> GuardVerdict | None:
+            hazards: dict[int, str] | None = None, feeds_draft: bool = True, arch: str | None = None,
+            rules_release: str | None = None) -> GuardVerdict | None:
     """The guard at the moment the engine has set its capture layers: ``holder.<attr>`` holds the
     capture indices the forward loop will test, ``highest`` the last index it tests (``served_layout``),
     ``set_ids`` is the engine's own setter (used only to find the ids that would fix a mismatch;
-    ``holder.<attr>`` is restored after). Returns the verdict, or None when the guard is off or could not
-    judge; raises ``GuardRefused`` when refusing. A draft whose record or config cannot be read is not
-    judged: ``warn`` says so and lets the engine start, ``refuse`` refuses with the reason."""
+    ``holder.<attr>`` is restored after). ``feeds_draft`` False on a rank that does not feed the draft.
+    ``arch``: the target's class (else read from ``holder.config``); ``rules_release``: the release whose
+    capture rule runs, when it is not the runtime's (the case replay). Returns the verdict, or None when the
+    guard is off or could not judge; raises ``GuardRefused`` when refusing. A draft whose record or config
+    cannot be read is not judged: ``warn`` says so and lets the engine start, ``refuse`` refuses with the
+    reason."""
     how = mode()
     if how is Mode.OFF:
         return None
     started = time.perf_counter()
     try:
+        from ..rules.conventions import parse_engine
+
         folder = local_draft(draft)
-        record = read_record(folder)
         cfg_path = folder / "config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        engine = f"{family}=={release(version)}"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"no config.json in {folder}")
+        cfg = json.loads(cfg_path.read_text())
+        engine = f"{family}=={release(rules_release or version)}"
         original = getattr(holder, attr)
         indices = [int(i) for i in original]
+        layers = getattr(holder, "layers", None)
+        num_layers = len(layers) if layers is not None else highest + 1
+        served, _ = served_layout(indices, highest)
+        trainer, train_ids = launch_trainer()
+        evidence = training_evidence(folder, cfg, engine=parse_engine(engine), arch=_arch(holder, arch),
+                                     num_layers=num_layers, trainer=trainer, train_ids=train_ids,
+                                     served=served)
 
         def restore():
             setattr(holder, attr, original)
@@ -296,15 +392,17 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
         ids_for = probe_ids(set_ids, lambda: getattr(holder, attr), highest, restore)
         ignored = ignored_flags(cfg, engine) if cfg else ()
         verdict = judge(engine=f"{family} {version}", draft=folder, indices=indices, highest=highest,
-                        ids=ids, record=record, ignored=ignored, ids_for=ids_for, ids_key=ids_key,
-                        hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} (live model)")
+                        ids=ids, evidence=evidence, ignored=ignored, ids_for=ids_for, ids_key=ids_key,
+                        hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} (live model)",
+                        feeds_draft=feeds_draft, settle=settle_command(family, folder))
     except Exception as exc:      # noqa: BLE001 - the engine's start must not die of the guard in warn
-        line = f"{PREFIX}: cannot judge {draft}: {type(exc).__name__}: {exc}"
+        line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"
+        line += "; refusing to serve unjudged" if how.refusing else "; starting unjudged"
         if report is not None:
             report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
-                    "seconds": round(time.perf_counter() - started, 6)})
+                    "refused": how.refusing, "seconds": round(time.perf_counter() - started, 6)})
         sys.stderr.write(line + "\n")
-        if how is Mode.REFUSE:
+        if how.refusing:
             raise GuardRefused(line) from None
         return None
     verdict = _with_seconds(verdict, time.perf_counter() - started)
