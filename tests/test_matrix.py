@@ -58,8 +58,8 @@ def test_committed_table_is_current_for_its_releases():
 
 
 def test_committed_release_data_classes_and_drift():
-    """data/releases.json: each common family's releases in classes that serve every case alike; one
-    release per class reproduces every release's outcome for the cases stored."""
+    """helpers/rules/data/releases.json: each common family's releases in classes that serve every case
+    alike; one release per class reproduces every release's outcome for the cases stored."""
     from helpers.rules.matrix import load_release_data, sglang_across_releases
 
     data = load_release_data()

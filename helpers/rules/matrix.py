@@ -65,7 +65,9 @@ COMMON_TARGETS: tuple[tuple[str, int, str], ...] = (
 
 # Where the per-release results for COMMON_TARGETS live, so ``check`` reports release drift without
 # resolving every release (regenerated with docs/sglang-matrix.md by ``wiring --matrix-doc``).
-DATA_FILE = Path(__file__).resolve().parents[2] / "data" / "releases.json"
+# Package data (pyproject.toml [tool.setuptools.package-data]), so an installed wheel carries it too.
+DATA_FILE = Path(__file__).resolve().parent / "data" / "releases.json"
+DATA_NAME = "helpers/rules/data/releases.json"      # how messages name it
 
 # Id lists as the trainers in the field write them, as functions of the layer count.
 ID_CASES: tuple[tuple[str, Callable[[int], list[int] | None]], ...] = (
@@ -251,7 +253,7 @@ def markdown_doc(versions: Sequence[str] | None = None, progress: bool = True,
         "`set_eagle3_layers_to_capture` on a stub and reading its forward loop. Boundaries as in "
         "[boundaries.md](boundaries.md): b = the residual stream entering layer b, 0 = embedding, N = final "
         "state before the norm. Consecutive releases that agree are one row. The same run writes "
-        "`data/releases.json`, from which `check` reports release drift.",
+        "`helpers/rules/data/releases.json`, from which `check` reports release drift.",
         "",
     ]
     for arch, t in data["targets"].items():
@@ -410,7 +412,7 @@ def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_confi
     if case is not None:
         found = [Run(r["first"], r["last"], r["releases"], r["status"], r["layers_to_capture"],
                      tuple(r["served"]), r.get("example", "")) for r in case["runs"]]
-        return Drift("SGLang", found, f"{arch}: the stored case '{case['title']}' of data/releases.json "
+        return Drift("SGLang", found, f"{arch}: the stored case '{case['title']}' of {DATA_NAME} "
                      f"({data['date']}, {len(data['sglang_releases'])} releases)",
                      round(time.perf_counter() - started, 3))
     if target is not None:
@@ -418,14 +420,14 @@ def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_confi
         rows = {r.version: r for r in matrix(arch, num_layers, draft=draft, versions=reps, progress=False,
                                              target_config=target_config)}
         spans = [(c["first"], c["last"], c["releases"], rows[c["last"]]) for c in target["classes"]]
-        how = (f"{arch}: one release per class of {len(target['classes'])} in data/releases.json "
+        how = (f"{arch}: one release per class of {len(target['classes'])} in {DATA_NAME} "
                f"({data['date']}, {len(data['sglang_releases'])} releases)")
     else:
         versions = (data or {}).get("sglang_releases") or sglang_releases()
         found = matrix(arch, num_layers, draft=draft, versions=versions, progress=False,
                        target_config=target_config)
         spans = [(r.version, r.version, 1, r) for r in found]
-        how = (f"{arch} is not in data/releases.json: every release resolved now ({len(versions)}; add it to "
+        how = (f"{arch} is not in {DATA_NAME}: every release resolved now ({len(versions)}; add it to "
                f"matrix.COMMON_TARGETS and regenerate with `wiring --matrix-doc docs/sglang-matrix.md`)")
     return Drift("SGLang", _merge(spans), how, round(time.perf_counter() - started, 3))
 
@@ -475,7 +477,7 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
         spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),
                                          [p for p in r.problems if p.kind != K.NEWER_THAN_READ])))
     how = (f"vLLM: the recorded rules (rules.vllm.rule.VLLM_*) over {len(versions)} releases listed in "
-           f"data/releases.json" + (f" (runner {runner})" if runner else ""))
+           f"{DATA_NAME}" + (f" (runner {runner})" if runner else ""))
     return Drift(str(Engine("vllm", None, runner)), _merge(spans), how,
                  round(time.perf_counter() - started, 3))
 
