@@ -156,21 +156,59 @@ def test_an_unreadable_record_warns_and_starts_or_refuses_with_the_reason(monkey
         guard.at_load(**kw)
 
 
-def test_sglang_hooks_install_the_guard_alone_on_any_release(monkeypatch):
-    """A user's deployment: the guard without the CPU accommodations, which are pinned to one release."""
-    from helpers.live.sglang.cpu import HOOKS_ENV, hooks
-    monkeypatch.delenv(HOOKS_ENV, raising=False)
-    monkeypatch.setattr(hooks, "_release", lambda: "0.5.30")
+def test_the_sglang_guard_hooks_are_apart_from_the_cpu_accommodations(monkeypatch):
+    """A user's deployment: the registry hooks (guard, record) need only the registry and the setter every
+    EAGLE-3 release has; the accommodations are pinned to one release and refuse any other."""
+    from helpers.live.sglang import hooks
+    from helpers.live.sglang.cpu import hooks as cpu_hooks
+
     monkeypatch.setattr(hooks, "_after", {})
+    monkeypatch.delitem(sys.modules, hooks.REGISTRY, raising=False)
     before = list(sys.meta_path)
     try:
-        hooks.install()
-        assert list(hooks._after) == ["sglang.srt.models.registry"]
+        hooks.install_watch()
+        hooks.install_watch()
+        assert list(hooks._after) == [hooks.REGISTRY] and len(hooks._after[hooks.REGISTRY]) == 2
+        assert sum(isinstance(f, hooks._Watcher) for f in sys.meta_path) == 1
     finally:
         sys.meta_path[:] = before
-    monkeypatch.setenv(HOOKS_ENV, "cpu")
+    monkeypatch.setattr(cpu_hooks, "_release", lambda: "0.5.30")
     with pytest.raises(SystemExit):
-        hooks.install()
+        cpu_hooks.install()
+
+
+def test_the_registry_is_wrapped_once_however_many_installers_ran():
+    from helpers.live.sglang import hooks
+
+    class Registry:
+        def resolve_model_cls(self, architectures):
+            return Model, architectures[0]
+
+    class Model:
+        pass
+
+    module = SimpleNamespace(ModelRegistry=Registry())
+    hooks.wrap_registry(module)
+    first = Registry.resolve_model_cls
+    hooks.wrap_registry(module)
+    assert Registry.resolve_model_cls is first and hooks.is_wrapped(Registry)
+    assert module.ModelRegistry.resolve_model_cls(["Model"]) == (Model, "Model") and Model in hooks._handled
+
+
+def test_a_forward_that_adds_an_unset_residual_at_the_capture_is_found():
+    unsafe = """
+def forward(self, x):
+    residual = None
+    for i in range(3):
+        if i in self.layers_to_capture:
+            aux.append(hidden_states + residual)
+"""
+    safe = unsafe.replace("hidden_states + residual",
+                          "hidden_states + residual if residual is not None else hidden_states")
+    assert guard.adds_unset_residual(unsafe, "layers_to_capture") == 1
+    assert guard.adds_unset_residual(safe, "layers_to_capture") == 0
+    set_first = unsafe.replace("residual = None", "residual = x")
+    assert guard.adds_unset_residual(set_first, "layers_to_capture") == 0
 
 
 # -- the training record ------------------------------------------------------------------------------

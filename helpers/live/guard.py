@@ -22,9 +22,11 @@ rules, nothing that needs torch.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -126,7 +128,8 @@ def render(v: GuardVerdict, how: Mode | None = None) -> str:
     rests = f" [evidence: {v.evidence_source}]" if v.evidence_source else ""
     refused = how is not None and v.refused_by(how)
     if v.kind is Kind.OTHER_RANK:
-        return f"{head}: {v.basis}; the rank that feeds the draft judges it; starting"
+        return (f"{head}: {v.engine}: this pipeline stage does not feed the draft ({v.basis}); the last "
+                f"stage does and is judged there; starting")
     if v.kind is Kind.UNKNOWN:
         why = "; ".join(v.notes) or "no training record (training.json) and no trainer named"
         end = ("refusing: strict mode serves only a layout it can prove" if refused else
@@ -250,6 +253,47 @@ def ignored_flags(cfg: dict, engine: str) -> list[tuple[str, str, str]]:
                     f"serve with vllm>={VLLM_HONOURS_NORM_BEFORE_RESIDUAL}, or retrain without "
                     f"norm_before_residual"))
     return out
+
+
+class _UnsetResidual(ast.NodeVisitor):
+    """Counts ``x + residual`` inside an ``if`` that tests the capture attribute, not under a test of
+    ``residual`` itself (``... if residual is None else ...``, ``if residual is not None:``)."""
+
+    def __init__(self, attr: str):
+        self.attr, self.count, self._capture, self._tested = attr, 0, 0, 0
+
+    def _visit_test(self, node, test) -> None:
+        capture = self.attr in ast.unparse(test)
+        tested = "residual" in ast.unparse(test)
+        self._capture += capture
+        self._tested += tested
+        self.generic_visit(node)
+        self._capture -= capture
+        self._tested -= tested
+
+    def visit_If(self, node):
+        self._visit_test(node, node.test)
+
+    def visit_IfExp(self, node):
+        self._visit_test(node, node.test)
+
+    def visit_BinOp(self, node):
+        if (self._capture and not self._tested and isinstance(node.op, ast.Add)
+                and isinstance(node.right, ast.Name) and node.right.id == "residual"):
+            self.count += 1
+        self.generic_visit(node)
+
+
+def adds_unset_residual(forward_source: str, capture_attr: str) -> int:
+    """How many captures in a forward add ``residual`` while it may still be None: the forward starts with
+    ``residual = None`` and a capture under a test of ``capture_attr`` adds it unguarded. Boundary 0 then
+    crashes the first forward (the original case's TypeError); read from the live class's own source."""
+    source = textwrap.dedent(forward_source)
+    if "residual = None" not in source:
+        return 0
+    finder = _UnsetResidual(capture_attr)
+    finder.visit(ast.parse(source))
+    return finder.count
 
 
 def release(version: str) -> str:

@@ -28,8 +28,11 @@ from ...rules.conventions import read_target
 from .. import guard
 from ..stopping import Stoppable, track, untrack
 from . import cpu
+from . import hooks as hooks_mod
 from .install import ROOT, SglangInstall
 from .server import ServerSpec, ServerStartError, SGLangServer, find_free_port, http_json, read_server_info
+
+GUARD_SITE = Path(__file__).with_name("site")   # the guard alone, for releases without plugins
 
 
 class EngineStartError(InputError):
@@ -121,6 +124,22 @@ def setter_rule(release: str, arch: str) -> dict:
             "line": fn.lineno, "source": text}
 
 
+def hook_env(install: SglangInstall, report_path: Path, *, accommodations: bool) -> dict[str, str]:
+    """What puts the workbook inside SGLang's processes. The CPU accommodations (and with them the stand-in
+    ``sgl_kernel``) only where they apply: a CPU host, ``accommodations`` True. Elsewhere the release's own
+    plugin framework loads ``helpers.live.sglang.plugin`` through the installed entry point and nothing goes
+    on PYTHONPATH; a release without the framework gets the guard's own site folder
+    (``helpers/live/sglang/site``: no ``sgl_kernel`` in it)."""
+    env = {hooks_mod.REPORT_ENV: str(report_path)}
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if accommodations:
+        env[hooks_mod.HOOKS_ENV] = "cpu"
+        env["PYTHONPATH"] = os.pathsep.join([str(cpu.SITE), str(ROOT)] + inherited)
+    elif not install.plugins:
+        env["PYTHONPATH"] = os.pathsep.join([str(GUARD_SITE), str(ROOT)] + inherited)
+    return env
+
+
 class SGLangEngine(Stoppable):
     """One running SGLang server. ``with SGLangEngine(install, spec) as e: e.generate(...)``."""
 
@@ -130,9 +149,9 @@ class SGLangEngine(Stoppable):
         self.device = install.device
         if self.device == "cpu" or spec.capture_rule:
             cpu.check_release(install.version)
-            if not install.project:
-                raise EngineStartError(f"{install.venv} lacks this project (its hooks import helpers); "
-                                       f"set it up again with bash workbook.sh sglang")
+        if not install.project:
+            raise EngineStartError(f"{install.venv} lacks this project (the guard and the hooks import "
+                                   f"helpers there); set it up again with bash workbook.sh sglang")
         self.threads = threads
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="eagle3-sglang-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -158,13 +177,14 @@ class SGLangEngine(Stoppable):
                 "--disable-radix-cache", "--skip-server-warmup", "--random-seed", "0", "--log-level", "info"]
         env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
-        hooks = ""
+        accommodations = False
+        rule_file = None
         if self.device == "cpu":
             threads = self.threads or 2
             args += ["--device", "cpu", "--attention-backend", "intel_amx"]
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             notes.extend(cpu.launch_accommodations(threads))
-            hooks = "cpu"
+            accommodations = True
             if spec.draft is None:
                 args.append("--disable-overlap-schedule")
                 notes.append({"name": "no-overlap-schedule", "what": "--disable-overlap-schedule (launches "
@@ -185,22 +205,17 @@ class SGLangEngine(Stoppable):
             self.rule = setter_rule(spec.capture_rule, self.target_spec.arch or "")
             rule_file = self.log_dir / f"{self.log_path.stem}.rule.json"
             rule_file.write_text(json.dumps(self.rule))
-            env[cpu.RULE_ENV] = str(rule_file)
-            hooks = hooks or "rules"
         if spec.capture_ids is not None:
             args += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
                      "--return-aux-hidden-state-layer-ids", *map(str, spec.capture_ids)]
         if self.probe_dir is not None:
             self.probe_dir.mkdir(parents=True, exist_ok=True)
-            env[cpu.PROBE_ENV] = str(self.probe_dir)
-            hooks = hooks or "rules"
         env[guard.GUARD_ENV] = str(spec.guard)
-        if hooks or spec.guard is not guard.Mode.OFF:     # the guard alone needs only sitecustomize
-            if hooks:
-                env[cpu.HOOKS_ENV] = hooks
-            env[cpu.REPORT_ENV] = str(self.report_path)
-            inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-            env["PYTHONPATH"] = os.pathsep.join([str(cpu.SITE), str(ROOT)] + inherited)
+        env.update(hook_env(self.install, self.report_path, accommodations=accommodations))
+        if spec.capture_rule:
+            env[hooks_mod.RULE_ENV] = str(rule_file)
+        if self.probe_dir is not None:
+            env[hooks_mod.PROBE_ENV] = str(self.probe_dir)
         return args + list(spec.extra_args), env
 
     def _start(self, start_timeout: float, progress: bool) -> None:

@@ -34,6 +34,7 @@ class SglangInstall:
     version: str             # the release, e.g. '0.5.23'
     torch: str               # the torch build in that venv, e.g. '2.13.0+cpu'
     project: bool            # this project is installed there (the CPU hooks import helpers)
+    plugins: bool = False    # the release has SGLang's plugin framework (sglang/srt/plugins/, 0.5.23 on)
 
     @property
     def device(self) -> str:
@@ -78,4 +79,5 @@ def find_sglang(venv: Path | None = None) -> SglangInstall:
                                 + (f"; the last setup's log: {log}" if log.is_file() else ""))
     torch_version = _dist_version(sites, "torch") or "unknown"
     project = any(sites[0].glob("eagle3_wiring_workbook-*.dist-info")) if sites else False
-    return SglangInstall(venv, python, version, torch_version, project)
+    plugins = any((s / "sglang" / "srt" / "plugins" / "hook_registry.py").is_file() for s in sites)
+    return SglangInstall(venv, python, version, torch_version, project, plugins)

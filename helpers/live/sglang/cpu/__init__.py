@@ -3,7 +3,9 @@
 SGLang 0.5.23 serves EAGLE-3 on a CPU without AMX once a few things are supplied from outside its own
 files: a stand-in ``sgl_kernel`` (``site/sgl_kernel``, ops in ``ops``), import-time hooks (``hooks``,
 installed by ``site/sitecustomize.py`` in every process of a launch), environment variables and flags.
-``helpers.live.sglang.engine`` applies them per launch, only on CPU, and records each in the run's record.
+``helpers.live.sglang.engine`` applies them per launch, only on a CPU host, and records each in the run's
+record. The engine guard is not one of them (``helpers.live.sglang.hooks`` and ``plugin``): a CUDA launch, or
+a user's stock server, gets the guard and never this folder.
 They touch private names of that one release, so they are pinned to it: another release is refused in one
 line. Nothing here imports sglang; ``hooks`` runs only inside SGLang's processes.
 """
@@ -16,10 +18,6 @@ from ....errors import InputError
 RELEASE = "0.5.23"                 # the release the accommodations were written for, and read from
 SITE = Path(__file__).with_name("site")   # on the SGLang process's PYTHONPATH: sgl_kernel + sitecustomize
 
-HOOKS_ENV = "EAGLE3_WORKBOOK_SGLANG_HOOKS"        # "cpu" (all hooks) or "rules" (capture rule/record only)
-REPORT_ENV = "EAGLE3_WORKBOOK_SGLANG_REPORT"      # JSONL the hooks append their records to
-RULE_ENV = "EAGLE3_WORKBOOK_SGLANG_CAPTURE_RULE"  # JSON file: a release's setter to install
-PROBE_ENV = "EAGLE3_WORKBOOK_SGLANG_PROBE_DIR"    # folder: the draft's fc inputs, saved by row count
 
 
 class UnsupportedRelease(InputError):

@@ -1,0 +1,107 @@
+"""The engine guard inside stock SGLang, without the CPU accommodations (docs/guard.md): SGLang 0.5.23's own
+plugin loader installs it from the workbook's entry point, its own setter runs on stub pipeline ranks, and
+the guard judges each draft on the evidence it has. Runs in .venv-sglang (about 30 s: importing sglang)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import scaled
+
+from helpers.live.sglang import cpu
+from helpers.live.sglang.engine import GUARD_SITE, hook_env
+from helpers.live.sglang.install import EngineUnavailable, find_sglang
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data" / "tiny-kimi"
+
+pytestmark = [pytest.mark.live,
+              pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
+                                 reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
+
+
+@pytest.fixture(scope="module")
+def install():
+    try:
+        return find_sglang()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+
+
+def test_the_launch_environment_carries_the_stand_in_only_with_the_accommodations(install, tmp_path):
+    off = hook_env(install, tmp_path / "r.jsonl", accommodations=False)
+    on = hook_env(install, tmp_path / "r.jsonl", accommodations=True)
+    assert str(cpu.SITE) not in off.get("PYTHONPATH", "") and "EAGLE3_WORKBOOK_SGLANG_HOOKS" not in off
+    assert install.plugins and "PYTHONPATH" not in off      # 0.5.23 loads the guard as its own plugin
+    assert on["PYTHONPATH"].split(os.pathsep)[0] == str(cpu.SITE)
+    assert on["EAGLE3_WORKBOOK_SGLANG_HOOKS"] == "cpu"
+    older = type(install)(**{**install.__dict__, "plugins": False})
+    site = hook_env(older, tmp_path / "r.jsonl", accommodations=False)["PYTHONPATH"]
+    assert site.startswith(str(GUARD_SITE))
+    assert not (GUARD_SITE / "sgl_kernel").exists()
+
+
+def _probe(install, tmp_path, cases, mode="refuse", extra=None):
+    report = tmp_path / f"{mode}.jsonl"
+    env = {**os.environ, "EAGLE3_WORKBOOK_GUARD": mode, "OMP_NUM_THREADS": "1",
+           **hook_env(install, report, accommodations=False), **(extra or {})}
+    probe = REPO / "tests" / "sglang_guard_probe.py"
+    proc = subprocess.run([str(install.python), str(probe), json.dumps(cases)], env=env, capture_output=True,
+                          text=True, timeout=scaled(300), cwd=tmp_path)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")), None)
+    assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = [json.loads(ln) for ln in report.read_text().splitlines()] if report.is_file() else []
+    return json.loads(line[6:]), rows, proc.stderr
+
+
+def test_stock_sglang_loads_the_guard_as_its_plugin_and_judges_each_rank(install, tmp_path):
+    published = tmp_path / "published"          # the deployed draft as a trainer publishes it: no record
+    shutil.copytree(DATA / "draft", published)
+    (published / "training.json").unlink()
+    cases = [{"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": True},            # deployed: refused
+             {"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": False},           # an earlier stage
+             {"draft": str(DATA / "draft-retrained"), "ids": [3, 7, 10], "last": True},  # fix B: starts
+             {"draft": str(published), "ids": [2, 6, 9], "last": True}]                  # no record
+    out, rows, err = _probe(install, tmp_path, cases)
+    assert out["sgl_kernel"] is None or "helpers" not in out["sgl_kernel"]
+    assert [c["served"] for c in out["cases"]] == [False, True, True, True]
+    assert out["cases"][1]["layers_to_capture"] == []          # the setter returned early on that rank
+    installed = [r for r in rows if r.get("event") == "guard-installed"]
+    assert installed and "HookRegistry" in installed[0]["what"]
+    verdicts = [r["verdict"] for r in rows if r.get("event") == "guard"]
+    kinds = [(v["kind"], v["evidence"], v["refused"]) for v in verdicts]
+    assert kinds == [("miswired", "record", True), ("other-rank", "record", False),
+                     ("match", "record", False), ("unknown", "none", False)], kinds
+    assert verdicts[0]["trained"] == [0, 3, 7] and verdicts[0]["served"] == [2, 6, 9]
+    assert "[0, 3, 7]" in verdicts[0]["fix"]                    # the ids SGLang 0.5.23's own setter needs
+    assert "writers of its config format disagree" in verdicts[3]["line"]
+    print("\n".join(v["line"] for v in verdicts))
+
+
+def test_strict_refuses_what_it_cannot_prove_and_a_named_trainer_settles_it(install, tmp_path):
+    published = tmp_path / "published"
+    shutil.copytree(DATA / "draft", published)
+    (published / "training.json").unlink()
+    case = [{"draft": str(published), "ids": [2, 6, 9], "last": True}]
+    out, rows, _ = _probe(install, tmp_path, case, mode="strict")
+    assert [c["served"] for c in out["cases"]] == [False]
+    # a trainer named at launch: SpecForge's HF backend numbers ids as layer outputs: (3, 7, 10), not served
+    out, rows, _ = _probe(install, tmp_path, case, mode="refuse",
+                          extra={"EAGLE3_WORKBOOK_TRAINER": "specforge-hf"})
+    v = [r["verdict"] for r in rows if r.get("event") == "guard"][-1]
+    assert [c["served"] for c in out["cases"]] == [False] and v["evidence"] == "trainer"
+    assert v["trained"] == [3, 7, 10] and "named at launch" in v["line"]
+
+
+def test_a_typo_in_the_mode_stops_the_launch(install, tmp_path):
+    code = ("from helpers.live.sglang.cpu.hooks import _torchvision_schemas; _torchvision_schemas(); "
+            "from sglang.srt.plugins import load_plugins; load_plugins(); print('SERVED')")
+    env = {**os.environ, "EAGLE3_WORKBOOK_GUARD": "refuze"}
+    proc = subprocess.run([str(install.python), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=scaled(300))
+    assert "SERVED" not in proc.stdout
+    assert proc.returncode != 0 and "expected off, warn, refuse or strict" in proc.stderr
