@@ -21,8 +21,9 @@ DISTRIBUTION = "eagle3-wiring-workbook"
 PREFIX = "eagle3-workbook guard"
 
 
-class GuardNotInstalled(RuntimeError):
-    """Raised inside the engine under ``refuse`` when the guard cannot be installed."""
+class GuardNotInstalled(SystemExit):
+    """Raised inside the engine under ``refuse``/``strict`` when the guard cannot be installed. A SystemExit,
+    because SGLang's loader catches ``Exception`` from a plugin and serves on; the code is the one line."""
 
 
 def _mode() -> str:
@@ -50,11 +51,10 @@ def _cannot_install(engine: str, why: str) -> None:
     mode = _mode()
     if mode == "off":
         return
-    if mode == "refuse":
-        line = f"{PREFIX} ({engine}, refuse): not installed: {why}; refusing to serve unguarded"
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        raise GuardNotInstalled(line)
+    if mode in ("refuse", "strict"):
+        # a SystemExit whose code is the line: the interpreter (or multiprocessing's bootstrap) prints it once
+        raise GuardNotInstalled(f"{PREFIX} ({engine}, refuse): not installed: {why}; refusing to serve "
+                                f"unguarded")
     sys.stderr.write(f"{PREFIX} ({engine}, {mode}): not installed, the engine starts unjudged: {why}\n")
     sys.stderr.flush()
 

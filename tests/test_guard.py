@@ -297,3 +297,14 @@ def test_a_refusal_is_read_from_the_launch_report_not_from_the_log():
     assert guard.refusal(rows[-1]) is None
     assert guard.refusal({"kind": "unjudged", "mode": "refuse", "line": "x", "refused": True}) == "x"
     assert guard.refusal(None) is None
+
+
+def test_a_refusing_launch_that_was_never_judged_does_not_serve():
+    """The workbook's own launches: under refuse/strict, a speculative engine that came up with no guard
+    record (plugin not loaded, allowlisted out, shadowed) is stopped before a request."""
+    line = guard.unjudged_launch(guard.Mode.REFUSE, None, engine="SGLang 0.5.23", log="x.log")
+    assert line.startswith("eagle3-workbook guard (refuse): SGLang 0.5.23 came up without judging")
+    assert "unguarded" in line and "x.log" in line
+    assert guard.unjudged_launch(guard.Mode.STRICT, None, engine="vLLM", log="x") is not None
+    assert guard.unjudged_launch(guard.Mode.WARN, None, engine="vLLM", log="x") is None
+    assert guard.unjudged_launch(guard.Mode.REFUSE, {"kind": "match"}, engine="vLLM", log="x") is None

@@ -179,10 +179,12 @@ def test_a_foreign_helpers_first_on_the_path_is_told_apart(venv, tmp_path):
 
     refuse = _run([venv["python"], "-c", CALL_VLLM], cwd=tmp_path, timeout=60, check=False,
                   env=shadow | {GUARD_ENV: "refuse"})
-    line = refuse.stderr.strip()
-    assert refuse.returncode == 3 and len(line.splitlines()) == 1, refuse.stderr
+    line = refuse.stdout.strip().removeprefix("raised: ")
+    assert refuse.returncode == 3 and refuse.stderr == "" and len(line.splitlines()) == 1, refuse.stderr
     assert line.startswith("eagle3-workbook guard (vllm, refuse): not installed") and "unguarded" in line
-    assert refuse.stdout.strip() == f"raised: {line}"            # the exception is that one line
+    uncaught = _run([venv["python"], "-c", "import eagle3_workbook_plugin as p; p.vllm()"], cwd=tmp_path,
+                    timeout=60, check=False, env=shadow | {GUARD_ENV: "refuse"})
+    assert uncaught.returncode == 1 and uncaught.stderr.strip() == line      # printed once, by the exit
 
     warn = _run([venv["python"], "-c", CALL_VLLM], cwd=tmp_path, timeout=60, env=shadow | {GUARD_ENV: "warn"})
     assert warn.stdout.strip() == "returned" and len(warn.stderr.strip().splitlines()) == 1

@@ -105,3 +105,26 @@ def test_a_typo_in_the_mode_stops_the_launch(install, tmp_path):
                           timeout=scaled(300))
     assert "SERVED" not in proc.stdout
     assert proc.returncode != 0 and "expected off, warn, refuse or strict" in proc.stderr
+
+
+# This CPU venv pairs PyPI's CUDA torchvision with CPU torch: importing sglang needs two op schemas first
+# (cpu/hooks.py _torchvision_schemas), defined here without importing helpers, which is shadowed below.
+TORCHVISION = ("import torch; lib = torch.library.Library('torchvision', 'DEF'); "
+               "[lib.define(f'{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor') "
+               "for op in ('nms', 'qnms')]; ")
+
+
+def test_a_foreign_helpers_stops_a_refusing_launch_in_sglangs_own_loader(install, tmp_path):
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "__init__.py").write_text('"""Another project\'s helpers."""\n')
+    code = TORCHVISION + "from sglang.srt.plugins import load_plugins; load_plugins(); print('SERVED')"
+    env = {**os.environ, "EAGLE3_WORKBOOK_GUARD": "refuse"}
+    proc = subprocess.run([str(install.python), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=scaled(300), cwd=tmp_path)        # '' first on sys.path: the foreign one
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("eagle3-workbook guard")]
+    assert proc.returncode != 0 and "SERVED" not in proc.stdout and len(lines) == 1, proc.stderr[-3000:]
+    assert "(sglang, refuse): not installed: 'helpers' resolves to" in lines[0] and "unguarded" in lines[0]
+    env["EAGLE3_WORKBOOK_GUARD"] = "warn"
+    proc = subprocess.run([str(install.python), "-c", code], env=env, capture_output=True, text=True,
+                          timeout=scaled(300), cwd=tmp_path)
+    assert proc.returncode == 0 and "SERVED" in proc.stdout and "starts unjudged" in proc.stderr

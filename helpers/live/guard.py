@@ -160,6 +160,18 @@ def refusal(verdict: dict | None) -> str | None:
     return verdict["line"]
 
 
+def unjudged_launch(how: Mode, verdict: dict | None, *, engine: str, log: str | Path) -> str | None:
+    """Where the workbook launches an engine with a draft: under a refusing mode, a launch that came up
+    without a guard verdict was never judged (the plugin did not load: an allowlist such as
+    ``VLLM_PLUGINS``/``SGLANG_PLUGINS`` without it, a foreign ``helpers``, a missing install), so it must not
+    serve. The one line why, or None."""
+    if not how.refusing or verdict is not None:
+        return None
+    return (f"{PREFIX} ({how}): {engine} came up without judging the draft (no guard record from its "
+            f"processes: the workbook's plugin did not load or did not install; look for the "
+            f"'{PREFIX} (...): installed' line in {log}); refusing to serve unguarded")
+
+
 class GuardRefused(RuntimeError):
     """Raised inside the engine so it stops before serving; the message is the guard's line."""
 

@@ -250,6 +250,11 @@ class SGLangEngine(Stoppable):
             done.set()
             bar.close()
         self.start_seconds = round(time.perf_counter() - started, 2)
+        unjudged = guard.unjudged_launch(spec.guard, self.guard_verdict(), engine=f"SGLang {self.version}",
+                                         log=self.log_path) if spec.draft is not None else None
+        if unjudged:                     # before a single request: no token is served unjudged
+            self.close()
+            raise EngineStartError(f"SGLang {self.version} refused {spec.label}: {unjudged}")
 
     def _why(self, message: str) -> str:
         lines = [ln for ln in message.splitlines() if ln.strip()]

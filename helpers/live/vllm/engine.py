@@ -164,6 +164,11 @@ class VllmEngine(Stoppable):
                         raise EngineStartError(f"vLLM would not start {self.spec.label}: {msg.get('error')} "
                                                f"(log: {self.log_path})")
                     self.version = msg["vllm"]
+                    unjudged = guard.unjudged_launch(self.spec.guard, self.guard_verdict(),
+                                                     engine=f"vLLM {self.version}", log=self.log_path) \
+                        if self.spec.draft is not None else None
+                    if unjudged:
+                        raise EngineStartError(f"vLLM refused {self.spec.label}: {unjudged}")
                     break
                 if time.perf_counter() - started > start_timeout:
                     raise EngineStartError(f"vLLM did not start {self.spec.label} within "
