@@ -308,3 +308,20 @@ def test_a_refusing_launch_that_was_never_judged_does_not_serve():
     assert guard.unjudged_launch(guard.Mode.STRICT, None, engine="vLLM", log="x") is not None
     assert guard.unjudged_launch(guard.Mode.WARN, None, engine="vLLM", log="x") is None
     assert guard.unjudged_launch(guard.Mode.REFUSE, {"kind": "match"}, engine="vLLM", log="x") is None
+
+
+@pytest.mark.parametrize("release, unsafe", [("0.5.9", True), ("0.5.23", False)])
+def test_the_boundary0_hazard_is_read_from_each_releases_own_forward(release, unsafe):
+    """SGLang 0.5.9's DeepseekV2Model.forward adds a residual still None before layer 0 (the original case's
+    crash; its fix A needs the patch first), 0.5.23's does not: the guard reads the live class's source."""
+    import ast
+
+    from helpers.rules.sglang.source import fetch_sglang
+
+    path = fetch_sglang(release).root / "sglang" / "srt" / "models" / "deepseek_v2.py"
+    text = path.read_text()
+    cls = next(n for n in ast.walk(ast.parse(text))
+               if isinstance(n, ast.ClassDef) and n.name == "DeepseekV2Model")
+    forward = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "forward")
+    found = guard.adds_unset_residual(ast.get_source_segment(text, forward), "layers_to_capture")
+    assert bool(found) is unsafe
