@@ -9,9 +9,9 @@ code, whether that release needs it, and records what it did (``applied`` / ``no
 as one JSON line in the file ``EAGLE3_WORKBOOK_VLLM_REPORT`` names, so a report can say which engine
 code measured what. docs/vllm.md says why each fix exists and what checks it.
 
-It also installs the engine guard (``helpers.live.guard``) when ``EAGLE3_WORKBOOK_GUARD`` is ``warn`` or
-``refuse``: after vLLM has set the target's capture layers, the live model is compared with the
-draft's training record before the first token.
+It also installs the engine guard (``helpers.live.guard``) when ``EAGLE3_WORKBOOK_GUARD`` is on: on both
+model runners (V1 and V2), right after vLLM's own code has set the target's capture layers, the live model
+is compared with what the draft was trained on before the first token (docs/guard.md).
 
 This module runs in ``.venv-vllm`` (vLLM's pinned transformers), never in the notebooks' kernel:
 it imports only vLLM, torch, the standard library and the torch-free ``helpers.live.guard``.
@@ -22,6 +22,7 @@ import ast
 import inspect
 import json
 import os
+import sys
 import textwrap
 import time
 
@@ -267,11 +268,66 @@ def _boundary0_hazard(holder) -> dict[int, str]:
                f"None): launch with {FIXES_ENV}=boundary0"}
 
 
-def _install_guard() -> None:
+class GuardNotInstalled(RuntimeError):
+    """Raised from ``register`` under ``refuse``/``strict`` when a model runner this release has cannot be
+    hooked: vLLM calls a loaded plugin outside any ``try`` (vllm/plugins/__init__.py
+    ``load_general_plugins``), so the launch stops before a model loads."""
+
+
+V2_UTILS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
+V2_SETTER = "set_eagle3_aux_hidden_state_layers"
+
+
+def _feeds_draft() -> bool:
+    """False on a pipeline stage before the last: the draft runs on the last stage only (V1
+    gpu_model_runner.py:590, V2 gpu/model_runner.py:295-298 in 0.32). A single process (no parallel groups
+    set up) feeds it."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return True
+    return bool(parallel_state.get_pp_group().is_last_rank)
+
+
+def _aux_state(holder) -> dict:
+    """The holder's own capture state: ``aux_hidden_state_layers`` and, on an ``EagleModelMixin``, the PP
+    relay layout its setter caches beside it (``_aux_slot_base_cached``, interfaces.py:1577-1599 in 0.32).
+    The guard's setter probes change all of it; restoring the ids alone would leave a probe's relay layout."""
+    return {k: v for k, v in vars(holder).items() if "aux" in k}
+
+
+def _restore_aux_state(holder, saved: dict) -> None:
+    for k in [k for k in vars(holder) if "aux" in k and k not in saved]:
+        delattr(holder, k)
+    for k, v in saved.items():
+        setattr(holder, k, v)
+
+
+def _judge(model, spec, ids, runner: str) -> None:
+    """The guard on the model vLLM's own code has just given its capture layers (either runner)."""
     from helpers.live import guard
 
-    if guard.mode() is guard.Mode.OFF or "guard" in _applied:
+    draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
+    holder = _capture_holder(model) if model is not None else None
+    if getattr(spec, "method", None) != "eagle3" or draft is None or holder is None:
         return
+    import vllm
+
+    saved = _aux_state(holder)
+    try:
+        guard.at_load(family="vllm", version=vllm.__version__, draft=draft, holder=holder,
+                      attr="aux_hidden_state_layers", highest=_highest_index(holder), ids=ids,
+                      hazards=_boundary0_hazard(holder), feeds_draft=_feeds_draft(),
+                      set_ids=lambda layers: model.set_aux_hidden_state_layers(tuple(layers)),
+                      report=lambda row: _report({"guard": row, "runner": runner}))
+    finally:
+        _restore_aux_state(holder, saved)
+
+
+def _hook_v1() -> str:
+    """V1 (``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner subclasses): its own method that sets
+    the capture layers, judged after it ran."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     setup = "_setup_eagle3_aux_hidden_state_outputs"     # its own method from 0.2x; inside load_model before
@@ -280,25 +336,104 @@ def _install_guard() -> None:
 
     def judged(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        spec = getattr(self, "speculative_config", None)
-        draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
-        model = self.get_model() if hasattr(self, "get_model") else getattr(self, "model", None)
-        holder = _capture_holder(model) if model is not None else None
-        if not getattr(self, "use_aux_hidden_state_outputs", False) or draft is None or holder is None:
-            return out
-        import vllm
-
-        from_config = getattr(self, "_get_eagle3_aux_layers_from_config", None)
-        ids = from_config() if from_config else None
-        guard.at_load(family="vllm", version=vllm.__version__, draft=draft, holder=holder,
-                      attr="aux_hidden_state_layers", highest=_highest_index(holder), ids=ids,
-                      hazards=_boundary0_hazard(holder),
-                      set_ids=lambda layers: model.set_aux_hidden_state_layers(tuple(layers)),
-                      report=lambda row: _report({"guard": row}))
+        if getattr(self, "use_aux_hidden_state_outputs", False):
+            model = self.get_model() if hasattr(self, "get_model") else getattr(self, "model", None)
+            from_config = getattr(self, "_get_eagle3_aux_layers_from_config", None)
+            ids = from_config() if from_config else None
+            _judge(model, getattr(self, "speculative_config", None), ids, "v1")
         return out
 
     setattr(GPUModelRunner, name, judged)
-    _applied["guard"] = {"state": "installed", "why": f"GPUModelRunner.{name} judged by the guard"}
+    return f"GPUModelRunner.{name}"
+
+
+def _v2_calls_setter(source: str) -> bool:
+    """Whether V2's model_runner.py imports ``set_eagle3_aux_hidden_state_layers`` from ``eagle3_utils`` under
+    that name and ``GPUModelRunner.load_model`` calls it: read from the file, so the module (and what it
+    imports) is not loaded in every process just to be checked."""
+    tree = ast.parse(source)
+    imported = any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("eagle3_utils")
+                   and any(a.name == V2_SETTER and a.asname in (None, V2_SETTER) for a in n.names)
+                   for n in tree.body)
+    load = [f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "GPUModelRunner"
+            for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "load_model"]
+    calls = [n for f in load for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    return imported and any(n.func.id == V2_SETTER for n in calls)
+
+
+def _hook_v2() -> str | None:
+    """V2 (``vllm/v1/worker/gpu/model_runner.py``, a class of its own): ``load_model`` calls
+    ``set_eagle3_aux_hidden_state_layers(self.model, self.speculative_config)``, a name it imports from
+    ``eagle3_utils``. The name is wrapped there, so the runner binds the wrapper when it is imported later,
+    and rebound in the runner's module when it is already loaded; first the runner's own file is read to
+    check that it imports and calls that name. None when this release has no V2 runner."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu") is None:
+        return None
+    spec = importlib.util.find_spec(V2_RUNNER)
+    if spec is None or not spec.origin:
+        raise RuntimeError(f"{V2_RUNNER} is missing")
+    with open(spec.origin, encoding="utf-8") as fh:
+        if not _v2_calls_setter(fh.read()):
+            raise RuntimeError(f"V2 GPUModelRunner.load_model does not call {V2_SETTER} from eagle3_utils")
+    utils = importlib.import_module(V2_UTILS)
+    original = getattr(utils, V2_SETTER)
+    runner = sys.modules.get(V2_RUNNER)
+    if runner is not None and getattr(runner, V2_SETTER, None) is not original:
+        raise RuntimeError(f"{V2_RUNNER} does not bind {V2_UTILS}.{V2_SETTER}")
+
+    def judged(model, spec_config, *args, **kwargs):
+        out = original(model, spec_config, *args, **kwargs)
+        _judge(model, spec_config, utils.get_eagle3_aux_layers_from_config(spec_config), "v2")
+        return out
+
+    judged.__wrapped__ = original
+    setattr(utils, V2_SETTER, judged)
+    if runner is not None:
+        setattr(runner, V2_SETTER, judged)
+    return f"{V2_SETTER} (eagle3_utils, as gpu/model_runner.py imports it)"
+
+
+def _install_guard() -> None:
+    """Hook every model runner this release has; one marker line on stderr says where (nothing when off).
+    A runner the release has but the plugin cannot hook: ``refuse``/``strict`` raise ``GuardNotInstalled``,
+    ``warn`` says so and the engine starts (unjudged on that runner)."""
+    from helpers.live import guard
+
+    how = guard.mode()
+    if how is guard.Mode.OFF or "guard" in _applied:
+        return
+    hooked: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for label, hook in (("V1", _hook_v1), ("V2", _hook_v2)):
+        try:
+            where = hook()
+        except Exception as exc:     # noqa: BLE001 - any failure is the reason given
+            failed[label] = f"{type(exc).__name__}: {exc}"
+            continue
+        if where:
+            hooked[label] = where
+    if not hooked and not failed:
+        failed["any"] = "no model runner found"
+    runners = "+".join(hooked)
+    record = {"state": "installed" if not failed else ("partial" if hooked else "failed"), "mode": str(how),
+              "runners": list(hooked), "hooks": hooked, "failed": failed}
+    _applied["guard"] = record
+    _report({"guard_install": record})
+    if failed:
+        why = "; ".join(f"{k}: {v}" for k, v in failed.items())
+        line = f"{guard.PREFIX} (vllm, {how}): not installed on {'+'.join(failed)} ({why})"
+        if how.refusing:
+            sys.stderr.write(line + "; refusing to serve unguarded\n")
+            sys.stderr.flush()
+            raise GuardNotInstalled(line + "; refusing to serve unguarded")
+        line += f"; installed on {runners} runners" if hooked else ""
+        sys.stderr.write(line + "; a launch there starts unjudged\n")
+    else:
+        sys.stderr.write(f"{guard.PREFIX} (vllm, {how}): installed on {runners} runners\n")
+    sys.stderr.flush()
 
 
 _FIX_FUNCS = {"rope3d": _fix_rope3d, "mla_width": _fix_mla_width, "boundary0": _fix_boundary0}
