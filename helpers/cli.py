@@ -2,7 +2,10 @@
 
 One parser class, so a bad flag reads the same everywhere (one ``error:`` line, exit 2, as any
 other bad input), and one set of pair options, so ``--target``/``--draft``/``--engine``/
-``--device``/``--json`` mean the same thing in every command.
+``--device``/``--json`` mean the same thing in every command: ``--engine NAME[==VERSION]`` is always
+whose rules decide what "served" means, ``--backend`` (bench, run-workbook) which live runtime runs.
+``--engine`` left out is None; each command resolves it (``stated_engine`` for a static question, the
+installed release for a live one) and says what it chose.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .errors import BadOption, InputError, one_line, print_json
-from .rules.conventions import DEFAULT_ENGINE, Engine, parse_engine
+from .rules.conventions import DEFAULT_ENGINE, Engine, assumed_engine_line, parse_engine
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -49,11 +52,20 @@ def engine_value(value: str | Engine) -> Engine:
     return parse_engine(value)
 
 
+def stated_engine(value: str | Engine | None) -> tuple[Engine, str | None]:
+    """A static question's engine: ``--engine`` as given (None beside it), or, when it was left out, the
+    stated default (``conventions.DEFAULT_ENGINE``) with the line the output opens with."""
+    if value is None:
+        return parse_engine(DEFAULT_ENGINE), assumed_engine_line(DEFAULT_ENGINE)
+    return parse_engine(value), None
+
+
 def add_pair_args(p: argparse.ArgumentParser, *,
                   target: str | None = "target model folder (Hugging Face layout)",
                   draft: str | None = "EAGLE-3 draft folder (SGLang, speculators or EAGLE reference format)",
-                  engine: str | None = ("whose wiring 'served' means: sglang==VERSION, sglang (installed), "
-                                        "vllm[==VERSION][:v1|:v2], trtllm or llamacpp[==BUILD]"),
+                  engine: str | None = ("whose rules decide what 'served' means: sglang==VERSION, "
+                                        "vllm[==VERSION][:v1|:v2], trtllm or llamacpp[==BUILD]; default: "
+                                        f"{DEFAULT_ENGINE}, said in the output's first line"),
                   device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
     """The options naming the pair and where it runs; pass None to leave one out."""
     kind = Path if paths else str
@@ -62,7 +74,7 @@ def add_pair_args(p: argparse.ArgumentParser, *,
     if draft is not None:
         p.add_argument("--draft", type=kind, default=None, required=required, help=draft)
     if engine is not None:
-        p.add_argument("--engine", action=EngineOption, default=parse_engine(DEFAULT_ENGINE), help=engine)
+        p.add_argument("--engine", action=EngineOption, default=None, help=engine)
     if device:
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     if json:

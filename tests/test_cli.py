@@ -51,8 +51,10 @@ def test_run_workbook_rejects_missing_paths(tmp_path, capsys):
     (["--only", "07_nope"], "is not a notebook"),
     (["--training-layout", "2,4"], "the draft's fc takes 3"),
     (["--training-layout", "a,b"], "cannot read a layout"),
-    (["--engine-version", "sglang=0.5.9"], "unknown engine"),
-    (["--engine-version", "sglang"], "names no version"),
+    (["--engine", "sglang=0.5.9"], "unknown engine"),
+    (["--engine-version", "sglang=0.5.9"], "unknown engine"),      # the old spelling, one release more
+    (["-p", "ENGINE_VERSION=\"sglang\""], "names no version"),
+    (["--engine", "auto", "--engine-version", "vllm", "--backend", "vllm"], "both name the rules"),
     (["-p", "NUM_PROMT=4"], "no notebook takes a parameter 'NUM_PROMT'"),
     (["-p", "NUM_PROMPTS=0"], "NUM_PROMPTS must be a positive integer"),
 ])

@@ -457,12 +457,13 @@ def test_bad_input_raises_clear_errors(src, tmp_path):
 
 def test_served_plan(src):
     cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}}
-    plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root)
+    plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine="sglang==0.5.9", root=src["0.5.9"].root)
     assert isinstance(plan, CapturePlan) and plan.layout == (0, 3, 7)
     assert "layers_to_capture [0, 3, 7]" in plan.source
     assert any(e.startswith("boundary 0") for e in plan.errors) and plan.notes == ()
     with pytest.raises(WiringError):
-        wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", root=src["0.5.9"].root, strict=True)
+        wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine="sglang==0.5.9", root=src["0.5.9"].root,
+                           strict=True)
     ok = wiring.served_plan([1, 5, 8], L, "DeepseekV3ForCausalLM", engine="sglang==0.5.23",
                             root=src["0.5.23"].root)
     assert ok.layout == (2, 6, 9) and ok.errors == () and ok.warnings == ()

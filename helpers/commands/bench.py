@@ -2,10 +2,13 @@
 
 ``--backend reference`` (the default) runs the workbook's own engine in this process
 (``live.reference.run_bench``); ``--backend vllm|sglang`` runs the real engine from its venv and puts the
-reference engine's figures for the same layout beside it.
+reference engine's figures for the same layout beside it. ``--engine NAME[==VERSION]`` is whose rules
+say what "served" means: left out, a live run takes the installed release's own and the reference engine
+the stated default (said first). ``--guard`` left out is ``EAGLE3_WORKBOOK_GUARD`` when set, else warn.
 """
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -47,17 +50,17 @@ def main(argv=None) -> int:
     ap.add_argument("--truncate-prompts", action="store_true",
                     help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
     ap.add_argument("--backend", choices=BACKENDS, default="reference",
-                    help="the engine that runs: reference (this workbook's, in process), vllm (the real "
-                         "engine from .venv-vllm, its own process; --engine then defaults to its release) or "
-                         "sglang (the real engine from .venv-sglang; --engine sglang==0.5.9 runs that "
-                         "release's own capture rule on the installed runtime)")
-    ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=str(guard.Mode.WARN),
-                    help="the engine guard inside a live engine (docs/guard.md): warn (default: the engine "
-                         "starts, the mismatch is measured), refuse (a miswired draft never starts) or off")
+                    help="the runtime that runs: reference (this workbook's, in process), vllm (the real "
+                         "engine from .venv-vllm, its own process, under its own release's rules) or "
+                         "sglang (the real engine from .venv-sglang; --engine defaults to its release, and "
+                         "--engine sglang==0.5.9 runs that release's own capture rule on the installed "
+                         "runtime)")
+    ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
+                    help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
+                         f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
+                         f"token served) or off; default: ${guard.GUARD_ENV} when set, else warn")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(cli.glue_option_values(argv, "--layout"))
-    a.guard = guard.Mode(a.guard)
-    engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS} (draft tokens per verify step), got {a.steps}")
     if a.repeats < 1:
@@ -66,14 +69,20 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
-    backend = None
+    backend, assumed = None, None
     try:
-        a.engine = cli.engine_value(a.engine)      # a typo in --engine fails before any model loads
-        if a.backend != "reference":
-            # vLLM runs its own release's rules; SGLang the named release's (its setter installed live)
-            backend = choose(a.backend, a.engine if engine_named else a.backend)
+        a.guard = guard_mode(a.guard, os.environ)
+        if a.backend == "reference":    # the reference engine: --engine, or the stated default (said first)
+            a.engine, assumed = cli.stated_engine(a.engine)
+        else:
+            named = None if a.engine is None else cli.engine_value(a.engine)   # a typo fails here
+            # vLLM runs its own release's rules; SGLang the named release's (its setter installed live),
+            # else the installed release's own
+            backend = choose(a.backend, named)
             if not backend.live:        # one line and exit 2 when this host has no such engine
                 raise BadOption(backend.unavailable)
+            if backend.refuses(named):
+                raise BadOption(backend.refuses(named))
             a.engine = backend.rules
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
@@ -105,8 +114,11 @@ def main(argv=None) -> int:
         return fail(exc)
     engine_notes = list(plan.warnings) + fit_notes + engine_notes
     if a.json:
-        print_json(res.to_dict() | {"engine": str(a.engine), "engine_notes": engine_notes})
+        print_json({"assumed_engine": str(a.engine) if assumed else None} | res.to_dict()
+                   | {"engine": str(a.engine), "engine_notes": engine_notes})
     else:
+        if assumed:
+            print(assumed)
         print(f"reference engine (this workbook's), layout {plan.label} ({plan.source}), {a.steps} draft "
               f"steps, {len(prompts)} prompts x {a.repeats} repeats")
         for n in engine_notes:
@@ -124,6 +136,20 @@ def main(argv=None) -> int:
         print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
               f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
     return 0 if res.lossless else 1
+
+
+def guard_mode(flag: str | None, environ) -> guard.Mode:
+    """``--guard``, else the user's ``EAGLE3_WORKBOOK_GUARD`` when set (a bad value: its one line, exit 2),
+    else warn: a live run measures the mismatch unless told to refuse it."""
+    if flag is not None:
+        return guard.Mode(flag)
+    text = environ.get(guard.GUARD_ENV)
+    if text is None or not text.strip():
+        return guard.Mode.WARN
+    try:
+        return guard.mode_from(text)
+    except ValueError as exc:
+        raise BadOption(f"{exc} (or pass --guard)") from None
 
 
 def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:

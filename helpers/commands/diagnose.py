@@ -19,7 +19,7 @@ from ..investigation.metrics import metrics_verdict, read_metrics
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 from ..investigation.verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
 from ..model.draft import run_as
-from ..rules.conventions import Engine
+from ..rules.conventions import Engine, assumed_engine_line
 from .dump import run_dump_diagnosis
 
 
@@ -44,6 +44,7 @@ class Diagnosis:
     wiring: WiringVerdict | None = None     # does served equal trained, and what the difference costs
     best_accept: float | None = None        # accepted tokens per verify step: the ranking's measure
     served_accept: float | None = None      # the same, under the engine's forward
+    assumed_engine: str | None = None       # the release assumed when no --engine was given (said first)
 
     @property
     def trained_layout(self) -> tuple[int, ...]:
@@ -75,6 +76,7 @@ class Diagnosis:
 
     def to_dict(self) -> dict:
         return {
+            "assumed_engine": self.assumed_engine,
             "best_layout": list(self.best_layout),
             "best_label": layout_label(self.best_layout, self.num_layers),
             "best_accept_length": self.best_accept,
@@ -166,26 +168,25 @@ def main(argv=None) -> int:
     metrics.add_argument("--metrics", default=None, metavar="SOURCE",
                          help="a Prometheus /metrics scrape (file or loopback URL), a vLLM or llama.cpp log, "
                               "or a JSON list of SGLang responses (or their meta_info)")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = ap.parse_args(argv)
-    engine_named = any(x == "--engine" or x.startswith("--engine=") for x in argv)
-    target_named = any(x == "--target" or x.startswith("--target=") for x in argv)
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    engine_named, target_named = a.engine is not None, a.target is not None
 
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
                  f"{a.windows}")
-    try:
-        a.engine = cli.engine_value(a.engine)      # a typo in --engine fails before any weights load
+    try:   # a typo in --engine fails before any weights load; none given: the stated default, said first
+        a.engine, assumed = cli.stated_engine(a.engine)
     except InputError as exc:
         return fail(exc)
+    assumed_engine = str(a.engine) if assumed else None
     if a.metrics is not None:
         if a.data is not None:
             return fail(BadOption("--metrics and --data answer different questions; pass one of them"))
         return run_metrics_diagnosis(a, engine_named, target_named)
     if a.data is not None:
-        return run_dump_diagnosis(a)
+        return run_dump_diagnosis(a, assumed_engine)
     try:
         if a.text is not None and not a.text.is_file():
             raise FileNotFoundError(f"no text file at {a.text}")
@@ -194,11 +195,14 @@ def main(argv=None) -> int:
         pair = load_pair(a.target, a.draft, a.device)
         caps = eval_captures(pair, text, max_windows=a.windows)
         d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
+        d.assumed_engine = assumed_engine
     except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
         return fail(exc)
     if a.json:
         print_json(d.to_dict())
         return 0
+    if assumed:
+        print(assumed)
     L = d.num_layers
     print(f"ranked by {d.ranked_by}")
     print(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length {d.best_accept:.3f}   "
@@ -243,17 +247,20 @@ def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
         if a.draft is None:
             raise BadOption("--metrics needs --draft DIR: the draft the engine serves")
         engine = a.engine
+        assumed = None if engine_named else str(engine)
         profile_engine = read_metrics(a.metrics).engine
         if not engine_named and profile_engine == "vllm":
-            engine = Engine("vllm")       # the engine that exported the metrics, not the default's
+            engine, assumed = Engine("vllm"), None     # the engine that exported the metrics, not the default
         text = read_text_file(a.text, "text file") if a.text else None
         v = metrics_verdict(a.metrics, a.draft, a.target if target_named else None, engine, text, a.windows,
                             a.device)
     except (FileNotFoundError, ValueError, EvalInputError) as exc:
         return fail(exc)
     if a.json:
-        print_json(v.to_dict())
+        print_json({"assumed_engine": assumed} | v.to_dict())
         return 0
+    if assumed:
+        print(assumed_engine_line(assumed))
     p = v.profile
     print(f"{p.engine} ({p.source}, {p.where}): {p.drafts} draft rounds, accept length {p.accept_length:.3f}")
     exp = v.expected.rates if v.expected else []

@@ -18,7 +18,7 @@ from ..investigation.dumps import FORMATS, check_new_dir, open_dump, write_dump
 from ..investigation.pair import check_device, text_windows
 from ..model.target import load_target
 from ..record import read_record
-from ..rules.conventions import read_target_config
+from ..rules.conventions import assumed_engine_line, read_target_config
 
 
 def parse_slot_boundaries(text: str | None):
@@ -36,7 +36,8 @@ def parse_slot_boundaries(text: str | None):
     return out
 
 
-def run_dump_diagnosis(a) -> int:
+def run_dump_diagnosis(a, assumed_engine: str | None = None) -> int:
+    """``diagnose --data``; ``assumed_engine``: the release assumed without --engine (said first)."""
     try:
         for name in ("max_records", "max_tokens"):
             v = getattr(a, name)
@@ -67,8 +68,10 @@ def run_dump_diagnosis(a) -> int:
     except (FileNotFoundError, ValueError) as exc:   # InputError is a ValueError
         return fail(exc)
     if a.json:
-        print_json(d.to_dict())
+        print_json({"assumed_engine": assumed_engine} | d.to_dict())
         return 0
+    if assumed_engine:
+        print(assumed_engine_line(assumed_engine))
     print(format_dump_diagnosis(d, a.engine))
     return 0
 

@@ -171,11 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ids = (cli.parse_int_list(args.ids, "--ids",
                                   empty_hint=", or omit --ids to use the engine's default ids")
                if args.ids is not None else None)
-        result = resolve(args.engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
+        engine, assumed = cli.stated_engine(args.engine)      # no --engine: the stated default, said first
+        result = resolve(engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
                          target_config=target.config if target else None, read_vllm_source=args.read_source)
     except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
         return int(exc.code or 0)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
-    cli.emit(result, args.json, format_report)
+    if args.json:
+        print_json({"assumed_engine": str(engine) if assumed else None} | result.to_dict(), indent=2)
+    else:
+        print("\n".join(([assumed] if assumed else []) + [format_report(result)]))
     return 0 if result.capturable else 1

@@ -4,9 +4,15 @@ Each notebook runs on the same parameters (the embedded default unless told othe
 lands in ``reports/`` executed, and is rendered to HTML twice: a report view (code hidden,
 for sharing) and a full view. An index page links them and shows the before/after table
 that notebook 06 wrote to ``summary.json``.
+
+``--backend`` is the runtime that measures (the notebooks' ``ENGINE``), ``--engine NAME[==VERSION]``
+whose rules decide what "served" means (their ``ENGINE_VERSION``). Left out, ``--engine`` is the case
+replay on the embedded pair (``conventions.CASE_ENGINE``), the installed release of a live backend on
+a user's pair, else ``conventions.DEFAULT_ENGINE``; one line says which.
 """
 from __future__ import annotations
 
+import argparse
 import html
 import json
 import os
@@ -26,10 +32,17 @@ from ..boundaries import parse_layout
 from ..errors import BadOption, InputError
 from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..live.backends import auto as auto_backend
+from ..live.backends import case_replay_line, installed
 from ..model.checkpoint import config_from_json
 from ..notebook.lab import SMALL
 from ..notebook.reports import ORDER, Summary, read_summary
-from ..rules.conventions import DEFAULT_ENGINE, parse_engine, read_draft_config
+from ..rules.conventions import (
+    CASE_ENGINE,
+    DEFAULT_ENGINE,
+    assumed_engine_line,
+    parse_engine,
+    read_draft_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -109,7 +122,7 @@ th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
-engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', DEFAULT_ENGINE)))}</code>{data_note}.</p>
+engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', CASE_ENGINE)))}</code>{data_note}.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
@@ -416,10 +429,11 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         if key not in known:
             problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
     try:
-        eng = parse_engine(params.get("ENGINE_VERSION", DEFAULT_ENGINE))
+        eng = parse_engine(params.get("ENGINE_VERSION", CASE_ENGINE))     # the notebooks' own default
         if eng.rules.runs_release_source and not eng.version:     # SGLang's rules are a release's source
-            problems.append(f"--engine-version {params.get('ENGINE_VERSION')!r} names no version; "
-                            f"expected e.g. {DEFAULT_ENGINE}")
+            problems.append(f"--engine {params.get('ENGINE_VERSION')!r} names no version (and no "
+                            f"{eng.rules.title} is installed here to take it from); expected e.g. "
+                            f"{DEFAULT_ENGINE}")
     except ValueError as exc:
         problems.append(str(exc))
     if params.get("TRAINING_LAYOUT") not in (None, ""):
@@ -452,13 +466,67 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
 
 
 def _backend(choice: str) -> str:
-    """``--engine auto``: the real engine where this host has it, SGLang first (``backends.auto``); the
+    """``--backend auto``: the real engine where this host has it, SGLang first (``backends.auto``); the
     line says which ran and why."""
     if choice != "auto":
         return choice
     family, line = auto_backend()
     print(line)
     return family
+
+
+RUNTIMES = ("auto", *BACKENDS)      # --backend's words
+
+
+def old_spellings(backend: str | None, engine: str | None, engine_version: str | None,
+                  say=lambda line: print(line, file=sys.stderr)) -> tuple[str | None, str | None]:
+    """(--backend, --engine) from the spellings of the release before: ``--engine auto|reference|vllm|
+    sglang`` named the runtime and ``--engine-version`` the rules. Each still works for this release,
+    with one line saying the new spelling; README.md and scripts built on it used them."""
+    if engine_version is not None:
+        say(f"note: --engine-version is deprecated; spell it --engine {engine_version} (whose rules)")
+        if engine in RUNTIMES and backend is None:
+            say(f"note: --engine {engine} beside --engine-version names the runtime; "
+                f"spell it --backend {engine}")
+            return engine, engine_version
+        if engine is not None:
+            raise BadOption(f"--engine {engine} and --engine-version {engine_version} both name the rules "
+                            f"(or --backend is given too); pass --backend and --engine NAME==VERSION")
+        return backend, engine_version
+    if engine in RUNTIMES and backend is None:
+        say(f"note: --engine {engine} names the runtime, the old spelling; spell it --backend {engine} "
+            f"(--engine now names whose rules, e.g. {DEFAULT_ENGINE})")
+        return engine, None
+    return backend, engine
+
+
+def embedded_pair(params: dict) -> bool:
+    """The run is on data/tiny-kimi, the pair that replays the original case."""
+    target = Path(params.get("TARGET") or DEFAULT_DIR / "target").resolve()
+    draft = Path(params["DRAFT"]).resolve() if params.get("DRAFT") else target.parent / "draft"
+    return target == (DEFAULT_DIR / "target").resolve() and draft == (DEFAULT_DIR / "draft").resolve()
+
+
+def default_rules(params: dict, family: str) -> tuple[str, str]:
+    """``--engine`` left out: (the rules, the line that says why). The embedded pair replays the original
+    case (``CASE_ENGINE``); a user's pair on a live backend takes the installed release's own rules;
+    else the stated default (``DEFAULT_ENGINE``)."""
+    if embedded_pair(params):
+        return CASE_ENGINE, case_replay_line(family)
+    runtime = installed(family)
+    if runtime is not None:
+        return str(runtime), (f"[engine] rules: {runtime}, the installed {runtime.rules.title}'s own "
+                              f"(no --engine given; pass --engine NAME==VERSION for yours)")
+    return DEFAULT_ENGINE, assumed_engine_line(DEFAULT_ENGINE)
+
+
+def _versioned(engine: str | None) -> str | None:
+    """``--engine sglang`` (no release): the installed SGLang's, whose source is its rules."""
+    if engine is None:
+        return None
+    eng = parse_engine(engine)
+    runtime = installed(eng.name) if eng.rules.runs_release_source and not eng.version else None
+    return str(runtime) if runtime is not None else engine
 
 
 def main(argv=None) -> int:
@@ -468,14 +536,18 @@ def main(argv=None) -> int:
     ap.add_argument("--retrained-draft", default=None)
     ap.add_argument("--training-layout", default=None,
                     help="a,b,c; default: the draft's record, else inferred")
-    ap.add_argument("--engine", default="auto", choices=["auto", "reference", "vllm", "sglang"],
-                    help="the engine that runs: sglang (the real engine in .venv-sglang, the original "
-                         "case's), vllm (the real engine in .venv-vllm; bash workbook.sh sets up both), "
-                         "reference (this workbook's); auto: SGLang when it is installed, else vLLM, else "
-                         "reference (said in one line). The reference engine always runs beside a live one, "
-                         "fed the layout the rules predict")
-    ap.add_argument("--engine-version", default=DEFAULT_ENGINE,
-                    help="whose wiring rules decide the served layout: sglang==VERSION or vllm")
+    ap.add_argument("--backend", default=None, choices=RUNTIMES,
+                    help="the runtime that measures (notebooks 01, 05, 06): sglang (the real engine in "
+                         ".venv-sglang), vllm (the real engine in .venv-vllm; bash workbook.sh sets up "
+                         "both), reference (this workbook's); auto (default): SGLang when it is installed, "
+                         "else vLLM, else reference (said in one line). The reference engine always runs "
+                         "beside a live one, fed the layout the rules predict")
+    ap.add_argument("--engine", default=None, metavar="NAME[==VERSION]",
+                    help="whose wiring rules decide the served layout: sglang==VERSION, "
+                         "vllm[==VERSION], ...; "
+                         f"default (said in one line): on the embedded pair the case replay ({CASE_ENGINE}'s "
+                         f"capture rule), else a live backend's installed release, else {DEFAULT_ENGINE}")
+    ap.add_argument("--engine-version", default=None, help=argparse.SUPPRESS)   # the old --engine
     ap.add_argument("--prompts", default=None)
     ap.add_argument("--data", default=None,
                     help="a trainer's hidden-state dump: notebook 02's isolated test and ranking run from it")
@@ -488,14 +560,23 @@ def main(argv=None) -> int:
                     help="any notebook parameter, e.g. -p NUM_PROMPTS=4")
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(cli.glue_option_values(argv, "--training-layout"))
+    try:
+        a.backend, a.engine = old_spellings(a.backend, a.engine, a.engine_version)
+        a.backend = a.backend or "auto"
+        engine = _versioned(a.engine)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print("nothing was run and nothing under --out was touched", file=sys.stderr)
+        return 2
     params: dict = dict(SMALL) if a.small else {}
     for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
                      ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
                      ("DATA", a.data)]:
         if val is not None:
             params[key] = val
-    params.update(ENGINE="reference" if a.engine == "auto" else a.engine, ENGINE_VERSION=a.engine_version,
-                  DEVICE=a.device)
+    params.update(ENGINE="reference" if a.backend == "auto" else a.backend, DEVICE=a.device)
+    if engine is not None:
+        params["ENGINE_VERSION"] = engine
     for p in a.param:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
@@ -517,8 +598,11 @@ def main(argv=None) -> int:
         return 2
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
     measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
-    if a.engine == "auto" and measures and not any(p.startswith("ENGINE=") for p in a.param):
+    if a.backend == "auto" and measures and not any(p.startswith("ENGINE=") for p in a.param):
         params["ENGINE"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
+    if "ENGINE_VERSION" not in params:            # neither --engine nor -p ENGINE_VERSION: said in one line
+        params["ENGINE_VERSION"], line = default_rules(params, params["ENGINE"])
+        print(line)
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key):
             params[key] = str(Path(params[key]).resolve())

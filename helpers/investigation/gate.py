@@ -21,6 +21,7 @@ from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_
 from ..record import read_record
 from ..rules import matrix as releases
 from ..rules.conventions import (
+    DEFAULT_ENGINE,
     IDS_KEY,
     MLA_DRAFT_ARCH,
     SGLANG_DRAFT_ARCH,
@@ -28,6 +29,7 @@ from ..rules.conventions import (
     IdsAt,
     TargetSpec,
     architectures,
+    assumed_engine_line,
     engine_fc_slots,
     ids_in_config,
     is_eagle_reference_config,
@@ -75,6 +77,8 @@ class CheckReport:
     # what the engine itself captured (``capture --backend vllm`` wrote it into the dump's capture.json)
     measured_layout: tuple[int | None, ...] | None = None
     measured_source: str = ""
+    # the release assumed when no engine was named (``conventions.DEFAULT_ENGINE``); said first
+    assumed_engine: str | None = None
 
     @property
     def agree(self) -> bool | None:
@@ -107,7 +111,7 @@ class CheckReport:
         return f"{tuple(layout)} {layout_label(layout, self.num_layers)}" if layout else "nothing"
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {"assumed_engine": self.assumed_engine} | asdict(self)     # first, as the text's first line
         d.update(training_layout=list(self.training_layout) if self.training_layout else None,
                  served_layout=list(self.served_layout), agree=self.agree, ok=self.ok, verdict=self.verdict,
                  exit_code=self.exit_code, mismatch=None if self.agree is None else not self.agree,
@@ -164,13 +168,14 @@ def _record(draft_dir: Path) -> dict | None:
 # The check.
 
 
-def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
+def check(draft: str | Path, engine: str | Engine | None, *, target: str | Path | None = None,
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
           across_releases: bool = True, measured: str | Path | None = None) -> CheckReport:
-    """``across_releases``: also every release of the engine (committed data, or resolved now);
-    ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
+    """``engine``: whose rules; None assumes ``conventions.DEFAULT_ENGINE`` and the report says so first
+    (``assumed_engine``). ``across_releases``: also every release of the engine (committed data, or
+    resolved now); ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
     started = time.perf_counter()
     check_sizes(tp, pp)
     if (target is None) == (target_config is None):
@@ -178,7 +183,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
     if algorithm.upper() not in ALGORITHMS:
         raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
                         f"(the engine's speculative algorithm)")
-    engine = eng = parse_engine(engine)     # an entry point: parsed here, the Engine from here on
+    assumed = DEFAULT_ENGINE if engine is None else None
+    engine = eng = parse_engine(engine or DEFAULT_ENGINE)     # an entry point: parsed here, then typed
     if trainer is not None:
         parse_trainer(trainer)
     draft_dir = Path(draft).expanduser()
@@ -201,7 +207,8 @@ def check(draft: str | Path, engine: str, *, target: str | Path | None = None,
                          tuple(served.served_layout) if captures else (),
                          f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
                          f"{served.layers_to_capture}" + ("" if captures else
-                                                          ", but the release never turns capture on"))
+                                                          ", but the release never turns capture on"),
+                         assumed_engine=assumed)
     _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec)
     if across_releases:
         _releases(report, eng, spec, cfg)
@@ -517,7 +524,8 @@ def _vocab(report: CheckReport, cfg: dict, shapes, spec: TargetSpec) -> None:
 
 
 def format_report(r: CheckReport) -> str:
-    lines = [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
+    lines = [assumed_engine_line(r.assumed_engine)] if r.assumed_engine else []
+    lines += [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
              f"  trained on : {r._label(r.training_layout)}   [{r.training_source}]",
              f"  served     : {r._label(r.served_layout)}   [{r.served_source}]"]
     if r.measured_layout is not None:

@@ -1,16 +1,18 @@
 """Which engine measures, and whose rules say what it serves: the reference engine, vLLM or SGLang.
 
-A notebook or command names a backend (``ENGINE``, ``--backend``) and a release whose rules decide
-"served" (``ENGINE_VERSION``, ``--engine``). ``choose`` turns the two into one ``Backend``: the live
-install when the host has it (else the reason it does not, and the reference engine measures), and
-the rules the rows are held to:
+A notebook or command names a backend (``ENGINE``, ``--backend``: which runtime runs) and a release whose
+rules decide "served" (``ENGINE_VERSION``, ``--engine``). ``choose`` turns the two into one ``Backend``:
+the live install when the host has it (else the reason it does not, and the reference engine measures),
+and the rules the rows are held to:
 
 - vLLM: its installed release's own rules (the release that runs is the release that is predicted);
-- SGLang: the named release's rules. When the named release is not the runtime (the original case's
-  ``sglang==0.5.9`` on a 0.5.23 runtime), the runtime runs the named release's own
-  ``set_eagle3_layers_to_capture`` (``capture_rule``), and every row says "runtime 0.5.23, capture
-  rule 0.5.9": the setter half of the original case on a real engine. 0.5.9's ``None``-residual
-  capture code has no counterpart in 0.5.23, so that half stays shown from the source (notebook 05).
+- SGLang: the named release's rules, and with none named the installed release's own. When the named
+  release is not the runtime (the original case's ``sglang==0.5.9`` on a 0.5.23 runtime), the runtime
+  runs the named release's own ``set_eagle3_layers_to_capture`` (``capture_rule``), and every row says
+  "runtime 0.5.23, capture rule 0.5.9": the setter half of the original case on a real engine. 0.5.9's
+  ``None``-residual capture code has no counterpart in 0.5.23, so that half stays shown from the source
+  (notebook 05). Only the embedded pair replays that case by default (``conventions.CASE_ENGINE``), and
+  says so (``case_replay_line``, ``Backend.label``).
 
 ``Backend.bench`` runs ``helpers.live.bench.live_bench`` on whichever engine it is.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rules.conventions import Engine, parse_engine
+from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, parse_engine
 from .bench import LiveRow, LiveWiring
 from .guard import Mode
 from .sglang import bench as sglang_bench
@@ -52,9 +54,11 @@ class Backend:
         if self.install is None:
             return "the reference engine (this workbook's)"
         if isinstance(self.install, SglangInstall):
+            where = f"({self.install.device}, {self.install.venv.name})"
+            if self.capture_rule and str(self.rules) == CASE_ENGINE:
+                return f"{_replay(self.rules, self.install.version)} {where}"
             rule = f", capture rule {self.capture_rule}" if self.capture_rule else ""
-            return (f"SGLang runtime {self.install.version}{rule} ({self.install.device}, "
-                    f"{self.install.venv.name})")
+            return f"SGLang runtime {self.install.version}{rule} {where}"
         return f"vLLM {self.install.version} ({self.install.device}, {self.install.venv.name})"
 
     def bench(self, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *, steps: int,
@@ -73,12 +77,32 @@ class Backend:
                                            guard=guard)
         raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
 
+    def refuses(self, named: Engine | None) -> str | None:
+        """Why this live runtime cannot run under the rules ``named`` (``--engine``), or None: vLLM runs
+        only its own release's rules, SGLang any SGLang release's (its setter installed live)."""
+        if named is None or not self.live:
+            return None
+        if named.rules is not self.rules.rules:
+            return (f"--engine {named} names another engine's rules, but --backend {self.family} runs "
+                    f"{self.rules}; drop --engine (the runtime's own release), or pass the --backend that "
+                    f"engine runs on")
+        if named.version and named.version != self.rules.version:
+            return (f"--engine {named}: the vLLM here is {self.install.version} and runs its own release's "
+                    f"rules; drop --engine, or name vllm=={self.install.version}")
+        return None
 
-def choose(family: str, rules: str | Engine) -> Backend:
+
+def _replay(rules: Engine, runtime: str | None) -> str:
+    where = f", runtime {runtime}" if runtime else ", measured by the reference engine"
+    return f"case replay: capture rule {rules.name} {rules.version}{where}"
+
+
+def choose(family: str, rules: str | Engine | None = None) -> Backend:
     """``family`` (reference, vllm, sglang) and the named rules -> the Backend this host can run.
-    A host without the engine keeps the named rules and says why in one line. An entry point: the
-    notebooks name both as text (``ENGINE``, ``ENGINE_VERSION``), parsed here."""
-    named = parse_engine(rules)
+    ``rules`` None: a live engine's own installed release (``conventions.DEFAULT_ENGINE`` where none
+    runs). A host without the engine keeps the named rules and says why in one line. An entry point:
+    the notebooks name both as text (``ENGINE``, ``ENGINE_VERSION``), parsed here."""
+    named = parse_engine(rules if rules is not None else DEFAULT_ENGINE)
     if family == "vllm":
         try:
             install = find_vllm()
@@ -91,12 +115,35 @@ def choose(family: str, rules: str | Engine) -> Backend:
         except SglangUnavailable as exc:
             return Backend("reference", named, None, str(exc))
         # the named release's rules when they are SGLang's (its setter runs live), else the runtime's own
+        named = named if rules is not None else install.engine
         rules_engine = named if named.rules is install.engine.rules and named.version else install.engine
         return Backend("sglang", rules_engine, install,
                        capture_rule=sglang_bench.capture_rule_for(install, rules_engine.version))
     if family != "reference":
         raise ValueError(f"unknown engine {family!r}; expected one of {', '.join(FAMILIES)}")
     return Backend("reference", named)
+
+
+def installed(family: str) -> Engine | None:
+    """The release of ``family`` (vllm, sglang) this host runs, as the rules it serves by, or None."""
+    find = {"vllm": find_vllm, "sglang": find_sglang}.get(family)
+    try:
+        return find().engine if find else None
+    except (VllmUnavailable, SglangUnavailable):
+        return None
+
+
+def case_replay_line(family: str) -> str:
+    """The line a run of the embedded pair under the original case's rules (``CASE_ENGINE``) opens with:
+    which capture rule, inside which runtime (``family``: the backend that measures)."""
+    case, runtime = parse_engine(CASE_ENGINE), installed(family)
+    why = "the embedded pair's original case"
+    if runtime is None:
+        return f"[engine] {_replay(case, None)} ({why})"
+    if runtime.rules is case.rules:
+        return f"[engine] {_replay(case, runtime.version)} ({why})"
+    return (f"[engine] case replay: rules {case} in the static notebooks ({why}); {runtime.rules.title} "
+            f"{runtime.version} measures under its own release's rules")
 
 
 def auto() -> tuple[str, str]:
