@@ -124,7 +124,9 @@ def render(v: GuardVerdict, how: Mode | None = None) -> str:
         served += f" (ids {list(v.ids)}"
         served += f"; {list(v.dropped)} past the last layer, never captured)" if v.dropped else ")"
     elif v.dropped:
-        served += f" (capture indices {list(v.dropped)} past the last layer, never captured)"
+        served += f" (no ids read, the engine's default; {list(v.dropped)} past the last layer, never captured)"
+    else:
+        served += " (no ids read: the engine's default)"
     rests = f" [evidence: {v.evidence_source}]" if v.evidence_source else ""
     refused = how is not None and v.refused_by(how)
     if v.kind is Kind.OTHER_RANK:
@@ -200,8 +202,8 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
     does not run (``ignored_flags``). ``ids_for(layout)``: the ids this engine turns into ``layout``,
     found by running its own setter (None where no ids can), used to name the fix. ``hazards``: boundary ->
     what else serving it needs on this engine (vLLM's boundary-0 residual; SGLang 0.5.9's), added to an ids
-    fix. ``feeds_draft`` False: a rank that does not feed the draft (a pipeline stage before the last, whose
-    setter leaves the capture empty), never judged miswired. ``settle``: the command that measures the
+    fix. ``feeds_draft`` False: a rank that does not feed the draft (a pipeline stage before the last), never
+    judged miswired. ``settle``: the command that measures the
     served layout, named where only a prior spoke.
     """
     served, dropped = served_layout(indices, highest)
