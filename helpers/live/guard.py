@@ -124,7 +124,8 @@ def render(v: GuardVerdict, how: Mode | None = None) -> str:
         served += f" (ids {list(v.ids)}"
         served += f"; {list(v.dropped)} past the last layer, never captured)" if v.dropped else ")"
     elif v.dropped:
-        served += f" (no ids read, the engine's default; {list(v.dropped)} past the last layer, never captured)"
+        served += (f" (no ids read, the engine's default; {list(v.dropped)} past the last layer, never "
+                   f"captured)")
     else:
         served += " (no ids read: the engine's default)"
     rests = f" [evidence: {v.evidence_source}]" if v.evidence_source else ""
