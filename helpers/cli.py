@@ -74,7 +74,7 @@ def add_pair_args(p: argparse.ArgumentParser, *,
     if draft is not None:
         p.add_argument("--draft", type=kind, default=None, required=required, help=draft)
     if engine is not None:
-        p.add_argument("--engine", action=EngineOption, default=None, help=engine)
+        p.add_argument("--engine", action=EngineOption, default=None, metavar="NAME[==VERSION]", help=engine)
     if device:
         p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or mps")
     if json:

@@ -35,7 +35,7 @@ def tree_hash(path: Path) -> str:
 def diagnosis(fmt: str, run_target: str = "auto") -> dict:
     base = tiny_default()
     r = cli("diagnose", "--draft", base / "draft", "--data", tiny_dump(fmt), "--target", base / "target",
-            "--run-target", run_target, "--json")
+            "--run-target", run_target, "--engine", "sglang==0.5.9", "--json")    # the case: (b3, b7, b10)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

@@ -89,7 +89,8 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
     assert [m["boundary"] for m in measured] == list(SERVED)        # measured, not inferred
     # and diagnose reads the capture like any dump: the running tiny target names each slot
     d = subprocess.run([sys.executable, "-m", "helpers", "diagnose", "--draft", str(base / "draft"), "--data",
-                        str(out), "--target", str(base / "target"), "--json"], cwd=REPO, capture_output=True,
+                        str(out), "--target", str(base / "target"), "--engine", "sglang==0.5.9", "--json"],
+                       cwd=REPO, capture_output=True,
                        text=True, timeout=scaled(600))
     assert d.returncode == 0, d.stderr
     res = json.loads(d.stdout)

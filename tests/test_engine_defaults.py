@@ -185,3 +185,27 @@ def test_run_workbook_old_spellings_still_work_with_one_line_each():
     assert workbook.old_spellings("vllm", "vllm==0.32.0", None, said.append) == ("vllm", "vllm==0.32.0")
     assert workbook.old_spellings(None, "sglang==0.5.23", None, said.append) == (None, "sglang==0.5.23")
     assert not said
+
+
+def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_path, capsys):
+    """The notebooks get ENGINE (the runtime) and ENGINE_VERSION (the rules) as resolved; nothing runs."""
+    seen = []
+
+    def fake_run(out, params, only=None, render=True, progress=True):
+        seen.append(params)
+        return workbook.Runs()
+
+    monkeypatch.setattr(workbook, "run_workbook", fake_run)
+    out = ["--out", str(tmp_path / "r"), "--no-render"]
+    assert workbook.main(out + ["--backend", "reference"]) == 0
+    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == CASE_ENGINE
+    assert "case replay: capture rule sglang 0.5.9" in capsys.readouterr().out.splitlines()[0]
+    mine = ["--target", str(PAIR / "target"), "--draft", str(PAIR / "draft-retrained")]    # not the case
+    assert workbook.main(out + mine + ["--backend", "reference"]) == 0
+    assert seen[-1]["ENGINE_VERSION"] == DEFAULT_ENGINE
+    assert capsys.readouterr().out.splitlines()[0] == assumed_engine_line(DEFAULT_ENGINE)
+    assert workbook.main(out + mine + ["--backend", "reference", "--engine", "vllm==0.32.0"]) == 0
+    assert seen[-1]["ENGINE_VERSION"] == "vllm==0.32.0" and not capsys.readouterr().out.startswith("[engine]")
+    assert workbook.main(out + ["--engine", "reference", "--engine-version", "sglang==0.5.23"]) == 0   # old
+    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == "sglang==0.5.23"
+    assert capsys.readouterr().err.count("note: ") == 2

@@ -195,7 +195,8 @@ DUMP_CASES.update({
 @pytest.mark.parametrize("case", list(DUMP_CASES))
 def test_dump_path_keeps_the_training_layout_in_front(case):
     base, draft, dump, trained = DUMP_CASES[case]()
-    r = cli("diagnose", "--draft", draft, "--data", dump, "--target", base / "target", "--json")
+    r = cli("diagnose", "--draft", draft, "--data", dump, "--target", base / "target",
+            "--engine", "sglang==0.5.9", "--json")      # the original case's rule: the served (3, 7, 10)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     import pandas as pd
@@ -324,13 +325,13 @@ def test_tiny_sample_is_never_confident():
     """--max-tokens 5: a handful of scored tokens. z is a number, and nothing is called confident."""
     base = tiny_default()
     r = cli("diagnose", "--draft", base / "draft", "--data", tiny_dump("speculators"), "--target",
-            base / "target", "--max-tokens", "5", "--steps", "1", "--json")
+            base / "target", "--max-tokens", "5", "--steps", "1", "--engine", "sglang==0.5.9", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["tokens"] <= 4 and out["confident"] is False and len(out["confident_set"]) > 1
     assert isinstance(out["z_runner_up"], float) and out["significant"] is False
     text = cli("diagnose", "--draft", base / "draft", "--data", tiny_dump("speculators"), "--target",
-               base / "target", "--max-tokens", "5", "--steps", "1")
+               base / "target", "--max-tokens", "5", "--steps", "1", "--engine", "sglang==0.5.9")
     assert text.returncode == 0 and not re.search(r"\binf\b", text.stdout)
     assert "(confident)" not in text.stdout
     assert "NOT confident" in text.stdout
@@ -343,7 +344,7 @@ def test_dump_without_the_trained_slots_is_still_a_mismatch_by_record(capsys):
     d = tiny_default()
     dump = tiny_dump("speculators", (3, 7, 10), records=2)
     assert main(["diagnose", "--data", str(dump), "--target", str(d / "target"), "--draft", str(d / "draft"),
-                 "--json"]) in (0, 1)
+                 "--engine", "sglang==0.5.9", "--json"]) in (0, 1)
     out = json.loads(capsys.readouterr().out)
     assert out["mismatch"] is True and out["cost"] is None
     assert "MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record" in out["verdict"]

@@ -35,6 +35,7 @@ from ..live.bench import LiveWiring
 from ..live.reference import BenchResult, encode_prompts, reference_figures, run_bench
 from ..live.timing import speed_phrase
 from ..model.draft import run_as
+from ..rules.conventions import DEFAULT_ENGINE
 
 
 def main(argv=None) -> int:
@@ -43,7 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
     ap.add_argument("--prompts", type=Path, default=None,
                     help="JSONL with a 'prompt' field, or one prompt per line")
-    cli.add_pair_args(ap)
+    cli.add_pair_args(ap, engine="whose rules decide what 'served' means: sglang==VERSION, vllm[==VERSION]"
+                                 "[:v1|:v2], ...; default: a live --backend's installed release, else "
+                                 f"{DEFAULT_ENGINE} (said in the output's first line)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--num-prompts", type=int, default=None)
