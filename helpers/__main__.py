@@ -15,7 +15,9 @@ COMMANDS = {
              "write a hidden-state dump in a trainer's layout (speculators, SpecForge)"),
     "scale-check": ("helpers.commands.scale_check",
                     "dump diagnosis cost at a 7168-wide draft: peak memory, s per 1000 tokens"),
-    "capture": ("helpers.commands.capture", "capture hidden states through a serving SGLang into a dump"),
+    "capture": ("helpers.commands.capture",
+                "capture what an engine feeds the draft into a dump, measured (SGLang or vLLM started here, "
+                "or a running SGLang)"),
     "check": ("helpers.commands.check",
               "pre-deployment gate: will the engine serve the trained layout? (no weights)"),
     "fixes": ("helpers.commands.fixes", "write a draft's training record, or a fixed copy (ids, fc order)"),

@@ -61,7 +61,7 @@ def fake_sglang():
 
 
 def test_rows_from_response_shapes():
-    from helpers.commands.capture import CaptureError, rows_from_response
+    from helpers.live.sglang.capture import CaptureError, rows_from_response
 
     body = {"meta_info": {"hidden_states": [[[1.0, 2.0], [3.0, 4.0]], [5.0, 6.0]]}}
     assert rows_from_response(body, 2).tolist() == [[1.0, 2.0], [3.0, 4.0]]
@@ -99,7 +99,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
 
 
 def test_capture_refuses_an_engine_without_hidden_states(tmp_path):
-    from helpers.commands.capture import CaptureError, capture_dump
+    from helpers.live.sglang.capture import CaptureError, capture_dump
 
     def post(url, payload):
         return {"text": "x", "meta_info": {"completion_tokens": 1}}
@@ -107,3 +107,76 @@ def test_capture_refuses_an_engine_without_hidden_states(tmp_path):
     with pytest.raises(CaptureError, match="enable-return-aux-hidden-states"):
         capture_dump("http://127.0.0.1:1", torch.arange(32).view(2, 16), 64, tmp_path / "out", post=post)
     assert not (tmp_path / "out").exists() and not any(tmp_path.iterdir())
+
+
+def _cli(capsys, *argv) -> tuple[int, str]:
+    from helpers.commands.capture import main
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:       # argparse's refusals, as `python -m helpers` ends with them
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), lines
+    return code, lines[0]
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ((), "give --backend sglang|vllm --target DIR --draft DIR"),
+    (("--backend", "sglang", "--target", "T"), "--backend sglang needs --draft DIR"),
+    (("--backend", "sglang", "--target", "T", "--draft", "D", "--layer-ids", "0,3,7"),
+     "captures the ids the engine reads from --draft"),
+    (("--backend", "sglang", "--draft", "D"), "--backend sglang needs --target DIR"),
+    (("--backend", "sglang", "--target", "T", "--draft", "D", "--reference", "R"),
+     "--reference belong to --engine-url"),
+    (("--engine-url", "http://127.0.0.1:1", "--tokenizer", "T", "--engine", "sglang==0.5.9"),
+     "--engine start an engine (--backend)"),
+    (("--engine-url", "http://127.0.0.1:1", "--backend", "vllm"), "--backend vllm starts vLLM itself"),
+    (("--engine-url", "http://127.0.0.1:1"), "--engine-url needs --tokenizer"),
+])
+def test_capture_options_refused_before_any_engine(extra, expected, tmp_path, capsys):
+    """Which way in is decided from the parsed options (no argv sniffing); a wrong mix is one line and
+    exit 2 before an engine starts or a folder is made."""
+    code, line = _cli(capsys, "--text", str(tiny_default() / "heldout.txt"), "--out", str(tmp_path / "cap"),
+                      *extra)
+    assert code == 2 and expected in line, line
+    assert not any(tmp_path.iterdir())
+
+
+def test_fc_rows_waits_for_this_windows_input():
+    """The fc probe keeps the latest input per row count: a stale one (the last window's) is waited past,
+    a repeated window's equal input is taken, and none at all is one CaptureError naming the log."""
+    from helpers.live.sglang.capture import CaptureError, _fc_rows
+
+    class Engine:
+        log_path = "LOG"
+
+        def __init__(self, frames):
+            self.frames, self.sent = list(frames), []
+
+        def generate(self, prompts, max_tokens):
+            self.sent.append((prompts, max_tokens))
+
+        def fc_inputs(self):
+            return self.frames.pop(0) if len(self.frames) > 1 else self.frames[0]
+
+    old, new = torch.zeros(8, 6), torch.ones(8, 6)
+    e = Engine([{8: old}, {8: old}, {8: new}])
+    assert torch.equal(_fc_rows(e, list(range(8)), old, False, 5.0, "window 1"), new)
+    assert e.sent == [([list(range(8))], 1)]
+    assert torch.equal(_fc_rows(Engine([{8: old}]), list(range(8)), old, True, 5.0, "window 1"), old)
+    with pytest.raises(CaptureError, match=r"window 0: the draft.s fc received no 8-row input .*LOG"):
+        _fc_rows(Engine([{}]), list(range(8)), None, False, 0.2, "window 0")
+
+
+def test_capture_backend_refuses_another_engines_rules(tmp_path, capsys):
+    """``--backend sglang --engine vllm==...``: the runtime cannot run those rules; one line, no engine."""
+    from helpers.live.sglang.install import EngineUnavailable, find_sglang
+    try:
+        find_sglang()
+    except EngineUnavailable:
+        pytest.skip("no .venv-sglang: the refusal needs the runtime it names")
+    code, line = _cli(capsys, "--backend", "sglang", "--engine", "vllm==0.32.0", "--target", "T", "--draft",
+                      "D", "--text", str(tiny_default() / "heldout.txt"), "--out", str(tmp_path / "cap"))
+    assert code == 2 and "--engine vllm==0.32.0 names another engine's rules" in line, line
+    assert not any(tmp_path.iterdir())

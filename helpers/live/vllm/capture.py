@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -21,27 +21,15 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from ...investigation.dumps import staged_dir
-from ...model.capture import run_and_capture
+from ...investigation.measured import SlotMatch, match_boundaries
 from ...rules.conventions import read_target
 from .bench import fixes_for
 from .engine import LaunchSpec, VllmEngine
 from .install import VllmInstall
 
-# A slot equals a boundary when their difference is within float noise of the state's own scale.
-MATCH_REL = 1e-3
-
 
 class CaptureMismatch(InputError):
     """What vLLM saved does not line up with the tokens asked for."""
-
-
-@dataclass
-class SlotMatch:
-    slot: int
-    layer_id: int                  # the id vLLM was given for this slot (sorted, as vLLM captures)
-    boundary: int | None           # the boundary whose state it equals, None when none does
-    max_abs_diff: float            # against that boundary (or the nearest one)
-    rel_diff: float
 
 
 def _wait_for(storage: Path, count: int, timeout: float) -> list[Path]:
@@ -52,30 +40,6 @@ def _wait_for(storage: Path, count: int, timeout: float) -> list[Path]:
         if len(files) >= count - 1 or time.monotonic() > deadline:
             return files
         time.sleep(0.05)
-
-
-@torch.no_grad()
-def match_boundaries(target, records: list[tuple[torch.Tensor, torch.Tensor]], ids: list[int]
-                     ) -> list[SlotMatch]:
-    """Each slot against every boundary of the workbook's own fp32 forward on the same tokens."""
-    num_layers = target.config.num_hidden_layers
-    boundaries = list(range(num_layers + 1))
-    worst = torch.zeros(len(ids), len(boundaries))
-    scale = torch.zeros(len(ids))
-    for tokens, states in records:
-        _, ref = run_and_capture(target, tokens[None].long(), boundaries)
-        for s in range(len(ids)):
-            x = states[:, s].float()
-            scale[s] = max(float(scale[s]), float(x.abs().max()))
-            for j, b in enumerate(boundaries):
-                worst[s, j] = max(float(worst[s, j]), float((x - ref[b][0].float()).abs().max()))
-    out = []
-    for s, layer_id in enumerate(ids):
-        j = int(worst[s].argmin())
-        rel = float(worst[s, j]) / max(float(scale[s]), 1e-12)
-        out.append(SlotMatch(s, layer_id, boundaries[j] if rel < MATCH_REL else None,
-                             round(float(worst[s, j]), 8), round(rel, 8)))
-    return out
 
 
 def capture_vllm(install: VllmInstall, target_dir: Path, windows: torch.Tensor, ids: list[int], out: Path,
