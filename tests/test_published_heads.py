@@ -54,11 +54,25 @@ def test_published_head(tmp_path, draft, engine):
     assert sorted({p.kind for p in r.problems if p.blocking}) == want["kinds"]
     assert [[x["first"], x["last"], x["served_layout"]] for x in r.served_across_releases] == want["groups"]
     assert [[c["trainer"], c["training_layout"], c["served_agrees"]] for c in r.candidates] == want["cands"]
-    # none of these configs carries a training record, and a draft's own num_hidden_layers (1) is never
-    # read as the target's depth
-    assert r.training_layout is None and r.verdict.startswith("UNKNOWN")
+    # none of these configs carries a training record: only a config that names the trainer which wrote it
+    # (speculators' speculators_version, with a rule that writes ids) settles the training layout, on the
+    # evidence the engine guard reads too; a draft's own num_hidden_layers (1) is never the target's depth
+    if r.evidence == "config":
+        assert r.training_layout and "named by the config (speculators_version" in r.training_source
+        assert not r.verdict.startswith("UNKNOWN")
+    else:
+        assert r.evidence == "none" and r.training_layout is None and r.verdict.startswith("UNKNOWN")
     target = json.loads((HEADS / "targets" / f"{MANIFEST['drafts'][draft]['target']}.json").read_text())
     assert r.num_layers == (target.get("text_config") or target)["num_hidden_layers"] > 1
+
+
+def test_a_config_that_names_its_trainer_is_judged_on_that_trainers_rule(tmp_path):
+    """speculators 0.8 writes speculators_version and its ids (layer outputs, the verifier's state appended
+    and dropped): check and the guard settle the training layout from that rule, (2, 46, 91, 93) on this
+    94-layer Qwen3-MoE; SGLang serves three of them, so it is a mismatch there, not an unknown."""
+    r = _run(tmp_path, "speculators-issue-1065--qwen3moe-4ids", "sglang==0.5.23")
+    assert r.evidence == "config" and r.training_layout == (2, 46, 91, 93)
+    assert "layout-mismatch" in {p.kind for p in r.problems} and r.verdict.startswith("MISMATCH")
 
 
 def test_no_ids_specforge_config_lists_specforge_and_torchspec(tmp_path):
@@ -85,11 +99,10 @@ def test_kimi_mla_head_drifts_and_names_torchspec_vllm(tmp_path):
 def test_speculators_four_ids_head_on_vllm(tmp_path):
     """speculators issue #1065: four top-level ids on a 94-layer Qwen3-MoE verifier; vLLM 0.33.0 serves
     all four as boundaries, and the release the config names (0.8.0.dev0, boundary numbering) trained on
-    the same."""
+    the same: the config's own trainer settles it, as it does for the engine guard."""
     r = _run(tmp_path, "speculators-issue-1065--qwen3moe-4ids", "vllm==0.33.0")
     assert r.served_layout == (2, 46, 91, 93)
-    assert r.candidates == [{"trainer": "speculators==0.8.0.dev0", "training_layout": [2, 46, 91, 93],
-                             "served_agrees": True, "note": r.candidates[0]["note"]}]
+    assert r.evidence == "config" and r.training_layout == (2, 46, 91, 93) and r.agree
 
 
 def test_aq_medai_kimi_k25_head_drifts_across_sglang_releases(tmp_path):

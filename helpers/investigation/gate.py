@@ -44,6 +44,7 @@ from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology
 from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
 from ..rules.wiring import resolve
+from .evidence import Basis, training_evidence
 from .verdict import candidate_table, ways_out, writer_candidates
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
@@ -79,6 +80,8 @@ class CheckReport:
     measured_source: str = ""
     # the release assumed when no engine was named (``conventions.DEFAULT_ENGINE``); said first
     assumed_engine: str | None = None
+    # what the training layout rests on (``evidence.Basis``: record, trainer, config; none when unsettled)
+    evidence: str = "none"
 
     @property
     def agree(self) -> bool | None:
@@ -209,7 +212,7 @@ def check(draft: str | Path, engine: str | Engine | None, *, target: str | Path 
                          f"{served.layers_to_capture}" + ("" if captures else
                                                           ", but the release never turns capture on"),
                          assumed_engine=assumed)
-    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec)
+    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec, eng)
     if across_releases:
         _releases(report, eng, spec, cfg)
     if report.training_layout is None and trainer is None:
@@ -304,7 +307,10 @@ def _writer_example(cfg: dict) -> str:
 
 
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
-              spec: TargetSpec) -> None:
+              spec: TargetSpec, eng: Engine) -> None:
+    """The training layout on the chain of evidence the engine guard reads too (``evidence``): the record,
+    the trainer named, the trainer the config names (speculators' ``speculators_version``); the format's
+    writers are listed by ``_candidates``, a prior that never settles it here."""
     n = report.num_layers
     rec = _record(draft_dir) if draft_dir.is_dir() else None
     recorded = rec.get("training_boundaries") if rec else None
@@ -315,8 +321,15 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
             raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} "
                             f"do not fit a {n}-layer target: {exc}") from None
         report.training_source = "training.json (training_boundaries)"
+        report.evidence = str(Basis.RECORD)
     if trainer is None:
         if report.training_layout is None:
+            ev = training_evidence(draft_dir, cfg, engine=eng, arch=spec.arch, num_layers=n,
+                                   served=report.served_layout)
+            if ev.basis is Basis.CONFIG:
+                report.training_layout, report.training_source = ev.layout, ev.source
+                report.evidence = str(ev.basis)
+                return
             report.training_source = "unknown"
             report.problems.append(Problem(
                 "training-unknown", "no training record (training.json) and no trainer named, "
@@ -349,6 +362,7 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
     if report.training_layout is None:
         report.training_layout = tuple(layout)
         report.training_source = said
+        report.evidence = str(Basis.TRAINER)
 
 
 def _trainer_side(trainer: str, train_ids, cfg: dict, n: int, arch: str) -> TrainerResult:
