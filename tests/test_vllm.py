@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import platform
 import shutil
 import textwrap
 from pathlib import Path
@@ -92,6 +93,8 @@ def test_launch_arguments_and_fixes():
     kw = LaunchSpec(TARGET, PAIR / "draft", steps=3).llm_kwargs()
     assert kw["speculative_config"]["num_speculative_tokens"] == 3 and kw["dtype"] == "float32"
     assert Path(kw["model"]).is_absolute()
+    assert kw["attention_config"] == {"backend": "CPU_MLA"}    # never AMX_MLA (bf16 only): docs/vllm.md
+    assert "attention_config" not in LaunchSpec(TARGET, device="cuda").llm_kwargs()
     kw = LaunchSpec(TARGET, extract_ids=(2, 6, 9), storage=Path("/tmp/x")).llm_kwargs()
     assert kw["speculative_config"]["method"] == "extract_hidden_states"
     assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.live.vllm.connector"
@@ -146,10 +149,60 @@ def prompts():
     return [ids[i * 300: i * 300 + 64] for i in range(3)]
 
 
+# Run in .venv-vllm: vLLM's own config and attention selector, on the workbook's launch arguments and on the
+# same arguments without the backend it asks for, with the CPU's AMX flag forced each way.
+SELECTION = textwrap.dedent('''
+    import json, sys
+    from unittest import mock
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention import selector
+
+    kw = json.loads(sys.argv[1])
+    out = {}
+    for amx in (True, False):
+        for asked in (True, False):
+            args = kw if asked else {k: v for k, v in kw.items() if k != "attention_config"}
+            with mock.patch.object(torch.cpu, "_is_amx_tile_supported", lambda: amx):
+                selector._cached_get_attn_backend.cache_clear()
+                cfg = EngineArgs(**args).create_engine_config()
+                with set_current_vllm_config(cfg):
+                    mla = selector.get_attn_backend(80, torch.float32, None, use_mla=True)
+                    dense = selector.get_attn_backend(64, torch.float32, None)
+            out[f"amx={amx} asked={asked}"] = [mla.get_name(), dense.get_name(), cfg.cache_config.block_size]
+    print(json.dumps(out))
+''')
+
+
+def test_cpu_launch_gets_the_fp32_mla_backend_with_or_without_amx(install, tmp_path):
+    """vLLM 0.32 picks AMX_MLA (bfloat16 weights, 576-wide latents only) for any MLA model on an x86 CPU
+    with AMX tiles unless CPU_MLA is asked for (vllm/platforms/cpu.py:151-164): the workbook's float32 launch
+    of the embedded DeepSeek-V3 target died loading there. Its launch asks for CPU_MLA, and vLLM's own
+    selector must then give CPU_MLA for the target's MLA layers and CPU_ATTN for dense ones (the draft), at
+    the reference backend's block size, on both kinds of host."""
+    import subprocess
+    kw = LaunchSpec(TARGET, max_model_len=256).llm_kwargs()
+    script = tmp_path / "selection.py"
+    script.write_text(SELECTION)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")} | {
+        "VLLM_LOGGING_LEVEL": "ERROR", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+        "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(install.python), str(script), json.dumps(kw)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    for amx in (True, False):
+        assert got[f"amx={amx} asked=True"] == ["CPU_MLA", "CPU_ATTN", 16], got
+    assert got["amx=False asked=False"] == ["CPU_MLA", "CPU_ATTN", 16], got
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert got["amx=True asked=False"][0] == "AMX_MLA", got     # what the launch is protected from
+
+
 def _agreement(install, fixes, prompts, tmp_path):
     from helpers.model.target import load_target
-    with VllmEngine(install, LaunchSpec(TARGET, max_model_len=256, fixes=fixes), progress=False,
-                    log_dir=tmp_path) as e:
+    with VllmEngine(install, LaunchSpec(TARGET, max_model_len=256, fixes=fixes, device=install.device),
+                    progress=False, log_dir=tmp_path) as e:
         rows = e.prompt_logprobs(prompts)
         report = e.fixes_report()
     model, _ = load_target(TARGET)
@@ -290,15 +343,27 @@ def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, t
     from helpers.live.vllm.engine import EngineStartError
     from helpers.model.target import target_config
 
-    def start(target, draft, fixes=()):
-        spec = LaunchSpec(target, draft, max_model_len=256, fixes=fixes, guard=Mode.REFUSE)
-        return VllmEngine(install, spec, progress=False, log_dir=tmp_path / "logs")
+    def start(target, draft, fixes=(), logs="logs"):
+        spec = LaunchSpec(target, draft, max_model_len=256, fixes=fixes, guard=Mode.REFUSE,
+                          device=install.device)
+        return VllmEngine(install, spec, progress=False, log_dir=tmp_path / logs)
+
+    def refused(logs: str) -> dict:
+        """The verdict the guard recorded in the refused launch's report (the data the line renders)."""
+        rows = [json.loads(ln) for f in (tmp_path / logs).glob("*.fixes.jsonl")
+                for ln in f.read_text().splitlines() if ln.strip()]
+        verdicts = [r["guard"] for r in rows if "guard" in r]
+        assert len(verdicts) == 1, rows
+        return verdicts[0]
 
     with pytest.raises(EngineStartError) as info:
-        start(TARGET, PAIR / "draft", ("rope3d", "mla_width"))
-    line = str(info.value)
-    assert "eagle3-workbook guard: vllm" in line and "(2, 6, 9)" in line and "trained on (0, 3, 7)" in line
-    assert "boundary0" in line        # DeepseekV2Model.forward adds a None residual at boundary 0 in 0.32
+        start(TARGET, PAIR / "draft", ("rope3d", "mla_width"), logs="kimi")
+    v = refused("kimi")
+    assert (v["kind"], v["mode"], v["refused"]) == ("miswired", "refuse", True)
+    assert v["served"] == [2, 6, 9] and v["trained"] == [0, 3, 7] and v["ids"] == [2, 6, 9]
+    assert v["engine"] == f"vllm {install.version}" and v["proven"]
+    assert "boundary0" in v["fix"]    # DeepseekV2Model.forward adds a None residual at boundary 0 in 0.32
+    assert v["line"] in str(info.value) and str(info.value).startswith("vLLM refused")
 
     llama = tmp_path / "llama"
     torch.manual_seed(0)
@@ -306,14 +371,15 @@ def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, t
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TARGET / f, llama / f)
     with pytest.raises(EngineStartError) as info:
-        start(llama, PAIR / "draft")
-    line = str(info.value)
-    assert "(2, 6, 9)" in line and "--ids 0,3,7" in line and "boundary0" not in line
+        start(llama, PAIR / "draft", logs="llama")
+    v = refused("llama")
+    assert (v["kind"], v["refused"], v["served"], v["trained"]) == ("miswired", True, [2, 6, 9], [0, 3, 7])
+    assert "--ids 0,3,7" in v["fix"] and "boundary0" not in v["fix"] and v["line"] in str(info.value)
     fixed = tmp_path / "draft-fixed"
     assert fixes_main(["ids", "--draft", str(PAIR / "draft"), "--out", str(fixed), "--engine", "vllm",
                        "--ids", "0,3,7", "--layout", "0,3,7"]) == 0
     prompt = [5, 9, 11, 3, 7, 2, 8, 4]
-    with start(llama, fixed) as e:
+    with start(llama, fixed, logs="fixed") as e:
         verdict = e.guard_verdict()
         got = e.generate([prompt], 16).tokens[0]
     assert verdict["kind"] == "match" and verdict["served"] == [0, 3, 7] and verdict["seconds"] < 5

@@ -40,7 +40,7 @@ def live_bench(install: VllmInstall, target: Path, wirings: list[LiveWiring], pr
 
     def launch(draft: Path | None, layout: tuple[int, ...] | None) -> VllmEngine:
         spec = LaunchSpec(target, draft, steps=steps, max_model_len=max_len,
-                          fixes=fixes_for(tspec, layout, install), guard=guard)
+                          fixes=fixes_for(tspec, layout, install), guard=guard, device=install.device)
         return VllmEngine(install, spec, progress=progress, log_dir=log_dir)
 
     return live.live_bench(launch, "vllm", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,

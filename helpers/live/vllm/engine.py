@@ -28,6 +28,13 @@ from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
 
 WORKER = Path(__file__).with_name("worker.py")
+# The MLA backend every CPU launch asks for, through vLLM's own switch (``attention_config.backend``). On an
+# x86 CPU with AMX tiles vLLM 0.32 otherwise picks AMX_MLA for any MLA model (vllm/platforms/cpu.py:151-164),
+# whose weight packing takes bfloat16 only (amx_mla.py:125, :303) and a 576-wide latent only (:128-130); the
+# workbook serves float32 and other widths. Asking for CPU_MLA gets the reference backend on every x86 host,
+# AMX or not (cpu.py:156, and :251-257 keep its block size and prefill settings with it); layers that are not
+# MLA (a Llama target, the EAGLE-3 draft) get CPU_ATTN whatever was asked (cpu.py:177-179). docs/vllm.md.
+CPU_MLA_BACKEND = "CPU_MLA"
 
 
 class EngineStartError(InputError):
@@ -69,6 +76,8 @@ class LaunchSpec:
         kw = {"model": target, "tokenizer": target, "dtype": self.dtype,
               "max_model_len": self.max_model_len, "enforce_eager": True, "seed": 0,
               "disable_log_stats": False, "max_num_seqs": 4, "enable_prefix_caching": False}
+        if self.device == "cpu":
+            kw["attention_config"] = {"backend": CPU_MLA_BACKEND}
         if self.draft is not None:
             kw["speculative_config"] = {"method": "eagle3", "model": str(Path(self.draft).resolve()),
                                         "num_speculative_tokens": int(self.steps)}
