@@ -31,7 +31,7 @@ PARSED_AT = {
     ("rules/wiring.py", "ids_for_layout"), ("investigation/fixes.py", "with_engine_ids"),
     ("live/backends.py", "choose"),
     ("model/draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
-    ("live/guard.py", "ignored_flags"),         # inside a live engine, which names itself as text
+    ("live/guard.py", "at_load"),               # inside a live engine, which names itself as text
     # the verdict's entry points (notebooks 02/03 name the engine as text)
     ("investigation/verdict.py", "ways_out"), ("investigation/evidence.py", "writer_candidates"),
 }

@@ -15,6 +15,7 @@ from helpers.commands.fixes import main as fixes
 from helpers.errors import BadConfig, BadOption
 from helpers.live import guard
 from helpers.record import read_record, write_record
+from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFT = REPO / "data" / "tiny-kimi" / "draft"
@@ -106,9 +107,9 @@ def test_non_ascending_training_has_no_ids_fix():
 
 def test_a_flag_the_engine_does_not_run_blocks_even_on_the_right_layout():
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "norm_before_residual": True}
-    ignored = guard.ignored_flags(cfg, "sglang==0.5.23")
+    ignored = guard.ignored_flags(cfg, parse_engine("sglang==0.5.23"))
     assert [f for f, _, _ in ignored] == ["norm_before_residual"]
-    assert guard.ignored_flags(cfg, "vllm==0.32.0") == []
+    assert guard.ignored_flags(cfg, parse_engine("vllm==0.32.0")) == []
     v = _judge([0, 3, 7], (0, 3, 7), ignored=ignored)
     assert v.kind is guard.Kind.IGNORED_FLAG and v.blocking and "vllm>=" in v.fix
 

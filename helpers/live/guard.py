@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..investigation.evidence import PROVEN, TRAIN_IDS_ENV, TRAINER_ENV, Basis, Evidence, training_evidence
+from ..rules.conventions import Engine
 
 GUARD_ENV = "EAGLE3_WORKBOOK_GUARD"
 PREFIX = "eagle3-workbook guard"
@@ -251,15 +252,11 @@ def record_evidence(layout: Sequence[int]) -> Evidence:
     return Evidence(tuple(int(b) for b in layout), Basis.RECORD, "the training record (training.json)")
 
 
-def ignored_flags(cfg: dict, engine: str) -> list[tuple[str, str, str]]:
-    """(flag, why, fix) for each forward flag the draft config sets that ``engine`` ("sglang==0.5.23")
-    does not run, by the workbook's rules read from every release's draft file (``conventions``). An
-    edge: the engine names itself as text inside its own process, parsed here."""
-    from ..rules.conventions import parse_engine
+def ignored_flags(cfg: dict, engine: Engine) -> list[tuple[str, str, str]]:
+    """(flag, why, fix) for each forward flag the draft config sets that ``engine`` does not run, by the
+    workbook's rules read from every release's draft file (``conventions``)."""
     from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
     from ..rules.vllm.rule import VLLM_HONOURS_NORM_BEFORE_RESIDUAL
-
-    engine = parse_engine(engine)
 
     out = [(kind.replace("-", "_"), why, fix) for kind, why, fix in ignored_flag_problems(cfg, engine)
            if kind != "draft-class"]      # a missing class fails the engine's own load first
@@ -429,19 +426,20 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
     try:
         from ..rules.conventions import parse_engine
 
+        # the edge inside a live engine: it names itself as text, parsed once here
+        engine = parse_engine(f"{family}=={release(rules_release or version)}")
         folder = local_draft(draft)
         cfg_path = folder / "config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"no config.json in {folder}")
         cfg = json.loads(cfg_path.read_text())
-        engine = f"{family}=={release(rules_release or version)}"
         original = getattr(holder, attr)
         indices = [int(i) for i in original]
         layers = getattr(holder, "layers", None)
         num_layers = len(layers) if layers is not None else highest + 1
         served, _ = served_layout(indices, highest)
         trainer, train_ids = launch_trainer()
-        evidence = training_evidence(folder, cfg, engine=parse_engine(engine), arch=_arch(holder, arch),
+        evidence = training_evidence(folder, cfg, engine=engine, arch=_arch(holder, arch),
                                      num_layers=num_layers, trainer=trainer, train_ids=train_ids,
                                      served=served)
 
