@@ -75,7 +75,7 @@ class CheckReport:
     # trainer conventions that write this config format, when the trainer is not recorded
     candidates: list[dict] = field(default_factory=list)
     topology: dict | None = None
-    # what the engine itself captured (``capture --backend vllm`` wrote it into the dump's capture.json)
+    # what the engine itself captured (``capture --backend vllm|sglang`` wrote it into the dump's capture.json)
     measured_layout: tuple[int | None, ...] | None = None
     measured_source: str = ""
     # the release assumed when no engine was named (``conventions.DEFAULT_ENGINE``); said first
@@ -284,7 +284,7 @@ def _measured(report: CheckReport, dump: Path) -> None:
     got = rec.get("measured_boundaries") if isinstance(rec, dict) else None
     if not isinstance(got, list) or not all(b is None or isinstance(b, int) for b in got):
         raise BadConfig(f"{cap} has no measured_boundaries list; expected a dump written by "
-                        f"`capture --backend vllm` (which measures its slots)")
+                        f"`capture --backend vllm|sglang` (which measures its slots)")
     report.measured_layout = tuple(got)
     report.measured_source = f"{cap} ({rec.get('engine', 'an engine')}, ids {rec.get('layer_ids')})"
     if list(got) == sorted(report.served_layout):
