@@ -75,7 +75,7 @@ class CheckReport:
     # trainer conventions that write this config format, when the trainer is not recorded
     candidates: list[dict] = field(default_factory=list)
     topology: dict | None = None
-    # what the engine itself captured (``capture --backend vllm|sglang`` wrote it into the dump's capture.json)
+    # what the engine itself captured (``capture --backend vllm|sglang`` wrote it into capture.json)
     measured_layout: tuple[int | None, ...] | None = None
     measured_source: str = ""
     # the release assumed when no engine was named (``conventions.DEFAULT_ENGINE``); said first
