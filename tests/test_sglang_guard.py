@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import scaled
 from helpers.live.sglang import cpu
 from helpers.live.sglang.engine import GUARD_SITE, hook_env
 from helpers.live.sglang.install import EngineUnavailable, find_sglang
+from helpers.model.checkpoint import config_from_json, config_to_json
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "tiny-kimi"
@@ -62,23 +64,38 @@ def test_stock_sglang_loads_the_guard_as_its_plugin_and_judges_each_rank(install
     published = tmp_path / "published"          # the deployed draft as a trainer publishes it: no record
     shutil.copytree(DATA / "draft", published)
     (published / "training.json").unlink()
+    speculators = tmp_path / "speculators"      # as speculators 0.5 publishes it: its version and its ids
+    speculators.mkdir()
+    cfg = config_from_json(json.loads((DATA / "draft" / "config.json").read_text()))
+    (speculators / "config.json").write_text(json.dumps(config_to_json(replace(cfg, eagle_ids=(0, 3, 7)),
+                                                                       "speculators")))
+    unreadable = tmp_path / "unreadable"
+    shutil.copytree(DATA / "draft", unreadable)
+    (unreadable / "training.json").write_text("[0, 3, 7]")
     cases = [{"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": True},            # deployed: refused
              {"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": False},           # an earlier stage
              {"draft": str(DATA / "draft-retrained"), "ids": [3, 7, 10], "last": True},  # fix B: starts
-             {"draft": str(published), "ids": [2, 6, 9], "last": True}]                  # no record
+             {"draft": str(published), "ids": [2, 6, 9], "last": True},                  # no record
+             # SGLang reads no top-level ids: the setter's default (2, L/2, L-3) against the config's trainer
+             {"draft": str(speculators), "ids": None, "last": True},
+             {"draft": str(unreadable), "ids": [2, 6, 9], "last": True}]                 # cannot judge
     out, rows, err = _probe(install, tmp_path, cases)
     assert out["sgl_kernel"] is None or "helpers" not in out["sgl_kernel"]
-    assert [c["served"] for c in out["cases"]] == [False, True, True, True]
+    assert [c["served"] for c in out["cases"]] == [False, True, True, True, False, False]
     assert out["cases"][1]["layers_to_capture"] == []          # the setter returned early on that rank
     installed = [r for r in rows if r.get("event") == "guard-installed"]
     assert installed and "HookRegistry" in installed[0]["what"]
     verdicts = [r["verdict"] for r in rows if r.get("event") == "guard"]
-    kinds = [(v["kind"], v["evidence"], v["refused"]) for v in verdicts]
-    assert kinds == [("miswired", "record", True), ("other-rank", "record", False),
-                     ("match", "record", False), ("unknown", "none", False)], kinds
+    kinds = [(v["kind"], v.get("evidence"), v["refused"]) for v in verdicts]
+    assert kinds[:4] == [("miswired", "record", True), ("other-rank", "record", False),
+                         ("match", "record", False), ("unknown", "none", False)], kinds
     assert verdicts[0]["trained"] == [0, 3, 7] and verdicts[0]["served"] == [2, 6, 9]
     assert "[0, 3, 7]" in verdicts[0]["fix"]                    # the ids SGLang 0.5.23's own setter needs
     assert "writers of its config format disagree" in verdicts[3]["line"]
+    assert kinds[4] == ("miswired", "config", True) and verdicts[4]["trained"] == [0, 3, 7]
+    assert "named by the config (speculators_version 0.5.0)" in verdicts[4]["line"]
+    assert verdicts[5]["kind"] == "unjudged" and verdicts[5]["refused"]
+    assert "cannot judge" in verdicts[5]["line"] and "expected an object" in verdicts[5]["line"]
     print("\n".join(v["line"] for v in verdicts))
 
 
