@@ -186,7 +186,8 @@ def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(cache))
     d = tiny_default()
     fixed = with_engine_ids(d / "draft", tmp_path / "draft-fixA", [-1, 2, 6])
-    args = ["--target", str(d / "target"), "--draft", str(fixed), "--layout", "served", "--steps", "2",
+    args = ["--target", str(d / "target"), "--draft", str(fixed), "--engine", "sglang==0.5.9",   # the case
+            "--layout", "served", "--steps", "2",
             "--max-new-tokens", "8", "--repeats", "1", "--num-prompts", "1", "--json"]
     assert main(args) == 2
     assert "residual" in capsys.readouterr().err

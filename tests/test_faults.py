@@ -208,7 +208,7 @@ def test_unwritable_cache_in_bench_falls_back_with_one_warning(pair, monkeypatch
     monkeypatch.setenv(ss.CACHE_ENV, "/proc/x")
     code, out, err = run(capsys, "bench", "--json", "--repeats", "1", "--max-new-tokens", "4", "--steps", "2",
                          "--num-prompts", "1", "--target", str(pair / "target"), "--draft",
-                         str(pair / "draft"))
+                         str(pair / "draft"), "--engine", "sglang==0.5.9")
     assert code == 0, err
     warnings = [l for l in err.splitlines() if l.startswith("warning:")]
     assert len(warnings) == 1

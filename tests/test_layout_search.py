@@ -113,7 +113,8 @@ def test_diagnose_cli_json(capsys):
     from helpers.commands.diagnose import main
 
     d = tiny_default()
-    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--windows", "6", "--json"])
+    rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--windows", "6", "--json",
+               "--engine", "sglang==0.5.9"])         # the original case's release
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0
     assert_in_front((0, 3, 7), out["best_layout"], out["confident_set"],
@@ -140,7 +141,7 @@ def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp
     cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 6, 11]
     (draft / "config.json").write_text(json.dumps(cfg))
     rc = main(["--target", str(d / "target"), "--draft", str(draft), "--windows", "2", "--steps", "1",
-               "--json"])
+               "--json", "--engine", "sglang==0.5.9"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and out["mismatch"] and out["served_errors"] and out["served_acc"] is None
     assert out["trained_layout"] == [0, 3, 7]

@@ -317,8 +317,10 @@ class SGLangEngine(Stoppable):
             hist += [0] * max(len(h) - len(hist), 0)
             for j, count in enumerate(h):
                 hist[j] += count
-        # rounds with j correct drafts -> how many rounds accepted the draft at position p (p < j)
-        gen.accepted_per_position = [sum(hist[p + 1:]) for p in range(max(len(hist) - 1, 0))]
+        # rounds with j correct drafts -> how many rounds accepted the draft at position p (p < j). SGLang's
+        # histogram ends at the longest run it saw, so positions past it are 0, stated for every draft step
+        positions = max(len(hist) - 1, self.spec.steps if self.spec.draft is not None else 0)
+        gen.accepted_per_position = [sum(hist[p + 1:]) for p in range(positions)]
         return gen
 
     def hidden_states(self, prompts: list[list[int]]) -> list:
