@@ -24,7 +24,7 @@ import os
 import sys
 import textwrap
 
-HOOKS_ENV = "EAGLE3_WORKBOOK_SGLANG_HOOKS"        # "cpu" (the accommodations too) or "rules" (capture rule)
+HOOKS_ENV = "EAGLE3_WORKBOOK_SGLANG_HOOKS"        # "cpu": the CPU accommodations apply (cpu/site)
 REPORT_ENV = "EAGLE3_WORKBOOK_SGLANG_REPORT"      # JSONL the hooks append their records to
 RULE_ENV = "EAGLE3_WORKBOOK_SGLANG_CAPTURE_RULE"  # JSON file: a release's setter to install
 PROBE_ENV = "EAGLE3_WORKBOOK_SGLANG_PROBE_DIR"    # folder: the draft's fc inputs, saved by row count
