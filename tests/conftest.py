@@ -64,3 +64,14 @@ def build_tiny_lm(arch: str = "llama", seed: int = 0, **kw):
 def make_tiny_lm():
     """``make_tiny_lm(arch='llama', seed=0, hidden=32, layers=3, vocab=128)`` -> model in eval mode."""
     return build_tiny_lm
+
+
+@pytest.fixture(scope="session")
+def sglang_install():
+    """The SGLang venv the live SGLang tests drive; its absence fails them (WORKBOOK_SGLANG=0 skips them)."""
+    from helpers.live.sglang.install import EngineUnavailable, find_sglang
+
+    try:
+        return find_sglang()
+    except EngineUnavailable as exc:
+        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")

@@ -17,8 +17,6 @@ import pytest
 from _pairs import tiny_default
 from conftest import scaled
 
-from helpers.live.sglang.install import EngineUnavailable, find_sglang
-
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
                                  reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
@@ -27,11 +25,8 @@ WINDOW, RECORDS = 48, 2
 
 
 @pytest.fixture(scope="module")
-def install():
-    try:
-        return find_sglang()
-    except EngineUnavailable as exc:
-        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+def install(sglang_install):
+    return sglang_install
 
 
 def _capture(out, *engine) -> dict:

@@ -15,7 +15,6 @@ from conftest import scaled
 
 from helpers.live.sglang import cpu
 from helpers.live.sglang.engine import GUARD_SITE, hook_env
-from helpers.live.sglang.install import EngineUnavailable, find_sglang
 from helpers.model.checkpoint import config_from_json, config_to_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,11 +26,8 @@ pytestmark = [pytest.mark.live,
 
 
 @pytest.fixture(scope="module")
-def install():
-    try:
-        return find_sglang()
-    except EngineUnavailable as exc:
-        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+def install(sglang_install):
+    return sglang_install
 
 
 def test_the_launch_environment_carries_the_stand_in_only_with_the_accommodations(install, tmp_path):

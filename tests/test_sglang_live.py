@@ -21,7 +21,6 @@ from _pairs import tiny_default, tiny_draft
 from conftest import scaled
 
 from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
-from helpers.live.sglang.install import EngineUnavailable, find_sglang
 from helpers.rules.conventions import Engine
 
 pytestmark = [pytest.mark.live,
@@ -33,11 +32,8 @@ THREADS = int(os.environ.get("WORKBOOK_SGLANG_TEST_THREADS", "2"))
 
 
 @pytest.fixture(scope="module")
-def install():
-    try:
-        return find_sglang()
-    except EngineUnavailable as exc:
-        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+def install(sglang_install):
+    return sglang_install
 
 
 @pytest.fixture(scope="module")

@@ -187,11 +187,7 @@ def _main_sglang(a) -> int:
         plan = resolve(backend.rules, tspec.arch or "", tspec.num_layers, draft=cfg,
                        target_config=tspec.config)
         predicted = list(plan.served_layout)
-        target, tok = load_target(a.target)
-        limit = int(tspec.config.get("max_position_embeddings") or a.window)
-        if a.window > limit:
-            raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
-        windows = text_windows(tok, text, a.window, a.records, min_windows=1)
+        target, windows = _target_windows(a, tspec, text)
         run = capture_sglang(backend.install, a.target, a.draft, windows, a.out, target=target,
                              hidden=tspec.hidden_size, capture_rule=backend.capture_rule, timeout=a.timeout,
                              meta={"predicted_layout": predicted, "predicted_by": str(backend.rules),
@@ -235,11 +231,7 @@ def _main_vllm(a) -> int:
             ids = cli.parse_int_list(a.layer_ids, "--layer-ids")
             plan = resolve(install.engine, arch, layers, ids=ids)
             predicted = list(plan.served_layout)
-        target, tok = load_target(a.target)
-        limit = int(tspec.config.get("max_position_embeddings") or a.window)
-        if a.window > limit:
-            raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
-        windows = text_windows(tok, text, a.window, a.records, min_windows=1)
+        target, windows = _target_windows(a, tspec, text)
         out, matches = capture_vllm(install, a.target, windows, ids, a.out, target=target,
                                     meta={"predicted_layout": predicted, "rules": str(install.engine),
                                           "draft": str(a.draft) if a.draft else None})
@@ -264,3 +256,12 @@ def _main_vllm(a) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _target_windows(a, tspec, text: str):
+    """The target (its own forward measures each slot) and the text's windows, fitting its positions."""
+    target, tok = load_target(a.target)
+    limit = int(tspec.config.get("max_position_embeddings") or a.window)
+    if a.window > limit:
+        raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
+    return target, text_windows(tok, text, a.window, a.records, min_windows=1)
