@@ -33,7 +33,7 @@ def test_prometheus_scrape_sums_engines_and_positions(tmp_path):
     f = tmp_path / "metrics.txt"
     f.write_text(scrape(400, [280, 200, 150], engines=2))
     p = read_metrics(f)
-    assert (p.engine, p.source, p.drafts) == ("vllm", "prometheus", 400)
+    assert (p.engine, p.source, p.drafts) == ("vllm", "vllm-prometheus", 400)
     assert p.accepted_per_position == (280, 200, 150)
     assert p.accept_length == pytest.approx(1 + 630 / 400)
     row = p.per_position()[0]
@@ -51,14 +51,14 @@ def test_vllm_log_lines_add_up(tmp_path):
     assert (p.source, p.drafts, p.accepted_per_position) == ("vllm-log", 150, (45, 12, 3))
 
 
-def test_llamacpp_log_takes_the_running_total(tmp_path):
+def test_llamacpp_older_log_takes_the_running_total(tmp_path):
     f = tmp_path / "server.log"
     f.write_text("draft acceptance = 0.50000 ( 10 accepted / 20 generated), mean acceptance length = 2.00, "
                  "acceptance rate per position = (0.700, 0.300)\n"
                  "draft acceptance = 0.62008 ( 1797 accepted /  2898 generated), "
                  "mean acceptance length =  2.24, acceptance rate per position = (0.727, 0.513)\n")
     p = read_metrics(f)
-    assert (p.engine, p.drafts) == ("llama.cpp", 1449) and p.accepted_per_position == (1053, 743)
+    assert (p.engine, p.drafts) == ("llamacpp", 1449) and p.accepted_per_position == (1053, 743)
 
 
 def test_sglang_responses_and_meta_info(tmp_path):
@@ -75,12 +75,10 @@ def test_sglang_responses_and_meta_info(tmp_path):
 
 @pytest.mark.parametrize("content, expected", [
     ("", "no speculative-decoding metrics found"),
-    ("[{\"meta_info\": {\"completion_tokens\": 3}}]", "no item carries spec_correct_drafts_histogram"),
+    ("[{\"meta_info\": {\"completion_tokens\": 3}}]", "no item carries speculative counts"),
     ("[1, 2]", "item 0 is a JSON int"),
-    ("sglang:spec_accept_length{model_name=\"m\"} 1.9\n",
-     "holds the accept length (1.900) but no per-position"),
     ("[{\"spec_correct_drafts_histogram\": \"7\"}]", "expected a list of counts"),
-    (scrape(0, [0, 0, 0]), "reports 0 draft rounds"),
+    (scrape(0, [0, 0, 0]), "reports 0 verify steps"),
 ])
 def test_bad_sources_are_one_clear_error(content, expected, tmp_path):
     f = tmp_path / "m.txt"
@@ -152,12 +150,13 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
     from helpers.commands.diagnose import main
 
     d = tiny_default()
-    f = tmp_path / "metrics.txt"
-    f.write_text(scrape(600, [150, 40, 10]))
+    f = tmp_path / "responses.json"      # 600 verify steps: 150 reach position 0, 40 position 1, 10 position 2
+    f.write_text(json.dumps([{"meta_info": {"spec_correct_drafts_histogram": [450, 110, 30, 10]}}]))
     rc = main(["--metrics", str(f), "--draft", str(d / "draft"), "--target", str(d / "target"), "--engine",
                "sglang==0.5.9", "--windows", "4", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0 and out["served_layout"] == [3, 7, 10] and out["trained_layout"] == [0, 3, 7]
+    assert out["served_layout"] == [3, 7, 10] and out["trained_layout"] == [0, 3, 7]
+    assert out["explanation"] == "wiring" and rc == out["exit_code"] == 1
     assert out["expected_source"].startswith("training record") and len(out["per_position"]) == 3
     assert out["explanation"] in ("wiring", "engine-differs"), out["evidence"]
     assert out["served_predicted_per_position"][0] < out["expected_per_position"][0]

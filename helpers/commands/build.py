@@ -32,6 +32,8 @@ from ..model.target import (
     train_target,
     write_json,
 )
+from ..profile import from_record, write_profile
+from ..record import read_record
 from ..rules.conventions import default_ids
 from ..rules.sglang.rule import sglang_plus_one
 
@@ -151,6 +153,7 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
     }
     save_draft(draft, out_dir, fmt)
     write_json(out_dir / "training.json", record)
+    write_profile(out_dir, from_record(read_record(out_dir)))
     log(f"draft {out_dir.name}: trained on {training_boundaries}, val acc per step {final['full_acc']} "
         f"in {record['seconds']:.0f}s")
     return record

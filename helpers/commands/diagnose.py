@@ -6,6 +6,7 @@ the engine resolves for the draft's config. A large gap is the wiring bug.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,12 +15,13 @@ from .. import cli
 from ..boundaries import layout_label
 from ..errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
 from ..investigation.evaluate import MIN_BLOCKS, RANKED_BY, EvalInputError, evaluate_layout
+from ..investigation.exports import parse_duration, read_served
 from ..investigation.layout_search import SearchResult, search
-from ..investigation.metrics import metrics_verdict, read_metrics
+from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair, plan_problems
 from ..investigation.verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
 from ..model.draft import run_as
-from ..rules.conventions import Engine, assumed_engine_line
+from ..profile import read_profile, write_profile
 from .dump import run_dump_diagnosis
 
 
@@ -165,9 +167,25 @@ def main(argv=None) -> int:
                       help="match slots against the target's own capture (auto: when its weights are "
                            "under 4 GB)")
     metrics = ap.add_argument_group("from a serving deployment's metrics (see docs/metrics.md)")
-    metrics.add_argument("--metrics", default=None, metavar="SOURCE",
-                         help="a Prometheus /metrics scrape (file or loopback URL), a vLLM or llama.cpp log, "
-                              "or a JSON list of SGLang responses (or their meta_info)")
+    metrics.add_argument("--metrics", action="append", default=None, metavar="SOURCE",
+                         help="an export: a Prometheus /metrics scrape (file or loopback URL) from vLLM, "
+                              "SGLang or llama.cpp, an engine's log, JSON responses (SGLang /generate or /v1 "
+                              "with spec details, vLLM per-request metrics, llama.cpp /completion) or "
+                              "SGLang's /server_info; twice (BEFORE, AFTER): the window between two scrapes")
+    metrics.add_argument("--window", default=None, metavar="DURATION",
+                         help="with a URL: scrape it twice this far apart (60s, 5m, 1h); diagnose the window")
+    metrics.add_argument("--temperature", type=float, default=None,
+                         help="the traffic's sampling temperature (default: from the responses, else 0 "
+                              "assumed and the figure at 1.0 given beside it)")
+    metrics.add_argument("--baseline", type=Path, default=None, metavar="PROFILE",
+                         help="a speculation_profile.json (a healthy window's, or the training "
+                              "evaluation's): exit 1 when the accept length or a position falls below it "
+                              "beyond the intervals")
+    metrics.add_argument("--write-profile", type=Path, default=None, metavar="PATH",
+                         help="write this window's served profile as a speculation_profile.json (a baseline)")
+    metrics.add_argument("--draft-tokens", type=int, default=None, metavar="K",
+                         help="draft tokens per verify step, where the export does not say (llama.cpp's "
+                              "--spec-draft-n-max for its /completion timings)")
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     engine_named, target_named = a.engine is not None, a.target is not None
 
@@ -239,45 +257,35 @@ def main(argv=None) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# python -m helpers diagnose --metrics SOURCE
+# python -m helpers diagnose --metrics SOURCE [--metrics AFTER | --window 60s]
 
 
 def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
     try:
         if a.draft is None:
             raise BadOption("--metrics needs --draft DIR: the draft the engine serves")
-        engine = a.engine
-        assumed = None if engine_named else str(engine)
-        profile_engine = read_metrics(a.metrics).engine
-        if not engine_named and profile_engine == "vllm":
-            engine, assumed = Engine("vllm"), None     # the engine that exported the metrics, not the default
+        if a.temperature is not None and not (math.isfinite(a.temperature) and a.temperature >= 0):
+            raise BadOption(f"--temperature must be a number >= 0, got {a.temperature}")
+        if a.draft_tokens is not None and a.draft_tokens < 1:
+            raise BadOption(f"--draft-tokens must be at least 1, got {a.draft_tokens}")
+        seconds = parse_duration(a.window) if a.window is not None else None
+        baseline = read_profile(a.baseline, required=True) if a.baseline is not None else None
+        profile = read_served(a.metrics, seconds, draft_tokens=a.draft_tokens)
+        engine, line = export_engine(profile.engine, a.engine if engine_named else None)
         text = read_text_file(a.text, "text file") if a.text else None
-        v = metrics_verdict(a.metrics, a.draft, a.target if target_named else None, engine, text, a.windows,
-                            a.device)
+        v = metrics_verdict(profile, a.draft, a.target if target_named else None, engine, text, a.windows,
+                            a.device, temperature=a.temperature, baseline=baseline, steps=a.steps)
+        written = write_profile(a.write_profile, served_profile_file(v)) if a.write_profile else None
     except (FileNotFoundError, ValueError, EvalInputError) as exc:
         return fail(exc)
     if a.json:
-        print_json({"assumed_engine": assumed} | v.to_dict())
-        return 0
-    if assumed:
-        print(assumed_engine_line(assumed))
-    p = v.profile
-    print(f"{p.engine} ({p.source}, {p.where}): {p.drafts} draft rounds, accept length {p.accept_length:.3f}")
-    exp = v.expected.rates if v.expected else []
-    srv = v.served_predicted.rates if v.served_predicted else []
-    for row in p.per_position():
-        lo, hi = row["interval"]
-        line = f"   position {row['position']}: {row['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
-        if row["position"] < len(exp):
-            line += f"   expected {exp[row['position']]:.3f}"
-        if row["position"] < len(srv):
-            line += f"   served layout simulates {srv[row['position']]:.3f}"
+        print_json({"engine_line": line, "written_profile": None if written is None else str(written)}
+                   | v.to_dict())
+        return v.exit_code
+    if line:
         print(line)
-    if v.expected:
-        print(f"   expected: {v.expected.source}")
-    print(f"explanation: {v.explanation}")
-    for e in v.evidence:
-        print(f"   - {e}")
-    for n in v.next:
-        print(f"   next: {n}")
-    return 0
+    for out in render_metrics(v):
+        print(out)
+    if written:
+        print(f"wrote {written} (the served profile: pass it as --baseline to gate later windows)")
+    return v.exit_code

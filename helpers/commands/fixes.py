@@ -18,6 +18,7 @@ from typing import Sequence
 
 from ..cli import engine_value, glue_option_values, parse_int_list, parser
 from ..errors import BadOption, read_json_file, say
+from ..profile import from_record, write_profile
 from ..record import read_record, write_record
 from ..rules.conventions import IdsAt, read_target
 
@@ -104,6 +105,12 @@ def record(a) -> int:
     rec = write_record(a.draft, **fields)
     was = f" (was {before.layout})" if before and before.layout and before.layout != rec.layout else ""
     say(f"wrote {rec.path}: training_boundaries {list(rec.layout)}{was}, source {rec.source}")
+    prof = from_record(rec)
+    if prof is not None:
+        path = write_profile(a.draft, prof)
+        say(f"wrote {path}: expected accept length {prof.accept_length:.3f} at temperature 0 "
+            f"(marginal per position {[round(x, 3) for x in prof.marginal]}); diagnose --metrics and the "
+            f"engine guard read it, --baseline gates on it")
     return 0
 
 

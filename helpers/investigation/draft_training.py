@@ -22,6 +22,8 @@ from ..model.checkpoint import save_draft
 from ..model.corpus import stdlib_corpus
 from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
 from ..model.target import load_target, write_json
+from ..profile import from_record, write_profile
+from ..record import read_record
 from .evaluate import TargetCaptures, accuracy_table, step_correct, verifier_logits
 
 
@@ -223,5 +225,6 @@ def train_variant_draft(target_dir, out_dir, layout: tuple[int, ...], eagle_ids:
               "seconds": round(time.perf_counter() - t0, 1)}
     save_draft(draft, out_dir, fmt)
     write_json(Path(out_dir) / "training.json", record)
+    write_profile(out_dir, from_record(read_record(out_dir)))
     return record
 

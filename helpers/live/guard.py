@@ -33,7 +33,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..errors import InputError
 from ..investigation.evidence import PROVEN, TRAIN_IDS_ENV, TRAINER_ENV, Basis, Evidence, training_evidence
+from ..profile import NAME as PROFILE_NAME
+from ..profile import read_profile
 from ..rules.conventions import Engine
 
 GUARD_ENV = "EAGLE3_WORKBOOK_GUARD"
@@ -94,6 +97,7 @@ class GuardVerdict:
     evidence_source: str = ""            # ... as a sentence
     settle: str = ""                     # the command that measures the served layout (only a prior spoke)
     notes: tuple[str, ...] = field(default=())
+    expected: str = ""                   # what the draft's speculation_profile.json expects, as a sentence
 
     @property
     def blocking(self) -> bool:
@@ -114,11 +118,17 @@ class GuardVerdict:
                 "ignored_flags": list(self.ignored_flags), "dropped": list(self.dropped), "basis": self.basis,
                 "seconds": self.seconds, "ids": None if self.ids is None else list(self.ids),
                 "evidence": str(self.evidence), "evidence_source": self.evidence_source,
-                "proven": self.proven, "settle": self.settle}
+                "proven": self.proven, "settle": self.settle, "expected": self.expected or None}
 
 
 def render(v: GuardVerdict, how: Mode | None = None) -> str:
-    """The one line a log or an exception carries: the mode, the verdict, what it rests on."""
+    """The one line a log or an exception carries: the mode, the verdict, what it rests on, and what the
+    draft's speculation profile expects (the figure to watch or gate on once it serves)."""
+    line = _render(v, how)
+    return f"{line}; {v.expected}" if v.expected and v.kind is not Kind.OTHER_RANK else line
+
+
+def _render(v: GuardVerdict, how: Mode | None) -> str:
     head = f"{PREFIX} ({how}): {v.kind}" if how is not None else f"{PREFIX}: {v.kind}"
     served = f"{v.engine} will feed {v.draft} boundaries {v.served}"
     if v.ids is not None:
@@ -462,6 +472,23 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
         if how.refusing:
             raise GuardRefused(line) from None
         return None
-    verdict = _with_seconds(verdict, time.perf_counter() - started)
+    verdict = replace(_with_seconds(verdict, time.perf_counter() - started),
+                      expected=profile_expectation(folder))
     enforce(verdict, how, report)
     return verdict
+
+
+def profile_expectation(folder: Path) -> str:
+    """The draft's ``speculation_profile.json``, as the sentence the guard's line ends with ("" when there
+    is none). An unreadable one is said, never a reason to refuse: it is what to expect, not the judgement."""
+    try:
+        prof = read_profile(folder)
+    except InputError as exc:
+        return f"its {PROFILE_NAME} cannot be read ({exc})"
+    if prof is None:
+        return ""
+    at = "unknown temperature" if prof.temperature is None else f"temperature {prof.temperature:g}"
+    layout = f" fed {prof.layout}" if prof.layout else ""
+    return (f"its {PROFILE_NAME} expects accept length {prof.accept_length:.2f} over {prof.steps} draft "
+            f"tokens{layout} at {at} ({prof.source or 'a recorded profile'}); gate on it: python -m helpers "
+            f"diagnose --metrics URL --draft {folder} --baseline {prof.path}")
