@@ -150,7 +150,7 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
     from helpers.commands.diagnose import main
 
     d = tiny_default()
-    f = tmp_path / "responses.json"      # 600 verify steps: 150 reach position 0, 40 position 1, 10 position 2
+    f = tmp_path / "responses.json"      # 600 verify steps: 150 reach position 0, 40 position 1, 10 position 2  # noqa: E501
     f.write_text(json.dumps([{"meta_info": {"spec_correct_drafts_histogram": [450, 110, 30, 10]}}]))
     rc = main(["--metrics", str(f), "--draft", str(d / "draft"), "--target", str(d / "target"), "--engine",
                "sglang==0.5.9", "--windows", "4", "--json"])

@@ -481,7 +481,7 @@ def metrics_verdict(
                 def rates(layout, t=t):
                     if t == 0:
                         return list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
-                    return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t).marginal)
+                    return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t).marginal)  # noqa: E501
 
                 if served is not None:
                     served_pred[t] = Expected(rates(served), f"{where} at the served layout {served}", t)
