@@ -157,7 +157,8 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["served_layout"] == [3, 7, 10] and out["trained_layout"] == [0, 3, 7]
     assert out["explanation"] == "wiring" and rc == out["exit_code"] == 1
-    assert out["expected_source"].startswith("training record") and len(out["per_position"]) == 3
+    assert out["expected_source"].startswith("speculation_profile.json: training evaluation")
+    assert len(out["per_position"]) == 3
     assert out["explanation"] in ("wiring", "engine-differs"), out["evidence"]
     assert out["served_predicted_per_position"][0] < out["expected_per_position"][0]
     # no --draft: one line, before anything loads

@@ -13,6 +13,10 @@ target's greedy token there. That is what greedy verification accepts, so it is 
 rewards; cross-entropy over all steps lets the later steps, where every layout is poor, outweigh
 a clear step-0 gap (docs/dumps.md, "Ranking"). The paired test that says whether two layouts
 can be told apart runs on that same per-token count, over blocks of tokens.
+
+Traffic sampled at a temperature T > 0 is verified by speculative (rejection) sampling, which
+accepts a draft token with probability ``sum_v min(p_T, q_T)``; ``sampled_acceptance`` scores a
+layout by that, chained along the same teacher-forced text, and at T = 0 gives the greedy figures.
 """
 from __future__ import annotations
 
@@ -238,6 +242,21 @@ def accuracy_table(correct: list[torch.Tensor],
     return full, cond, se
 
 
+def _draft_layout(draft, caps: TargetCaptures, layout) -> tuple[int, ...]:
+    """``layout`` checked against the target's boundaries and the draft's fc width."""
+    layout = check_layout(layout, caps.num_layers)
+    if len(layout) != draft.cfg.num_aux:
+        raise EvalInputError(f"layout {layout} has {len(layout)} slots; the draft's fc takes "
+                             f"{draft.cfg.num_aux} x {draft.cfg.target_hidden_size} = {draft.cfg.fc_in}")
+    return layout
+
+
+def _check_window(caps: TargetCaptures, steps: int) -> None:
+    if caps.input_ids.shape[1] < steps + 2:
+        raise EvalInputError(f"windows of {caps.input_ids.shape[1]} tokens are too short for {steps} draft "
+                             f"steps")
+
+
 @torch.no_grad()
 def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: int = 16,
                     max_windows: int | None = None, zero_features: bool = False) -> LayoutScore:
@@ -247,14 +266,9 @@ def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: 
     reaches from token embeddings and its own context alone. A served layout scoring near it
     carries nothing the draft can use; one scoring above it still carries part of the signal.
     """
-    layout = check_layout(layout, caps.num_layers)
-    if len(layout) != draft.cfg.num_aux:
-        raise EvalInputError(f"layout {layout} has {len(layout)} slots; the draft's fc takes "
-                             f"{draft.cfg.num_aux} x {draft.cfg.target_hidden_size} = {draft.cfg.fc_in}")
+    layout = _draft_layout(draft, caps, layout)
     n_win = caps.input_ids.shape[0] if max_windows is None else min(max_windows, caps.input_ids.shape[0])
-    if caps.input_ids.shape[1] < steps + 2:
-        raise EvalInputError(f"windows of {caps.input_ids.shape[1]} tokens are too short for {steps} draft "
-                             f"steps")
+    _check_window(caps, steps)
     corr_chunks, ce_sum, ce_n = [[] for _ in range(steps)], 0.0, 0
     for s in range(0, n_win, batch):
         idx = slice(s, min(s + batch, n_win))
@@ -276,3 +290,150 @@ def evaluate_layout(draft, caps: TargetCaptures, layout, steps: int = 1, batch: 
     return LayoutScore(tuple(layout), steps, [round(x, 4) for x in full], [round(x, 4) for x in cond],
                        round(ce_sum / ce_n, 4) if ce_n else float("nan"), tokens, round(se, 4),
                        accepted=accepted_run(correct))
+
+
+# --------------------------------------------------------------------------------------
+# Speculative sampling at a temperature
+
+ROWS = 256         # columns of one window whose target distribution is held at once (memory ~ ROWS x vocab)
+
+
+def check_temperature(temperature) -> float:
+    """``temperature`` as a float: 0 (greedy) or a finite positive number, else ``EvalInputError``."""
+    try:
+        t = float(temperature)
+    except (TypeError, ValueError):
+        raise EvalInputError(f"temperature {temperature!r} is not a number; expected 0 (greedy) or a "
+                             f"finite positive number") from None
+    if isinstance(temperature, bool) or not math.isfinite(t) or t < 0:
+        raise EvalInputError(f"temperature {temperature!r} is out of range; expected 0 (greedy) or a "
+                             f"finite positive number")
+    return t
+
+
+def overlap(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_token_ids: torch.Tensor,
+            temperature: float) -> torch.Tensor:
+    """Speculative sampling's acceptance probability of one draft token, ``sum_v min(p_T, q_T)``.
+
+    ``target_logits`` [..., V] over the target vocabulary, ``draft_logits`` [..., Vd] over the
+    draft's, whose entry ``d`` is target token ``draft_token_ids[d]``; both are divided by
+    ``temperature`` (> 0) and softmaxed. The draft's probability is carried into the target
+    vocabulary (summed where two draft ids name one target token), so a target token outside the
+    draft vocabulary has q = 0 and adds nothing. Returns [...], in [0, 1].
+    """
+    return _overlap_p(F.softmax(target_logits.float() / temperature, -1), draft_logits, draft_token_ids,
+                      temperature)
+
+
+def _overlap_p(p: torch.Tensor, draft_logits: torch.Tensor, draft_token_ids: torch.Tensor,
+               temperature: float) -> torch.Tensor:
+    """``overlap`` with the target's tempered distribution ``p`` already computed."""
+    q = F.softmax(draft_logits.float().to(p.device) / temperature, -1)
+    q_target = torch.zeros_like(p).index_add_(-1, draft_token_ids.to(p.device), q)
+    return torch.minimum(p, q_target).sum(-1).clamp_(0.0, 1.0)
+
+
+@dataclass
+class SampledScore:
+    """Expected acceptance of a draft chain under speculative sampling at ``temperature``."""
+
+    layout: tuple[int, ...]
+    steps: int
+    temperature: float
+    marginal: list[float]      # expected P(draft tokens 0..i all accepted), per position i
+    conditional: list[float]   # marginal_i / marginal_{i-1} (marginal_{-1} = 1)
+    overlap: list[float]       # mean acceptance probability of step j alone, unchained
+    accept_length: float       # 1 + sum(marginal): expected tokens per verify step
+    tokens: int
+    chain: torch.Tensor | None = field(default=None, repr=False)     # [steps, N, n] the marginal per token
+    accepted: torch.Tensor | None = field(default=None, repr=False)  # [N, n] per token, 1 + chain.sum(0)
+
+    def blocks(self, position: int | None = None) -> torch.Tensor:
+        """``token_blocks`` of the per-token expected accepted tokens, or with ``position`` of that
+        position's chain term: the units of a standard error or of a paired test."""
+        if self.accepted is None or self.chain is None:
+            raise ValueError(f"the sampled score of {self.layout} kept no per-token figures")
+        return token_blocks(self.accepted if position is None else self.chain[position])
+
+    def se(self, position: int | None = None) -> float:
+        """Standard error over blocks of ``accept_length``, or of ``marginal[position]``."""
+        b = self.blocks(position)
+        return float(b.std() / math.sqrt(b.numel())) if b.numel() > 1 else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"layout": list(self.layout), "steps": self.steps, "temperature": self.temperature,
+                "marginal": self.marginal, "conditional": self.conditional, "overlap": self.overlap,
+                "accept_length": round(self.accept_length, 4), "tokens": self.tokens,
+                "accept_length_se": round(self.se(), 4) if self.accepted is not None else None}
+
+
+@torch.no_grad()
+def sampled_acceptance(draft, target, caps: TargetCaptures, layout, steps: int, temperature: float,
+                       batch: int = 16, rows: int = ROWS, max_windows: int | None = None) -> SampledScore:
+    """The draft teacher-forced on ``caps`` with ``layout``, scored as speculative sampling at
+    ``temperature`` would accept it.
+
+    Per column t and draft step j, ``alpha_j(t) = sum_v min(p_T(v), q_T(v))``: p_T the target's
+    next-token distribution at the position step j predicts (from the captured pre-norm final
+    state through ``verifier_logits``), q_T the draft's step-j distribution carried into the target
+    vocabulary, both ``softmax(logits / T)``. Draft token i is accepted only if 0..i-1 were, so
+    ``marginal[i]`` is the mean over columns of ``prod_{j<=i} alpha_j(t)`` and ``accept_length``
+    is ``1 + sum(marginal)``, over the same columns as ``evaluate_layout``.
+
+    An approximation, as the greedy figures are: every step is fed the text's own next tokens, so
+    the chain runs along the teacher-forced text, whereas in serving step j is fed the tokens the
+    draft sampled and the target accepted, and the columns are weighted by the text, not by what
+    the target samples at T. The steps' acceptances are multiplied as if independent given that
+    text. ``T == 0`` is greedy verification: the argmax indicator of ``step_correct``, so the
+    figures equal ``evaluate_layout``'s ``full_acc`` and ``cond_acc`` (``target`` is not used).
+
+    Memory: the draft runs ``batch`` windows at a time, as in ``evaluate_layout``; the target's
+    distribution is held for ``rows`` columns of one window at a time (a few ``rows x vocab``
+    float32 tensors).
+    """
+    t_ = check_temperature(temperature)
+    if steps < 1:
+        raise EvalInputError(f"steps must be at least 1, got {steps}")
+    layout = _draft_layout(draft, caps, layout)
+    _check_window(caps, steps)
+    if rows < 1 or batch < 1:
+        raise EvalInputError(f"batch and rows must be at least 1, got {batch} and {rows}")
+    n_win = caps.input_ids.shape[0] if max_windows is None else min(max_windows, caps.input_ids.shape[0])
+    n = caps.input_ids.shape[1] - steps          # columns where every step has a label
+    final = caps.states[caps.num_layers]
+    ids_t = draft.draft_token_ids
+    alpha_chunks: list[list[torch.Tensor]] = [[] for _ in range(steps)]
+    for s in range(0, n_win, batch):
+        idx = slice(s, min(s + batch, n_win))
+        logits = draft.ttt_forward(caps.input_ids[idx], caps.fused(layout, idx), steps)
+        if t_ == 0:
+            for j, c in enumerate(step_correct(draft, logits, caps.target_argmax[idx])):
+                alpha_chunks[j].append(c[:, :n].float())
+            continue
+        per_step = [torch.empty(logits[0].shape[0], n) for _ in range(steps)]
+        for w in range(logits[0].shape[0]):
+            for c0 in range(0, n, rows):
+                c1 = min(c0 + rows, n)
+                # step j at column c predicts position c + 1 + j: rows c0+1 .. c1+steps cover every step
+                p = F.softmax(verifier_logits(target, final[s + w, c0 + 1:c1 + steps].float()) / t_, -1)
+                for j in range(steps):
+                    a = _overlap_p(p[j:j + c1 - c0], logits[j][w, c0:c1], ids_t, t_)
+                    per_step[j][w, c0:c1] = a.cpu()
+        for j in range(steps):
+            alpha_chunks[j].append(per_step[j])
+    alphas = [torch.cat(a).cpu() for a in alpha_chunks]                    # steps x [N, n]
+    if t_ == 0:
+        full, cond, _ = accuracy_table([a.bool() for a in alphas])
+        chain = torch.cumprod(torch.stack(alphas), 0)
+        accepted = accepted_run([a.bool() for a in alphas])
+    else:
+        chain = torch.cumprod(torch.stack(alphas), 0)
+        full = [float(c.double().mean()) for c in chain]
+        cond, prev = [], 1.0
+        for m in full:
+            cond.append(m / prev if prev else 0.0)
+            prev = m
+        accepted = 1.0 + chain.sum(0)
+    return SampledScore(tuple(layout), steps, t_, [round(x, 4) for x in full], [round(x, 4) for x in cond],
+                        [round(float(a.double().mean()), 4) for a in alphas],
+                        float(accepted.double().mean()), int(alphas[-1].numel()), chain, accepted)

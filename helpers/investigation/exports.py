@@ -202,7 +202,25 @@ class ServedProfile:
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-FAMILIES = {"vllm:": "vllm", "sglang:": "sglang", "llamacpp:": "llamacpp"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """Whose metric names a scrape holds, and what shape of evidence that engine exports there."""
+
+    engine: str
+    prefix: str
+    per_position: bool  # counters per draft position (vLLM, llama.cpp), else totals and gauges (SGLang)
+
+    def __str__(self) -> str:
+        return self.engine
+
+
+FAMILIES = (
+    Family("vllm", "vllm:", True),
+    Family("sglang", "sglang:", False),
+    Family("llamacpp", "llamacpp:", True),
+)
 
 
 @dataclass(frozen=True)
@@ -214,9 +232,9 @@ class Scrape:
     created: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
     at: float | None = None  # seconds (time.time) when it was read, where known
 
-    def family(self) -> str | None:
-        for prefix, fam in FAMILIES.items():
-            if any(name.startswith(prefix + "spec") for name, _ in self.series):
+    def family(self) -> Family | None:
+        for fam in FAMILIES:
+            if any(name.startswith(fam.prefix + "spec") for name, _ in self.series):
                 return fam
         return None
 
@@ -270,8 +288,10 @@ def _from_scrape(
     fam = s.family()
     g = gauges_from or s
     notes = (window_note,) if window_note else ()
-    if fam in ("vllm", "llamacpp"):
-        p = f"{fam}:spec_decode_"
+    if fam is None:
+        return None
+    if fam.per_position:
+        p = f"{fam.prefix}spec_decode_"
         drafts = s.total(p + "num_drafts")
         per_pos = s.by_label(p + "num_accepted_tokens_per_pos", "position")
         accepted, draft_tokens = s.total(p + "num_accepted_tokens"), s.total(p + "num_draft_tokens")
@@ -280,8 +300,8 @@ def _from_scrape(
         counts = tuple(int(round(per_pos.get(i, 0.0))) for i in range(max(per_pos, default=-1) + 1))
         k = len(counts) or None
         return ServedProfile(
-            fam,
-            f"{fam}-prometheus",
+            fam.engine,
+            f"{fam.engine}-prometheus",
             s.where,
             int(round(drafts or 0)),
             counts or None,
@@ -291,42 +311,41 @@ def _from_scrape(
             notes=notes,
             reset=reset,
         )
-    if fam == "sglang":
-        calls = s.total("sglang:spec_verify_calls")
-        gen = s.total("sglang:generation_tokens")
-        gauge = g.total("sglang:spec_accept_length")
-        steps = g.total("sglang:spec_num_steps")
-        k = int(steps) if steps and steps > 0 else None
-        if calls:
-            # SGLang's own formula (PR 3152): completion tokens over verify calls; the prefill's first token
-            # counts as well, so it runs a little above the verify steps' own mean on short outputs
-            accepted = max(int(round((gen or 0.0) - calls)), 0)
-            notes += (
-                f"accept length from SGLang's counters: generation_tokens / spec_verify_calls "
-                f"({gen:.0f} / {calls:.0f}; each request's first token, from prefill, counts too)",
-            )
-        else:
-            accepted = None
-        if gauge is not None:
-            notes += (
-                f"sglang:spec_accept_length {gauge:.3f} is a gauge of the most recent log interval only "
-                f"(multiprocess mode 'mostrecent'), not an average over the window",
-            )
-        return ServedProfile(
-            "sglang",
-            "sglang-prometheus",
-            s.where,
-            int(round(calls)) if calls else None,
-            None,
-            accepted,
-            None,
-            gauge,
-            "most recent interval (gauge)" if gauge is not None else "",
-            k,
-            notes=notes,
-            reset=reset,
+    # SGLang: verify calls and generated tokens (counters), the accept length (gauges)
+    calls = s.total("sglang:spec_verify_calls")
+    gen = s.total("sglang:generation_tokens")
+    gauge = g.total("sglang:spec_accept_length")
+    steps = g.total("sglang:spec_num_steps")
+    k = int(steps) if steps and steps > 0 else None
+    if calls:
+        # SGLang's own formula (PR 3152): completion tokens over verify calls; the prefill's first token
+        # counts as well, so it runs a little above the verify steps' own mean on short outputs
+        accepted = max(int(round((gen or 0.0) - calls)), 0)
+        notes += (
+            f"accept length from SGLang's counters: generation_tokens / spec_verify_calls "
+            f"({gen:.0f} / {calls:.0f}; each request's first token, from prefill, counts too)",
         )
-    return None
+    else:
+        accepted = None
+    if gauge is not None:
+        notes += (
+            f"sglang:spec_accept_length {gauge:.3f} is a gauge of the most recent log interval only "
+            f"(multiprocess mode 'mostrecent'), not an average over the window",
+        )
+    return ServedProfile(
+        "sglang",
+        "sglang-prometheus",
+        s.where,
+        int(round(calls)) if calls else None,
+        None,
+        accepted,
+        None,
+        gauge,
+        "most recent interval (gauge)" if gauge is not None else "",
+        k,
+        notes=notes,
+        reset=reset,
+    )
 
 
 def _is_counter(name: str) -> bool:
@@ -779,7 +798,7 @@ class Reading:
     at: float | None = None
 
     def scrape(self) -> Scrape | None:
-        if self.text.lstrip().startswith(("[", "{")):
+        if self.text.lstrip().startswith("{"):
             return None
         return parse_prometheus(self.text, self.where, self.at)
 
@@ -799,16 +818,14 @@ def read_source(source: str | Path, timeout: float = 10.0) -> Reading:
 
 def profile_of(r: Reading, draft_tokens: int | None = None) -> ServedProfile:
     """One reading -> a ServedProfile, or one BadText naming the source and what it lacked."""
-    stripped = r.text.lstrip()
-    if stripped.startswith(("[", "{")):
+    json_error = None
+    if r.text.lstrip().startswith(("[", "{")):
         try:
             obj = json.loads(r.text)
-        except json.JSONDecodeError as exc:
-            raise BadText(
-                f"{r.where} is not valid JSON ({exc.msg} at line {exc.lineno}); expected a list of "
-                f"engine responses"
-            ) from None
-        return _json_source(obj, r.where, draft_tokens)
+        except json.JSONDecodeError as exc:  # a log whose lines open with "[date]", or broken JSON
+            json_error = f"{exc.msg} at line {exc.lineno}"
+        else:
+            return _json_source(obj, r.where, draft_tokens)
     scrape = r.scrape()
     found = _from_scrape(scrape) if scrape is not None else None
     if found is None:
@@ -816,6 +833,11 @@ def profile_of(r: Reading, draft_tokens: int | None = None) -> ServedProfile:
             found = reader(r.text, r.where)
             if found is not None:
                 break
+    if found is None and json_error is not None:
+        raise BadText(
+            f"{r.where} is not valid JSON ({json_error}) and holds no engine log line with speculative "
+            f"statistics; expected a list of engine responses, a /metrics scrape or an engine's log"
+        )
     if found is None:
         raise BadText(
             f"{r.where}: no speculative-decoding metrics found (looked for vllm:, sglang: and "

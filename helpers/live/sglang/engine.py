@@ -86,6 +86,8 @@ class SglangLaunch:
     probe: bool = False                   # save what the draft's fc receives (measured slots)
     extra_args: tuple[str, ...] = ()
     guard: guard.Mode = guard.Mode.WARN   # the engine guard in this launch (docs/guard.md)
+    enable_metrics: bool = False          # serve Prometheus text at /metrics (--enable-metrics)
+    decode_log_interval: int | None = None   # a "Decode batch ... accept len" log line every N batches
 
     def __post_init__(self):
         self.target = Path(self.target).resolve()
@@ -210,6 +212,10 @@ class SGLangEngine(Stoppable):
                      "--return-aux-hidden-state-layer-ids", *map(str, spec.capture_ids)]
         if self.probe_dir is not None:
             self.probe_dir.mkdir(parents=True, exist_ok=True)
+        if spec.enable_metrics:
+            args.append("--enable-metrics")
+        if spec.decode_log_interval is not None:
+            args += ["--decode-log-interval", str(int(spec.decode_log_interval))]
         env[guard.GUARD_ENV] = str(spec.guard)
         env.update(hook_env(self.install, self.report_path, accommodations=accommodations))
         if spec.capture_rule:

@@ -49,6 +49,8 @@ class Generation:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    per_request: list[dict | None] = field(default_factory=list)   # per prompt, its request id and
+    # spec_decode_metrics.to_dict() (None unless the launch asked per_request_spec_decode_metrics)
 
     @property
     def accept_length(self) -> float:
@@ -70,6 +72,10 @@ class LaunchSpec:
     storage: Path | None = None                  # where extraction writes one safetensors file per request
     device: str = "cpu"
     guard: guard.Mode = guard.Mode.WARN          # the engine guard in this launch (docs/guard.md)
+    per_request_spec_decode_metrics: str = "none"   # vLLM's --per-request-spec-decode-metrics: none,
+                                                 # summary or detailed (each output's spec_decode_metrics)
+    log_stats_interval: float | None = None      # seconds between vLLM's stats log lines (INFO level,
+                                                 # "SpecDecoding metrics: ..."); None: vLLM's own (10 s)
 
     def llm_kwargs(self) -> dict:
         target = str(Path(self.target).resolve())      # the worker runs in its log folder
@@ -81,6 +87,8 @@ class LaunchSpec:
         if self.draft is not None:
             kw["speculative_config"] = {"method": "eagle3", "model": str(Path(self.draft).resolve()),
                                         "num_speculative_tokens": int(self.steps)}
+        if self.per_request_spec_decode_metrics != "none":
+            kw["per_request_spec_decode_metrics"] = self.per_request_spec_decode_metrics
         if self.extract_ids is not None:
             kw["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                         "draft_model_config": {"hf_config": {
@@ -131,6 +139,9 @@ class VllmEngine(Stoppable):
                    TOKENIZERS_PARALLELISM="false")
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), VLLM_CPU_OMP_THREADS_BIND="nobind")
+        if self.spec.log_stats_interval is not None:     # its lines are INFO: the level goes down with it
+            env.update(VLLM_LOG_STATS_INTERVAL=str(float(self.spec.log_stats_interval)),
+                       VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
         for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
             if key in os.environ and key not in env:
                 env[key] = os.environ[key]
@@ -268,9 +279,14 @@ class VllmEngine(Stoppable):
             raise EngineStartError(f"vLLM failed {req['op']}: {msg.get('error')} (log: {self.log_path})")
         return msg
 
-    def generate(self, prompts: list[list[int]], max_tokens: int) -> Generation:
-        """Greedy, one prompt at a time (the latency speculative decoding is for), timed per prompt."""
-        msg = self._ask({"op": "generate", "prompts": prompts, "max_tokens": int(max_tokens)})
+    def generate(self, prompts: list[list[int]], max_tokens: int, *, temperature: float = 0.0,
+                 seed: int | None = None) -> Generation:
+        """Greedy (``temperature`` 0, the default), one prompt at a time (the latency speculative decoding
+        is for), timed per prompt; ``seed`` makes a sampled run repeatable (prompt i gets ``seed + i``)."""
+        req = {"op": "generate", "prompts": prompts, "max_tokens": int(max_tokens)}
+        if temperature:
+            req |= {"temperature": float(temperature), "seed": seed}
+        msg = self._ask(req)
         before, after = msg["counters_before"], msg["counters_after"]
 
         def delta(key):
@@ -280,7 +296,7 @@ class VllmEngine(Stoppable):
         before_pos = list(before.get("accepted_per_position", [])) + [0] * len(after_pos)
         per_pos = [int(a) - int(b) for a, b in zip(after_pos, before_pos)]
         return Generation(msg["tokens"], msg["seconds"], delta("drafts"), delta("draft_tokens"),
-                          delta("accepted_tokens"), per_pos)
+                          delta("accepted_tokens"), per_pos, msg.get("per_request", []))
 
     def metrics_text(self) -> str:
         """The engine's counters as its ``/metrics`` endpoint would serve them (Prometheus text): what a

@@ -7,9 +7,11 @@ file descriptor named by ``--reply-fd`` (vLLM's own logging goes to stderr, whic
 in a log file). Only vLLM's public interfaces are used: ``LLM``, ``SamplingParams``,
 ``TokensPrompt``, ``LLM.get_metrics()``.
 
-Requests: ``{"op": "generate", "prompts": [[ids]], "max_tokens": N}`` (greedy, one prompt at a
-time, timed one by one), ``{"op": "prompt_logprobs", "prompts": [[ids]]}``, ``{"op": "metrics"}``
-(the Prometheus text its /metrics endpoint would serve), ``{"op": "stop"}``.
+Requests: ``{"op": "generate", "prompts": [[ids]], "max_tokens": N}`` (greedy unless it names a
+``temperature``, with an optional ``seed``; one prompt at a time, timed one by one; each request's id
+and its ``spec_decode_metrics`` where the launch asked for them),
+``{"op": "prompt_logprobs", "prompts": [[ids]]}``, ``{"op": "metrics"}`` (the Prometheus text its /metrics
+endpoint would serve), ``{"op": "stop"}``.
 """
 from __future__ import annotations
 
@@ -70,16 +72,21 @@ def main() -> int:
                 send({"ok": True})
                 break
             if op == "generate":
-                params = SamplingParams(max_tokens=int(req["max_tokens"]), temperature=0.0, ignore_eos=True)
+                temperature, seed = float(req.get("temperature") or 0.0), req.get("seed")
                 before = spec_counters(llm)
-                outputs, seconds = [], []
-                for ids in req["prompts"]:
+                outputs, seconds, per_request = [], [], []
+                for i, ids in enumerate(req["prompts"]):
+                    params = SamplingParams(max_tokens=int(req["max_tokens"]), temperature=temperature,
+                                            ignore_eos=True, seed=None if seed is None else int(seed) + i)
                     t0 = time.perf_counter()
                     out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
                     seconds.append(time.perf_counter() - t0)
                     outputs.append(list(out[0].outputs[0].token_ids))
+                    metrics = getattr(out[0].outputs[0], "spec_decode_metrics", None)
+                    per_request.append({"request_id": out[0].request_id,
+                                        "spec_decode_metrics": metrics.to_dict()} if metrics else None)
                 send({"ok": True, "tokens": outputs, "seconds": seconds, "counters_before": before,
-                      "counters_after": spec_counters(llm)})
+                      "counters_after": spec_counters(llm), "per_request": per_request})
             elif op == "metrics":     # the Prometheus text vLLM's /metrics would serve, from its registry
                 import prometheus_client
 
