@@ -52,7 +52,7 @@ def show(name: str, d: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="reference", choices=["reference", "vllm", "sglang"])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=4)
     a, rest = ap.parse_known_args()
     args = ["--target", str(PAIR / "target"), "--draft", str(PAIR / "draft"), "--backend", a.backend,
             "--repeats", str(a.repeats), "--max-new-tokens", "48", "--steps", "5", *rest]

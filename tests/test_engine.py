@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 
 import pytest
 import torch
@@ -91,15 +93,20 @@ def test_plan_width_must_match_draft(pair, prompts):
 
 
 def test_run_bench_reports_paired_speedup_and_lossless(pair, prompts):
-    import statistics
 
     res = run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:2], steps=3,
                     max_new_tokens=16, repeats=2, progress=False)
     d = res.to_dict()
     assert d["lossless"] is True and len(d["baseline_runs"]) == 2
-    # the speedup is the median of the 4 paired ratios (2 prompts x 2 repeats), inside its own interval
+    # the speedup is the geometric mean of the 4 paired ratios (2 prompts x 2 repeats, prompts weighted
+    # alike), inside its own interval
     t = res.timing
-    assert t.pairs == 4 and d["speedup"] == pytest.approx(statistics.median(t.ratios), abs=1e-3)
+    assert t.pairs == 4 and d["speedup"] == pytest.approx(t.speedup, abs=1e-3)
+    by_prompt: dict[int, list[float]] = {}
+    for p, r in zip(t.prompt_of, t.ratios):
+        by_prompt.setdefault(p, []).append(math.log(r))
+    geo = math.exp(statistics.fmean(statistics.fmean(v) for v in by_prompt.values()))
+    assert t.speedup == pytest.approx(geo)
     lo, hi = d["speedup_interval"]
     assert lo <= d["speedup"] <= hi and d["timing"] in ("ok", "noisy", "unusable")
     assert sum(d["histogram"]) == d["verify_steps"]

@@ -326,3 +326,12 @@ def test_cli_exit_codes(tmp_path, capsys):
     m = write(tmp_path, "m.txt", llamacpp_scrape(400, [160, 60, 20]))
     assert main(["--metrics", str(m), "--engine", "sglang", *base]) == 2
     assert "the export is llamacpp's" in capsys.readouterr().err
+
+
+def test_a_window_whose_counters_did_not_move_says_so(tmp_path):
+    """Nothing between the two scrapes (or a restart that served exactly as much, which SGLang's page,
+    without _created samples, cannot show): said, not judged from the most recent gauge."""
+    a = write(tmp_path, "a.txt", sglang_scrape(100, 260))
+    b = write(tmp_path, "b.txt", sglang_scrape(100, 260, gauge=3.0))
+    with pytest.raises(ValueError, match="every speculative counter is where it was"):
+        read_window(a, b)

@@ -56,6 +56,9 @@ def _check_01(out: Path):
     assert step.served["lossless"] and step.served["layout"] == [3, 7, 10]
     # the speed ratio carries its interval and timing verdict; SMALL runs one repeat, which cannot be "ok"
     assert len(step.served["speedup_interval"]) == 2 and step.served["timing"] in ("noisy", "unusable")
+    # "start from your dashboard" on a pasted SGLang /metrics scrape (totals, no per-position counts)
+    text = _outputs(out / "01_baseline_throughput.ipynb")
+    assert "Explanation:" in text and "no per-position counts" in text
 
 
 def _check_02(out: Path):
@@ -106,6 +109,9 @@ def test_notebook_runs_on_the_embedded_pair(name, tmp_path):
     d = tiny_default()
     params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(d / "draft"),
               "RETRAINED_DRAFT": str(tiny_draft((3, 7, 10))), "PATCH_ROOT": str(tmp_path / "sglang-cache")}
+    if name.startswith("01"):    # a real SGLang scrape (tests/exports), as a user would paste theirs
+        scrape = Path(__file__).parent / "exports" / "sglang" / "deployed" / "metrics_after.txt"
+        params["METRICS"] = str(scrape)
     out = tmp_path / "reports"
     runs = run_workbook(out, params, only=NEEDS.get(name, []) + [name], render=False, progress=False)
     assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]

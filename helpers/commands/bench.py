@@ -48,7 +48,9 @@ def main(argv=None) -> int:
                                  "[:v1|:v2], ...; default: a live --backend's installed release, else "
                                  f"{DEFAULT_ENGINE} (said in the output's first line)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="timed passes over the prompts; even, so each prompt runs each side first equally "
+                         "often")
     ap.add_argument("--num-prompts", type=int, default=None)
     ap.add_argument("--truncate-prompts", action="store_true",
                     help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   "
               f"accept rate {res.accept_rate:.2f}")
         print(f"  speedup      {speed_phrase(res.timing)}")
-        print(f"               paired, ABBA, {res.timing.pairs} pairs; {res.timing.method}")
+        print(f"               paired, {res.timing.order}, {res.timing.pairs} pairs; {res.timing.method}")
         print(f"  accept length {res.tau:.2f} (deterministic), per position {res.position_acceptance}   "
               f"lossless: {res.lossless}")
         print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "

@@ -398,6 +398,12 @@ def window(before: Scrape, after: Scrape) -> ServedProfile:
         }
         span = f" over {after.at - before.at:.0f} s" if after.at is not None and before.at is not None else ""
         note = f"window: the difference of two scrapes ({before.where} -> {after.where}){span}"
+    if not reset and not any(v for key, v in delta.items() if _is_counter(key[0])):
+        raise BadText(
+            f"{before.where} -> {after.where}: no verify steps inside the window (every speculative counter "
+            f"is where it was); nothing was speculated between the two scrapes, or the engine restarted and "
+            f"served exactly as much, which counters without a _created time cannot tell apart"
+        )
     diff = Scrape(f"{before.where} -> {after.where}", delta, after.created, after.at)
     prof = _from_scrape(diff, gauges_from=after, window_note=note, reset=reset)
     if prof is None:
@@ -659,6 +665,12 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
                 f"{where}: SGLang server info without avg_spec_accept_length; expected a server "
                 f"launched with speculative decoding"
             )
+        args = next((s for s in states if isinstance(s, dict) and "speculative_num_steps" in s), obj)
+        steps = args.get("speculative_num_steps") if isinstance(args, dict) else None
+        notes = ()
+        if isinstance(args, dict) and args.get("device") == "cpu":
+            # SGLang 0.5.23 srt/speculative/eagle_utils.py, _verify_uses_greedy: is_cpu
+            notes = ("the server runs on a CPU, where SGLang verifies drafts greedily at any temperature",)
         return ServedProfile(
             "sglang",
             "sglang-server-info",
@@ -666,6 +678,8 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
             None,
             gauge=sum(vals) / len(vals),
             gauge_scope=f"the server's lifetime average over {len(vals)} scheduler(s), no count",
+            num_spec_tokens=steps if type(steps) is int and steps > 0 else None,
+            notes=notes,
         )
     items = obj if isinstance(obj, list) else [obj]
     hist: list[int] = []

@@ -5,8 +5,9 @@ own and
 answer ``generate(prompts, max_tokens)`` with their own counters (drafts, accepted tokens, accepted per
 position), ``pid``, ``version``, ``start_seconds`` and ``fixes_report()`` (what the workbook changed inside
 the engine for this launch). ``live_bench`` drives any of them through a ``Launch``: one baseline engine for
-the whole run, one engine per wiring, requests alternating one prompt at a time in ABBA order after a
-warm-up (``helpers.live.timing``), so the speedup is a median of paired ratios with its interval and verdict.
+the whole run, one engine per wiring, requests one prompt at a time after a warm-up, the side that goes
+first counterbalanced (``helpers.live.timing.baseline_first``), so the speedup is a geometric mean of paired
+ratios with its interval and verdict.
 Each row carries the layout the engine's rules predict it serves and, where the caller ran it, the
 reference engine's figures for that layout: the prediction is checked by measurement, and a gap is
 reported, never smoothed over. What is engine-specific (flags, fixes, accommodations) stays in the
@@ -22,7 +23,8 @@ from typing import Callable, ContextManager, Protocol
 
 from tqdm.auto import tqdm
 
-from .timing import MachineWatch, PairedSpeedup, PairedTiming, abba, speed_phrase, tree_cpu_seconds
+from .settings import side_by_side
+from .timing import MachineWatch, PairedSpeedup, PairedTiming, baseline_first, speed_phrase, tree_cpu_seconds
 
 
 class LiveEngine(Protocol):
@@ -75,6 +77,8 @@ class LiveRow(PairedSpeedup):
     timing: PairedTiming | None = None   # the paired runs behind ``speedup``: interval and verdict
     metrics: str | None = field(default=None, repr=False)   # its /metrics page after the run (Prometheus)
     guard: dict | None = None        # the engine guard's verdict at load (helpers.live.guard), None when off
+    settings: dict | None = None     # both launches' engine settings side by side (live.settings), and
+                                     # any that differ besides speculation
 
     @property
     def tau_gap(self) -> float | None:
@@ -155,18 +159,19 @@ def _timed(engine, prompt: list[int], max_new_tokens: int, other=None) -> tuple[
 
 def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
             repeats: int, bar) -> tuple[PairedTiming, list[float], list[float], list]:
-    """Every prompt of every repeat as one pair, baseline and speculative back to back in ABBA order,
-    as the reference engine times them (``reference.run_bench``). Returns the paired timing, each
+    """Every prompt of every repeat as one pair, baseline and speculative back to back, the side that
+    goes first counterbalanced (``baseline_first``), as the reference engine times them
+    (``reference.run_bench``). Returns the paired timing, each
     repeat's pooled tok/s per side, and each repeat's speculative generations merged."""
-    n = len(prompt_ids)
-    pb, ps, po, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], []
+    pb, ps, po, first, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], [], []
     quiet = functools.partial(_pause_all, base, spec)
     quiet()                      # the calibration kernel times the machine, not our own idle engines
     with MachineWatch() as watch:
         for rep in range(repeats):
             b_gens, s_gens = [], []
             for i, p in enumerate(prompt_ids):
-                if abba(rep * n + i):
+                first.append(baseline_first(i, rep))
+                if first[-1]:
                     bg, bc = _timed(base, p, max_new_tokens, spec)
                     sg, sc = _timed(spec, p, max_new_tokens, base)
                 else:
@@ -184,7 +189,7 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
             gens.append(_merge(s_gens))
             s_runs.append(_tok_s(gens[-1]))
         quiet()
-    return PairedTiming(pb, ps, po, watch.signal, cb, cs), b_runs, s_runs, gens
+    return PairedTiming(pb, ps, po, watch.signal, cb, cs, first), b_runs, s_runs, gens
 
 
 def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
@@ -226,5 +231,6 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
                     lossless=all(same), lossless_per_prompt=same,
                     baseline_runs=[round(x, 2) for x in b_runs], spec_runs=[round(x, 2) for x in s_runs],
                     fixes=spec.fixes_report(), start_seconds=spec.start_seconds, timing=timing,
-                    metrics=spec.metrics_text(), guard=spec.guard_verdict()))
+                    metrics=spec.metrics_text(), guard=spec.guard_verdict(),
+                    settings=side_by_side(base.settings(), spec.settings()).to_dict()))
     return rows

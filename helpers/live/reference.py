@@ -1,9 +1,10 @@
 """The reference engine timed: baseline against speculative throughput, measured in one process on the
 same prompts (``bench --backend reference``, notebooks 01 and 06, and beside every live row).
 
-Baseline and speculative decoding are timed as pairs: the same prompt back to back, in ABBA order
-(``timing.abba``), every prompt in every repeat, after one warm-up pass that is not counted. The
-speedup is the median of the paired ratios with its interval and a timing verdict
+Baseline and speculative decoding are timed as pairs: the same prompt back to back, every prompt in
+every repeat, after one warm-up pass that is not counted; which side goes first is counterbalanced
+(``timing.baseline_first``: each prompt AB in one repeat, BA in the next), so repeats default to an
+even number. The speedup is the geometric mean of the paired ratios with its interval and a timing verdict
 (``timing.PairedTiming``); the round costs (decode, verify, draft step) are pooled over every
 measured pass, so the break-even accept length does not hang on one pass.
 """
@@ -30,7 +31,7 @@ from ..model.engine import (
     position_acceptance,
     speculative_generate,
 )
-from .timing import MachineWatch, PairedSpeedup, PairedTiming, abba, speed_phrase
+from .timing import MachineWatch, PairedSpeedup, PairedTiming, baseline_first, speed_phrase
 
 
 @dataclass
@@ -120,7 +121,7 @@ def encode_prompts(tokenizer, prompts: list[str], device="cpu") -> list[torch.Te
 
 
 def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], steps: int = 5,
-              max_new_tokens: int = 96, repeats: int = 3, progress: bool = True,
+              max_new_tokens: int = 96, repeats: int = 4, progress: bool = True,
               label: str = "") -> BenchResult:
     if not prompt_ids:
         raise ValueError("no prompts to benchmark")
@@ -138,7 +139,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     n = len(prompt_ids)
     base_all: list[list[GenerationResult]] = []    # per measured repeat, per prompt
     spec_all: list[list[GenerationResult]] = []
-    pair_base, pair_spec, pair_prompt, cpu_base, cpu_spec = [], [], [], [], []
+    pair_base, pair_spec, pair_prompt, pair_first, cpu_base, cpu_spec = [], [], [], [], [], []
     bar = tqdm(total=(repeats + 1) * n, desc=f"bench {label or plan.layout}", disable=not progress,
                mininterval=1.0)
 
@@ -154,7 +155,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                 run_b = functools.partial(baseline_generate, target, ids, max_new_tokens)
                 run_s = functools.partial(speculative_generate, target, draft, plan, ids, max_new_tokens,
                                           steps)
-                if abba(rep * n + i):
+                first = baseline_first(i, rep - 1)      # measured repeats count from 0; the warm-up is -1
+                if first:
                     (b, cb), (s, cs) = timed(run_b), timed(run_s)
                 else:
                     (s, cs), (b, cb) = timed(run_s), timed(run_b)
@@ -162,6 +164,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                     pair_base.append(len(b.tokens) / b.seconds)
                     pair_spec.append(len(s.tokens) / s.seconds)
                     pair_prompt.append(i)
+                    pair_first.append(first)
                     cpu_base.append(len(b.tokens) / cb if cb > 0 else float("nan"))
                     cpu_spec.append(len(s.tokens) / cs if cs > 0 else float("nan"))
                 base_rep.append(b)
@@ -171,7 +174,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                 base_all.append(base_rep)
                 spec_all.append(spec_rep)
     bar.close()
-    timing = PairedTiming(pair_base, pair_spec, pair_prompt, watch.signal, cpu_base, cpu_spec)
+    timing = PairedTiming(pair_base, pair_spec, pair_prompt, watch.signal, cpu_base, cpu_spec, pair_first)
     base_last, spec_last = base_all[-1], spec_all[-1]
     base_flat = [b for rep in base_all for b in rep]
     spec_flat = [s for rep in spec_all for s in rep]
@@ -190,7 +193,8 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
         b_tok_s = statistics.median(pair_base[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
         s_tok_s = statistics.median(pair_spec[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
         per_prompt.append({"prompt": i, "tau": round(s.tau, 3), "baseline_tok_s": round(b_tok_s, 2),
-                           "spec_tok_s": round(s_tok_s, 2), "speedup": round(statistics.median(ratios), 3),
+                           "spec_tok_s": round(s_tok_s, 2),
+                           "speedup": round(statistics.geometric_mean(ratios), 3),
                            "lossless": lossless[i]})
     verifies = sum(r.verify_steps for r in spec_last)
     check_finite("tok/s", *base_runs, *spec_runs)

@@ -4,23 +4,26 @@ statement that this machine's timing cannot support one.
 The workbook exists to measure a slowdown, so a ratio it prints is what a user acts on. On a shared
 GPU node or a busy laptop, two runs of the same thing can differ by 5x; a median of two runs is then
 their mean, and a ratio of two such medians is noise. Every benchmark therefore times baseline and
-speculative decoding as *pairs*: the same prompt, back to back, in ABBA order (baseline first, then
-speculative first, alternately), so a drift in the machine's speed hits both sides of a pair alike.
+speculative decoding as *pairs*: the same prompt, back to back. Which side runs first is
+counterbalanced (``baseline_first``): each prompt alternates AB, BA across repeats and the prompts
+alternate within a repeat, so with an even number of repeats a first-runner effect cancels within
+every prompt; an odd number is kept but the verdict says the design is not balanced.
 
-- The ratio is the **median of the paired ratios** (speculative tok/s over baseline tok/s, one per
-  prompt and repeat), with a 95% interval from a **stratified bootstrap**: repeats are resampled
-  within each prompt, so the interval measures timing noise, not how differently the draft does on
-  different prompts (which is the workload, and the same on any machine). With one repeat per
-  prompt the two cannot be separated; a distribution-free interval (binomial order statistics) over
-  all pairs is given instead and the verdict says why it is wide.
-- The **noise gate** reads the data itself: how wide that interval is, and how much repeats of the
+- The ratio is the **geometric mean of the paired ratios** (speculative tok/s over baseline tok/s, one
+  per prompt and repeat; each prompt weighted alike), with a 95% interval from a **two-stage
+  bootstrap** of that same statistic: resample the prompts, then each drawn prompt's repeats (seed 0),
+  widened if need be to hold the estimate. It is an interval for the workload the prompts sample, so it
+  holds how differently the draft does on different prompts as well as timing noise. The ratio is
+  called faster or slower only when that interval, as printed, does not touch 1.
+- The **noise gate** reads the data itself: how wide the same statistic's interval is with the prompts
+  held fixed (repeats resampled within each prompt: timing noise alone), how much repeats of the
   same prompt on the same side disagree (a quiet machine repeats a greedy generation to a few per
   cent). A machine signal sits beside it: the load average, and a fixed calibration kernel timed
   before and after the benchmark.
-- The verdict is ``ok``, ``noisy`` (the direction is clear, the size is not) or ``unusable`` (the
-  interval cannot tell faster from slower, or repeats disagree wildly): then no ratio is stated as a
-  finding, only the ranges that show why. Accept length, per-position acceptance and losslessness
-  are deterministic and do not depend on it.
+- The verdict is ``ok``, ``noisy`` (a ratio is stated, with the caveats that make it uncertain) or
+  ``unusable`` (timing noise alone cannot tell faster from slower, or repeats disagree wildly): then
+  no ratio is stated as a finding, only the ranges that show why. Accept length, per-position
+  acceptance and losslessness are deterministic and do not depend on it.
 
 Results here are data (``TimingVerdict`` has a kind and reasons as typed values); sentences are made
 by ``speed_phrase`` at the edge.
@@ -59,9 +62,10 @@ class Reason(StrEnum):
 
     FEW_PAIRS = "few-pairs"              # fewer pairs than an interval needs
     ONE_REPEAT = "one-repeat"            # noise cannot be told from the prompts' variety
-    WIDE = "wide-interval"               # relative width of the interval
-    STRADDLES = "straddles-1"            # the interval holds 1.0 and is too wide to call it a tie
-    REPEATS_DISAGREE = "repeats-disagree"  # max/min - 1 across repeats of one prompt, worst side
+    WIDE = "wide-interval"               # relative width of the noise interval (prompts held fixed)
+    STRADDLES = "straddles-1"            # the noise interval holds 1.0 and is too wide to call it a tie
+    UNBALANCED = "unbalanced-order"      # prompts that ran one side first more often than the other
+    REPEATS_DISAGREE = "repeats-disagree"  # median over prompts of max/min - 1 across repeats, worse side
     CALIBRATION = "calibration-drift"    # after/before - 1 of the calibration kernel
     LOAD = "load"                        # load average per core before the benchmark
 
@@ -150,10 +154,12 @@ def tree_cpu_seconds(pid: int | None) -> float:
     return total / tick if pid in stats else float("nan")
 
 
-def abba(k: int) -> bool:
-    """Whether pair ``k`` runs the baseline first: AB BA AB BA ..., so a steady drift in the machine's
-    speed favours neither side."""
-    return k % 2 == 0
+def baseline_first(prompt: int, repeat: int) -> bool:
+    """Whether ``prompt`` runs the baseline first in ``repeat``: AB in one repeat, BA in the next, and
+    within a repeat the prompts alternate too. Over an even number of repeats every prompt runs each
+    way equally often, so a first-runner effect (a warm cache, a clock that ramps up) cancels within
+    each prompt instead of lifting some prompts' ratios and lowering others' for the whole run."""
+    return (prompt + repeat) % 2 == 0
 
 
 def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
@@ -183,37 +189,104 @@ class TimingVerdict:
         return {"timing": str(self.kind), "reasons": {str(r): round(v, 3) for r, v in self.reasons}}
 
 
+class Direction(StrEnum):
+    """What an interval says of the ratio against 1, as printed (two decimals)."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    UNRESOLVED = "no measurable difference"   # the interval touches or holds 1
+
+
 @dataclass
 class PairedTiming:
     """Baseline and speculative tok/s, one pair per prompt and repeat, timed back to back."""
 
     base_tok_s: list[float]
     spec_tok_s: list[float]
-    prompt_of: list[int]                     # which prompt each pair ran (for the repeats' agreement)
+    prompt_of: list[int]                     # which prompt each pair ran
     machine: MachineSignal | None = None
     base_cpu_tok_s: list[float] = field(default_factory=list)   # tokens per CPU-second of the process
     spec_cpu_tok_s: list[float] = field(default_factory=list)
+    base_first: list[bool] = field(default_factory=list)   # each pair's order (``baseline_first``), [] if
+                                                           # not recorded
 
     @property
     def ratios(self) -> list[float]:
-        return [s / b for b, s in zip(self.base_tok_s, self.spec_tok_s) if b > 0]
+        return [s / b for b, s in zip(self.base_tok_s, self.spec_tok_s) if b > 0 and s > 0]
 
     @property
     def pairs(self) -> int:
         return len(self.ratios)
 
+    def _log_ratios(self) -> dict[int, list[float]]:
+        """Each prompt's paired log ratios (speculative over baseline), in the order they ran."""
+        by: dict[int, list[float]] = {}
+        for b, s, p in zip(self.base_tok_s, self.spec_tok_s, self.prompt_of):
+            if b > 0 and s > 0:
+                by.setdefault(p, []).append(math.log(s / b))
+        return by
+
     @property
     def speedup(self) -> float:
-        r = self.ratios
-        return statistics.median(r) if r else 0.0
+        """The geometric mean of the paired ratios, every prompt weighted alike (the mean over prompts
+        of each prompt's mean log ratio). In a balanced design each prompt has as many pairs with
+        either side first, so a first-runner effect cancels within the prompt."""
+        by = self._log_ratios()
+        return math.exp(statistics.fmean(statistics.fmean(v) for v in by.values())) if by else 0.0
 
     @property
     def repeats(self) -> int:
         """Repeats per prompt (the fewest any prompt had)."""
         counts: dict[int, int] = {}
-        for p in self.prompt_of[:self.pairs]:
+        for p in self.prompt_of[:len(self.base_tok_s)]:
             counts[p] = counts.get(p, 0) + 1
         return min(counts.values()) if counts else 0
+
+    @property
+    def balanced(self) -> bool | None:
+        """Whether every prompt ran baseline-first as often as speculative-first; None where the order
+        of the pairs was not recorded."""
+        if not self.base_first:
+            return None
+        first: dict[int, int] = {}
+        for p, bf in zip(self.prompt_of, self.base_first):
+            first[p] = first.get(p, 0) + (1 if bf else -1)
+        return all(v == 0 for v in first.values())
+
+    @property
+    def unbalanced_prompts(self) -> int:
+        """How many prompts ran one side first more often than the other (0 when the order is unknown)."""
+        first: dict[int, int] = {}
+        for p, bf in zip(self.prompt_of, self.base_first):
+            first[p] = first.get(p, 0) + (1 if bf else -1)
+        return sum(1 for v in first.values() if v)
+
+    def _bootstrap(self, prompts: bool) -> torch.Tensor:
+        """``BOOTSTRAP`` draws of the log of ``speedup``, seed 0. Each draw resamples, with replacement,
+        the prompts (when ``prompts``) and then, within each drawn prompt, its pairs."""
+        by = list(self._log_ratios().values())
+        k, width = len(by), max(len(v) for v in by)
+        vals = torch.zeros(k, width, dtype=torch.float64)
+        for i, v in enumerate(by):
+            vals[i, :len(v)] = torch.tensor(v, dtype=torch.float64)
+        counts = torch.tensor([len(v) for v in by], dtype=torch.float64)
+        g = torch.Generator().manual_seed(0)
+        chosen = (torch.randint(k, (BOOTSTRAP, k), generator=g) if prompts
+                  else torch.arange(k).expand(BOOTSTRAP, k))
+        n = counts[chosen]                                                     # (B, k) pairs per drawn prompt
+        j = (torch.rand(BOOTSTRAP, k, width, generator=g, dtype=torch.float64) * n[..., None]).long()
+        picked = vals[chosen[..., None], j]                                    # (B, k, width)
+        keep = torch.arange(width)[None, None, :] < n[..., None]      # each draws as many pairs as it has
+        per_prompt = (picked * keep).sum(2) / n
+        return per_prompt.mean(1)
+
+    def _percentile(self, draws: torch.Tensor) -> tuple[float, float]:
+        """The percentile interval of the draws, widened to hold the point estimate if it fell outside
+        (the estimate is the same statistic on the data, so that is rare and only at the edge)."""
+        a = (1 - CONFIDENCE) / 2
+        lo, hi = torch.quantile(draws, torch.tensor([a, 1 - a], dtype=torch.float64)).tolist()
+        est = math.log(self.speedup)
+        return math.exp(min(lo, est)), math.exp(max(hi, est))
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -224,41 +297,46 @@ class PairedTiming:
         return self._interval()[2]
 
     def _interval(self) -> tuple[float, float, str]:
-        """Prompts differ in how well the draft does on them, so their ratios differ on any machine;
-        what timing noise adds is the disagreement between repeats of the same prompt. The interval
-        resamples repeats within each prompt (a stratified bootstrap of the median paired ratio), so
-        it is as wide as the noise, not as the workload's variety. With one repeat per prompt the
-        two cannot be told apart: the distribution-free interval over all pairs is given instead."""
-        ratios = self.ratios
+        """The interval of ``speedup`` as a finding about this kind of workload: a two-stage bootstrap
+        that resamples the prompts and, within each drawn prompt, its repeats. It holds the timing
+        noise, the first-runner effect where the order is not balanced, and how differently the draft
+        does on different prompts (six prompts are a sample of a workload, not the workload). With one
+        repeat per prompt only the prompts are resampled, and the verdict says so."""
+        if self.pairs < 2:
+            s = self.speedup
+            return s, s, "no interval: fewer than two pairs"
+        lo, hi = self._percentile(self._bootstrap(prompts=True))
+        stage = ("prompts, then each drawn prompt's repeats" if self.repeats >= 2
+                 else "prompts (one repeat each)")
+        return lo, hi, (f"{CONFIDENCE:.0%} two-stage bootstrap of the geometric mean paired ratio, prompts "
+                        f"weighted alike ({BOOTSTRAP} resamples of the {stage}, seed 0; percentile)")
+
+    @property
+    def noise_interval(self) -> tuple[float, float]:
+        """The same statistic's interval with the prompts held fixed (repeats resampled within each
+        prompt): how far timing noise alone moves it. The noise gate reads this one, so a quiet machine
+        is not called noisy because the prompts differ; it equals ``interval`` with one repeat."""
+        if self.pairs < 2:
+            return self.speedup, self.speedup
         if self.repeats < 2:
-            lo, hi, cov = median_interval(ratios)
-            return lo, hi, (f"{CONFIDENCE:.0%} distribution-free interval of the median paired ratio "
-                            f"over prompts (binomial order statistics, coverage {cov:.1%}); one repeat per "
-                            f"prompt, so it holds the prompts' own variety too")
-        by: dict[int, list[float]] = {}
-        for p, r in zip(self.prompt_of, ratios):
-            by.setdefault(p, []).append(r)
-        g = torch.Generator().manual_seed(0)
-        draws = []
-        for rs in by.values():
-            t = torch.tensor(rs, dtype=torch.float64)
-            draws.append(t[torch.randint(len(rs), (BOOTSTRAP, len(rs)), generator=g)])
-        x = torch.cat(draws, 1).sort(1).values
-        n = x.shape[1]
-        med = (x[:, (n - 1) // 2] + x[:, n // 2]) / 2     # the median as statistics.median takes it
-        a = (1 - CONFIDENCE) / 2
-        lo, hi = torch.quantile(med, torch.tensor([a, 1 - a], dtype=torch.float64)).tolist()
-        return lo, hi, (f"{CONFIDENCE:.0%} stratified bootstrap of the median paired ratio ({BOOTSTRAP} "
-                        f"resamples of the repeats within each prompt, seed 0)")
+            return self.interval
+        return self._percentile(self._bootstrap(prompts=False))
+
+    @property
+    def direction(self) -> Direction:
+        """Faster or slower only when the interval, as printed, lies wholly on one side of 1."""
+        lo, hi = (round(x, 2) for x in self.interval)
+        return Direction.FASTER if lo > 1 else Direction.SLOWER if hi < 1 else Direction.UNRESOLVED
 
     def spread(self, side: list[float]) -> float:
-        """The worst prompt's disagreement between its repeats on one side: max/min - 1 (0 with one
-        repeat per prompt, where repeats cannot be compared)."""
+        """How much a typical prompt's repeats disagree on one side: the median over prompts of max/min - 1
+        across its repeats (0 with one repeat per prompt, where repeats cannot be compared). The median,
+        not the worst prompt, so one run slowed by a passing process does not condemn the benchmark."""
         by: dict[int, list[float]] = {}
         for p, v in zip(self.prompt_of, side):
             by.setdefault(p, []).append(v)
-        worst = [max(v) / min(v) - 1 for v in by.values() if len(v) > 1 and min(v) > 0]
-        return statistics.median(worst) if worst else 0.0
+        each = [max(v) / min(v) - 1 for v in by.values() if len(v) > 1 and min(v) > 0]
+        return statistics.median(each) if each else 0.0
 
     @property
     def verdict(self) -> TimingVerdict:
@@ -266,7 +344,7 @@ class PairedTiming:
         bad = False
         if self.pairs < MIN_PAIRS:
             return TimingVerdict(Timing.UNUSABLE, ((Reason.FEW_PAIRS, float(self.pairs)),))
-        lo, hi = self.interval
+        lo, hi = self.noise_interval
         width = (hi - lo) / self.speedup if self.speedup else float("inf")
         spread = max(self.spread(self.base_tok_s), self.spread(self.spec_tok_s))
         if self.repeats < 2:
@@ -276,6 +354,8 @@ class PairedTiming:
             bad = True
         elif width > NOISY_WIDTH:
             reasons.append((Reason.WIDE, width))
+        if self.balanced is False:
+            reasons.append((Reason.UNBALANCED, float(self.unbalanced_prompts)))
         if spread > NOISY_SPREAD:
             reasons.append((Reason.REPEATS_DISAGREE, spread))
             bad = bad or spread > UNUSABLE_SPREAD
@@ -292,12 +372,24 @@ class PairedTiming:
         xs = self.base_tok_s if side == "baseline" else self.spec_tok_s
         return (min(xs), max(xs)) if xs else (float("nan"), float("nan"))
 
+    @property
+    def order(self) -> str:
+        balanced = self.balanced
+        if balanced is None:
+            return "not recorded"
+        if balanced:
+            return "balanced: every prompt ran baseline-first and speculative-first equally often"
+        return (f"NOT balanced: {self.unbalanced_prompts} prompt(s) ran one side first more often (an odd "
+                f"number of repeats), so a first-runner effect does not cancel within them")
+
     def to_dict(self) -> dict:
         lo, hi = self.interval
+        nlo, nhi = self.noise_interval
         v = self.verdict
         out = {"speedup": round(self.speedup, 3), "speedup_interval": [round(lo, 3), round(hi, 3)],
-               "interval": self.method, "pairs": self.pairs, "repeats": self.repeats,
-               "order": "ABBA, one pair per prompt and repeat",
+               "interval": self.method, "direction": str(self.direction),
+               "noise_interval": [round(nlo, 3), round(nhi, 3)], "pairs": self.pairs,
+               "repeats": self.repeats, "order": self.order, "balanced": self.balanced,
                "baseline_range": [round(x, 2) for x in self.side_range("baseline")],
                "spec_range": [round(x, 2) for x in self.side_range("speculative")],
                "repeat_spread": {"baseline": round(self.spread(self.base_tok_s), 3),
@@ -314,9 +406,10 @@ class PairedTiming:
 _REASON_TEXT = {
     Reason.FEW_PAIRS: "only {v:.0f} timed pair(s)",
     Reason.ONE_REPEAT: "one repeat per prompt, so noise cannot be told from the prompts' own variety",
-    Reason.WIDE: "interval {v:.0%} of the ratio wide",
-    Reason.STRADDLES: "interval {v:.0%} wide and on both sides of 1",
-    Reason.REPEATS_DISAGREE: "repeats of one prompt differ by {v:.0%}",
+    Reason.WIDE: "timing noise alone moves the ratio over {v:.0%} of it",
+    Reason.STRADDLES: "timing noise alone spans {v:.0%} of the ratio, on both sides of 1",
+    Reason.UNBALANCED: "order not balanced in {v:.0f} prompt(s) (use an even number of repeats)",
+    Reason.REPEATS_DISAGREE: "repeats of a prompt typically differ by {v:.0%}",
     Reason.CALIBRATION: "calibration kernel {v:+.0%} after vs before",
     Reason.LOAD: "load {v:.1f} per core before it started",
 }
@@ -328,7 +421,8 @@ def reasons_text(v: TimingVerdict) -> str:
 
 def speed_phrase(t: PairedTiming) -> str:
     """The speed ratio as a finding, with its interval, or why there is none: the one sentence every
-    headline, table caption and CLI line uses."""
+    headline, table caption and CLI line uses. Faster or slower only when the interval, as printed,
+    does not touch 1 (``PairedTiming.direction``)."""
     v = t.verdict
     if v.kind == Timing.UNUSABLE:
         (blo, bhi), (slo, shi) = t.side_range("baseline"), t.side_range("speculative")
@@ -336,8 +430,7 @@ def speed_phrase(t: PairedTiming) -> str:
                 f"{blo:.1f}-{bhi:.1f} tok/s, speculative {slo:.1f}-{shi:.1f}; rerun on a quiet machine or "
                 f"with more repeats")
     lo, hi = t.interval
-    word = "faster" if lo > 1 else "slower" if hi < 1 else "no measurable difference"
-    text = f"{t.speedup:.2f}x [{lo:.2f}, {hi:.2f}] ({word})"
+    text = f"{t.speedup:.2f}x [{lo:.2f}, {hi:.2f}] ({t.direction})"
     if v.kind == Timing.NOISY:
         text += f", timing noisy: {reasons_text(v)}"
     return text
@@ -349,7 +442,8 @@ class PairedSpeedup:
 
     @property
     def speedup(self) -> float:
-        """The median of the paired ratios (one per prompt and repeat), not a ratio of two medians."""
+        """The geometric mean of the paired ratios (one per prompt and repeat, prompts weighted alike),
+        not a ratio of two medians."""
         if self.timing is not None and self.timing.pairs:
             return self.timing.speedup
         return self.spec_tok_s / self.baseline_tok_s if self.baseline_tok_s else 0.0
@@ -366,7 +460,9 @@ class PairedSpeedup:
 def agreement(first: dict, second: dict, what: str) -> str:
     """Two measurements of the same wiring on the same engine (``speedup``, ``speedup_interval`` and
     ``timing`` of each ``to_dict``): whether they agree within their intervals, or why they may not."""
-    a, b = first.get("speedup_interval"), second.get("speedup_interval")
+    # the same prompts on both runs: timing noise alone (the prompts held fixed) is what may differ
+    a = first.get("noise_interval") or first.get("speedup_interval")
+    b = second.get("noise_interval") or second.get("speedup_interval")
     if not a or not b or "unusable" in (first.get("timing"), second.get("timing")):
         return (f"{what}: one of the two runs has no usable timing, so they cannot be compared; the accept "
                 f"lengths ({first.get('tau', first.get('accept_length'))} and "

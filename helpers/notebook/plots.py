@@ -144,8 +144,10 @@ def acceptance_profile(verdict: dict, title: str = "Per-position acceptance: ser
     """``diagnose --metrics``'s JSON (``MetricsVerdict.to_dict``): the engine's per-position acceptance
     with its 95% intervals, beside what the draft should reach and what the predicted served layout
     simulates to."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
     rows = verdict["per_position"]
+    if not rows:
+        return accept_length_profile(verdict, title)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
     x = [r["position"] for r in rows]
     ys = [r["rate"] for r in rows]
     err = [[y - r["interval"][0] for y, r in zip(ys, rows)], [r["interval"][1] - y for y, r in zip(ys, rows)]]
@@ -162,5 +164,33 @@ def acceptance_profile(verdict: dict, title: str = "Per-position acceptance: ser
     ax.set_ylim(0, 1)
     ax.set_title(f"{title}: {verdict['explanation']}")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def accept_length_profile(verdict: dict, title: str = "Accept length: served against expected"):
+    """``diagnose --metrics``'s JSON for an export without per-position counts (SGLang's /metrics, its log
+    or /server_info, llama.cpp's totals): the served accept length (with its interval where the export
+    gives a count) beside the expected one and the predicted served layout's, simulated."""
+    k = verdict.get("num_spec_tokens")
+    bars = [(f"served ({verdict['engine']})", verdict["accept_length"], verdict["accept_length_interval"],
+             "#2f6fde")]
+    if verdict.get("expected_accept_length") is not None:
+        bars.append(("expected", verdict["expected_accept_length"], None, "#444444"))
+    if verdict.get("served_predicted_per_position"):
+        sim = verdict["served_predicted_per_position"]
+        bars.append(("served layout, simulated", 1.0 + sum(sim[:k] if k else sim), None, "#c0392b"))
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for i, (name, y, iv, color) in enumerate(bars):
+        yerr = None if iv is None else [[y - iv[0]], [iv[1] - y]]
+        ax.bar(i, y, 0.55, yerr=yerr, capsize=4, color=color)
+        ax.annotate(f"{y:.2f}", (i, y), ha="center", va="bottom", fontsize=8,
+                    xytext=(0, 3), textcoords="offset points")
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.set_ylabel("tokens per verify step")
+    ax.set_ylim(0, max(1 + (k or 0), max(b[1] for b in bars)) * 1.1)
+    what = verdict.get("gauge_scope") or verdict.get("level")
+    ax.set_title(f"{title}: {verdict['explanation']}\n(no per-position counts in this export: {what})",
+                 fontsize=9)
     fig.tight_layout()
     return fig

@@ -26,11 +26,20 @@ from tqdm.auto import tqdm
 from ...errors import InputError
 from ...rules.conventions import read_target
 from .. import guard
+from ..settings import THREAD_ENV, argv_settings
 from ..stopping import Stoppable, track, untrack
 from . import cpu
 from . import hooks as hooks_mod
 from .install import ROOT, SglangInstall
-from .server import ServerSpec, ServerStartError, SGLangServer, find_free_port, http_json, read_server_info
+from .server import (
+    ServerSpec,
+    ServerStartError,
+    SGLangServer,
+    build_launch_command,
+    find_free_port,
+    http_json,
+    read_server_info,
+)
 
 GUARD_SITE = Path(__file__).with_name("site")   # the guard alone, for releases without plugins
 
@@ -187,12 +196,17 @@ class SGLangEngine(Stoppable):
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             notes.extend(cpu.launch_accommodations(threads))
             accommodations = True
-            if spec.draft is None:
-                args.append("--disable-overlap-schedule")
-                notes.append({"name": "no-overlap-schedule", "what": "--disable-overlap-schedule (launches "
-                              "without a draft)", "why": "on 2 shared cores the overlap thread starves the "
-                              "forward: no-speculation decode measured 1.4 tok/s with it, 45.5 without "
-                              "(tiny pair, 2026-12-01); speculative launches keep SGLang's default"})
+            # both sides of a comparison alike: SGLang itself turns the overlap schedule off for speculative
+            # decoding on a CPU (srt/arg_groups/speculative_hook.py:66-75 in 0.5.23, "Overlap schedule is not
+            # implemented for speculative decoding on CPU"), so the baseline is launched without it too
+            args.append("--disable-overlap-schedule")
+            notes.append({"name": "no-overlap-schedule",
+                          "what": "--disable-overlap-schedule (every CPU launch, with or without a draft)",
+                          "why": "SGLang runs speculative decoding on a CPU without "
+                          "the overlap schedule (speculative_hook.py:66-75), so the baseline it is compared "
+                          "with runs without it as well: one scheduler on both sides of the ratio (without a "
+                          "draft, the overlap thread also starved the forward on 2 cores: 1.4 tok/s against "
+                          "45.5, tiny pair, 2026-12-01)"})
         elif self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
         deepseek = any("Deepseek" in a for a in self.target_spec.architectures)
@@ -232,6 +246,8 @@ class SGLangEngine(Stoppable):
                            topk=spec.topk, extra_args=tuple(args), env=env)
         self.server = SGLangServer(sspec, speculative=spec.draft is not None, log_path=self.log_path,
                                    startup_timeout=start_timeout, grace_s=10.0)
+        self._settings = argv_settings(build_launch_command(sspec, spec.draft is not None),
+                                       {k: env[k] for k in THREAD_ENV if k in env})
         track(self)
         started = time.perf_counter()
         bar = tqdm(total=None, desc=f"starting SGLang {self.version} ({spec.label})", disable=not progress,
@@ -372,6 +388,11 @@ class SGLangEngine(Stoppable):
             os.killpg(pid, sig)          # the server leads a session of its own: its pid is the group id
         except (ProcessLookupError, PermissionError):
             pass
+
+    def settings(self) -> dict[str, str]:
+        """Every engine setting of this launch, flag by flag (and the thread variables): what a speed
+        ratio's two sides are held to share, except speculation (``live.bench.side_by_side``)."""
+        return dict(self._settings)
 
     def fixes_report(self) -> list[dict]:
         """The accommodations in the shape ``helpers.live.bench`` reports vLLM's plugin fixes: fix, state,

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from .. import guard
+from ..settings import THREAD_ENV, flat_settings
 from ..stopping import Stoppable, track, untrack
 from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
@@ -150,7 +151,14 @@ class VllmEngine(Stoppable):
         env[guard.GUARD_ENV] = str(self.spec.guard)
         return env
 
+    def settings(self) -> dict[str, str]:
+        """Every engine setting of this launch: the ``LLM`` arguments (flattened) and the thread and memory
+        variables; what a speed ratio's two sides are held to share, except speculation."""
+        return dict(self._settings)
+
     def _start(self, kv_cache_gib, threads, start_timeout, progress) -> None:
+        env = self._env(kv_cache_gib, threads)
+        self._settings = flat_settings(self.spec.llm_kwargs(), {k: env[k] for k in THREAD_ENV if k in env})
         read_fd, write_fd = os.pipe()
         log = open(self.log_path, "w")
         try:
@@ -158,7 +166,7 @@ class VllmEngine(Stoppable):
                 [str(self.install.python), str(WORKER), "--spec", json.dumps(self.spec.llm_kwargs()),
                  "--reply-fd", str(write_fd)],
                 stdin=subprocess.PIPE, stdout=log, stderr=log, pass_fds=(write_fd,), text=True,
-                env=self._env(kv_cache_gib, threads), start_new_session=True, cwd=str(self.log_dir))
+                env=env, start_new_session=True, cwd=str(self.log_dir))
         finally:
             os.close(write_fd)
             log.close()

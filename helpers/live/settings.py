@@ -1,0 +1,63 @@
+"""The engine settings of one launch, flag by flag, and a speed ratio's two launches side by side.
+
+A speed ratio compares a launch with a draft against one without. It measures speculation only if the two
+share every other setting: the scheduler (SGLang's overlap schedule), threads, attention backend, CUDA
+graphs, context and memory limits. Each live engine reports its own launch as a flat mapping
+(``settings()``); ``side_by_side`` lines the two up and names every setting that differs besides
+speculation itself and the per-process port.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# environment variables that set an engine's threads or memory: settings as much as any flag
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+# what is allowed to differ: speculation itself, and where each process listens
+PER_LAUNCH = ("--speculative", "speculative_config", "--port")
+
+
+def argv_settings(argv: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
+    """``--flag value [value ...]`` (or a bare ``--flag``: "true") from a command line, after the program
+    and module, plus ``env``'s entries."""
+    out: dict[str, str] = {}
+    key = None
+    for tok in argv:
+        if tok.startswith("--"):
+            key = tok
+            out[key] = "true"
+        elif key is not None:
+            out[key] = tok if out[key] == "true" else f"{out[key]} {tok}"
+    return out | dict(env or {})
+
+
+def flat_settings(kwargs: dict, env: dict[str, str] | None = None, prefix: str = "") -> dict[str, str]:
+    """An engine's constructor arguments (nested mappings flattened to dotted keys), plus ``env``'s."""
+    out: dict[str, str] = {}
+    for k, v in kwargs.items():
+        if isinstance(v, dict):
+            out |= flat_settings(v, None, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = str(v)
+    return out | dict(env or {})
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """Both launches' settings, and those that differ besides speculation."""
+
+    rows: tuple[tuple[str, str | None, str | None], ...]   # (setting, baseline, speculative)
+    differ: tuple[str, ...]
+
+    @property
+    def equal(self) -> bool:
+        return not self.differ
+
+    def to_dict(self) -> dict:
+        return {"equal": self.equal, "differ": list(self.differ),
+                "rows": [{"setting": k, "baseline": b, "speculative": s} for k, b, s in self.rows]}
+
+
+def side_by_side(baseline: dict[str, str], speculative: dict[str, str]) -> SideBySide:
+    rows = tuple((k, baseline.get(k), speculative.get(k)) for k in sorted(set(baseline) | set(speculative)))
+    differ = tuple(k for k, b, s in rows if b != s and not k.startswith(PER_LAUNCH))
+    return SideBySide(rows, differ)
