@@ -230,3 +230,23 @@ def test_diagnose_every_vllm_export(capsys, files, want):
         if "0.7" in extra or files == ("per_request_t07.json",):
             assert out["temperature_assumed"] == 0.7
             assert out["served_predicted_per_position"][0] > 0.1 > out["per_position"][0]["rate"]
+
+
+@needs
+def test_a_healthy_windows_profile_gates_the_miswired_deploy(tmp_path, capsys):
+    """The retrained draft's SGLang responses written as a baseline profile; the deployed draft's responses
+    fail against it (exit 1), position by position; the healthy window passes its own gate."""
+    from helpers.commands.diagnose import main
+
+    healthy = tmp_path / "speculation_profile.json"
+    good = EXPORTS / "sglang" / "retrained" / "generate_t0.json"
+    assert main(["--metrics", str(good), "--draft", str(DRAFTS["retrained"]), "--engine", "sglang==0.5.9",
+                 "--write-profile", str(healthy)]) == 0
+    capsys.readouterr()
+    rc = main(["--metrics", str(EXPORTS / "sglang" / "deployed" / "generate_t0.json"), "--draft",
+               str(DRAFTS["deployed"]), "--engine", "sglang==0.5.9", "--baseline", str(healthy), "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 1 and out["gate"]["passed"] is False
+    assert any(f.startswith("position 0:") for f in out["gate"]["failures"])
+    assert main(["--metrics", str(good), "--draft", str(DRAFTS["retrained"]), "--engine", "sglang==0.5.9",
+                 "--baseline", str(healthy), "--json"]) == 0
