@@ -155,3 +155,35 @@ def test_summary_quotes_02_and_03_and_writes_markdown(tmp_path):
     assert reports.read_summary(tmp_path) == summary
     md = (tmp_path / "summary.md").read_text()
     assert summary.headline in md and "| deployed | reference | [3, 7, 10] | 80.0 | 60.0 | 0.75 |" in md
+
+
+def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
+    """summary.md and the index page open with the wiring x engine table (accept length, speedup with its
+    interval, timing verdict), the engine named in each row; the headline follows it."""
+    from helpers.commands.workbook import RunRecord, index_page
+
+    rows, costs = reports.bench_tables([_bench("deployed").row("deployed"), _bench("fix A", (0, 3, 7), 2.6)
+                                        .row("fix A")])
+    summary = dataclasses.replace(RECORDS["06"], rows=rows, costs=costs)
+    reports.write_summary(tmp_path, summary)
+    md = (tmp_path / "summary.md").read_text()
+    assert md.index("| wiring | engine |") < md.index(summary.headline)
+    page = index_page(tmp_path, [RunRecord("06_rebenchmark", 1.0, True)],
+                      {"ENGINE_VERSION": "sglang==0.5.9"}).read_text()
+    assert page.index("<th>engine</th>") < page.index(summary.headline[:40])
+    assert page.count("<td>reference</td>") == 2 and "speedup [95%]" in page
+    assert "served layouts by the rules of <code>sglang==0.5.9</code>" in page
+
+
+def test_progress_bars_are_not_painted_as_errors():
+    import nbformat
+
+    from helpers.commands.workbook import progress_as_text
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    texts = ["sglang deployed: 100%|####| 12/12 [00:40<00:00]", "starting SGLang 0.5.23 (deployed): 00:25\n",
+             "UserWarning: a real warning\n"]
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=t) for t in texts]
+    nb.cells.append(cell)
+    assert progress_as_text(nb) == 2 and [o["name"] for o in cell.outputs] == ["stdout", "stdout", "stderr"]

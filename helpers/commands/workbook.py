@@ -16,6 +16,7 @@ import argparse
 import html
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -74,6 +75,24 @@ def notebook_parameters(path: Path) -> dict:
     return {}
 
 
+_PROGRESS_LINE = re.compile(r"\d+%\|.*\||\[\d+:\d+(?:<[\d:?]+)?|: \d+:\d+(?::\d+)?\s*$")
+
+
+def progress_as_text(nb) -> int:
+    """Progress bars go to stderr (tqdm's default), which a rendered report paints as a red error block.
+    A stderr stream whose every line is a progress bar is shown as plain output instead; anything else on
+    stderr (a warning) keeps its colour. Returns how many streams were changed."""
+    changed = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                lines = [ln for ln in str(out.get("text", "")).splitlines() if ln.strip()]
+                if lines and all(_PROGRESS_LINE.search(ln) for ln in lines):
+                    out["name"] = "stdout"
+                    changed += 1
+    return changed
+
+
 def render_html(executed: Path, out_dir: Path) -> list[str]:
     import nbformat
     from nbconvert import HTMLExporter
@@ -83,6 +102,7 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
     # A text progress bar is one line redrawn with carriage returns; a browser would show every
     # frame as its own line, so keep only what a terminal would finally show.
     nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+    progress_as_text(nb)
     written = []
     for suffix, hide in (("", True), ("_code", False)):
         exp = HTMLExporter(template_name="lab")
@@ -115,6 +135,7 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
     links = f"<p>{links}</p>" if links else ""
     data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
                  "(no target forward)" if params.get("DATA") else "")
+    rules = html.escape(str(params.get("ENGINE_VERSION", CASE_ENGINE)))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
@@ -122,7 +143,8 @@ th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
-engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', CASE_ENGINE)))}</code>{data_note}.</p>
+served layouts by the rules of <code>{rules}</code>{data_note}; each row names the engine that
+measured it.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
@@ -131,12 +153,21 @@ engine wiring: <code>{html.escape(str(params.get('ENGINE_VERSION', CASE_ENGINE))
 
 
 def _before_after(s: Summary) -> str:
+    """The table a person reads first: a row per wiring and engine, the same fields summary.json holds;
+    the headline after it."""
+    def interval(r) -> str:
+        iv = r.get("speedup_interval")
+        return f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else ""
+
     rows = "".join(
-        f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r['layout']))}</td>"
-        f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td><td>{r['speedup']:.2f}x</td>"
-        f"<td>{r['tau']:.2f}</td><td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.rows)
-    return ("<h2>Before and after</h2><table><tr><th>wiring</th><th>layout</th><th>baseline tok/s</th>"
-            "<th>EAGLE-3 tok/s</th><th>speedup</th><th>accept length</th><th>lossless</th></tr>"
+        f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r.get('engine', '')))}</td>"
+        f"<td>{html.escape(str(r['layout']))}</td><td>{r['tau']:.2f}</td>"
+        f"<td>{r['speedup']:.2f}x{interval(r)}</td><td>{html.escape(str(r.get('timing', '')))}</td>"
+        f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td>"
+        f"<td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.rows)
+    return ("<h2>Before and after</h2><table><tr><th>wiring</th><th>engine</th><th>layout</th>"
+            "<th>accept length</th><th>speedup [95%]</th><th>timing</th><th>baseline tok/s</th>"
+            "<th>EAGLE-3 tok/s</th><th>lossless</th></tr>"
             f"{rows}</table><p>{html.escape(s.headline)}</p>")
 
 

@@ -358,9 +358,10 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def write_summary(reports_dir, summary: Summary) -> Path:
-    """summary.json, and summary.md for people: the headline over the before/after table."""
+    """summary.json, and summary.md for people: the table first (a row per wiring and engine, the engine
+    named in each), then the headline, which says only what the table cannot."""
     path = write_step(reports_dir, summary)
-    md = ["# EAGLE-3 wiring workbook: summary", "", summary.headline, "", markdown_table(summary.rows)]
+    md = ["# EAGLE-3 wiring workbook: summary", "", markdown_table(summary.rows), "", summary.headline]
     (Path(reports_dir) / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
 
