@@ -15,7 +15,7 @@ import pytest
 from _pairs import tiny_llama
 
 from helpers.investigation.evaluate import PairedTest
-from helpers.investigation.verdict import WayKind, by_format, judge, layout_fix, ways_out, writer_candidates
+from helpers.investigation.verdict import Settled, WayKind, by_format, judge, layout_fix, ways_out, writer_candidates
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_KIMI = REPO / "data" / "tiny-kimi"
@@ -128,18 +128,21 @@ def _speculators_config(ids) -> dict:
             "transformer_layer_config": {"model_type": "llama"}}
 
 
-def test_every_writer_agrees_so_the_format_decides():
+def test_every_writer_agrees_and_the_ranking_confirms_it():
     """A speculators-format Llama draft, top-level ids [2, 5, 7]: every writer of that format reads them
-    as (2, 5, 7), so the verdict decides by format instead of calling the layout inferred."""
+    as (2, 5, 7). Where the ranking leaves that layout alone within noise of the best, the verdict decides
+    by format, confirmed; before any ranking the format names the layout to score."""
     cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
     assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in cands] == [
         ("speculators==0.9.0", [2, 5, 7], True)]
-    settled = by_format(cands, width=3, ranked=[(2, 5, 7), (2, 5, 6)], confident_set=[(2, 5, 7), (2, 5, 6)])
-    assert settled.known and settled.layout == (2, 5, 7) and settled.source.startswith("by format: ")
+    assert by_format(cands, width=3).known       # not scored yet: the layout to score
+    settled = by_format(cands, width=3, ranked=[(2, 5, 7), (2, 5, 6)], confident_set=[(2, 5, 7)])
+    assert settled.known and settled.layout == (2, 5, 7)
+    assert settled.source.startswith("by format, confirmed by the ranking")
     v = judge((2, 5, 7), settled.layout, known=True, source=settled.source,
-              confident_set=[(2, 5, 7), (2, 5, 6)], cost=PairedTest(0.0, 0.01, 0.0, 40), engine="vllm",
+              confident_set=[(2, 5, 7)], cost=PairedTest(0.0, 0.01, 0.0, 40), engine="vllm",
               arch="LlamaForCausalLM", num_layers=12, settled=settled)
-    assert v.mismatch is False and v.line.startswith("OK: served (2, 5, 7) = trained (2, 5, 7) (by format: ")
+    assert v.mismatch is False and v.line.startswith("OK: served (2, 5, 7) = trained (2, 5, 7) (by format, ")
     assert "inferred" not in v.line and "UNDECIDED" not in v.line
     # served otherwise: a mismatch by rule, with the fix
     off = judge((1, 4, 6), settled.layout, known=True, source=settled.source, engine="vllm",
@@ -149,6 +152,31 @@ def test_every_writer_agrees_so_the_format_decides():
     assert off.fix == "ids [2, 5, 7] in the top-level key, or retrain the draft on (1, 4, 6)"
 
 
+def test_a_prior_the_ranking_cannot_confirm_is_undecided():
+    """The same format layout with a neighbour within noise: the writers' reading is a prior, and the
+    original case's bug is exactly ids written in the other convention, so the verdict is UNDECIDED: it
+    names the writers' reading, the confidence set, what serving costs at most, and how to settle it.
+    No OK, no mismatch false, whichever of the two is served."""
+    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    within = [(1, 4, 6), (2, 5, 7)]
+    settled = by_format(cands, width=3, ranked=[(1, 4, 6), (2, 5, 7), (0, 1, 2)], confident_set=within)
+    assert not settled.known and settled.layout is None
+    assert settled.note.endswith("reads its ids as (2, 5, 7), a prior the ranking cannot confirm: 1 other "
+                                 "layout scores within noise of it")
+    for served in within:
+        v = judge(served, (1, 4, 6), known=False, source="inferred by the layout search", confident_set=within,
+                  cost=PairedTest(0.05, 0.04, 1.25, 40), engine="vllm", arch="LlamaForCausalLM",
+                  num_layers=12, settled=Settled((1, 4, 6), "inferred", False, settled.candidates, settled.note))
+        assert v.mismatch is None and v.to_dict()["mismatch"] is None
+        assert v.line.startswith(f"UNDECIDED: served {served} is in the confidence set")
+        assert "a prior the ranking cannot confirm" in v.line
+        assert "its accept length is at most 0.17 lower" in v.line         # 0.05 + 3 x 0.04
+        assert "fixes record --draft" in v.line and "--windows" in v.line
+        assert "OK" not in v.line and "=" not in v.line.split("(")[0]
+    untested = by_format(cands, width=3, ranked=[(1, 4, 6)], confident_set=[(1, 4, 6)])
+    assert not untested.known and "not among those scored" in untested.note
+
+
 def test_format_refused_where_the_ranking_separates_it():
     """The ids may have been edited after training: a format layout the ranking scores outside the
     confidence set, or one that does not fit the fc, settles nothing."""
@@ -156,7 +184,6 @@ def test_format_refused_where_the_ranking_separates_it():
     refused = by_format(cands, width=3, ranked=[(0, 3, 7), (2, 5, 7)], confident_set=[(0, 3, 7)])
     assert not refused.known and refused.layout is None and "separates" in refused.note
     assert "fc slots" in by_format(cands, width=4).note
-    assert by_format(cands, width=3).known       # not scored at all: nothing contradicts it
 
 
 def test_disagreeing_writers_are_listed():
@@ -178,25 +205,63 @@ def test_disagreeing_writers_are_listed():
     assert [c["trainer"] for c in v.to_dict()["candidates"]] == [c["trainer"] for c in cands]
 
 
-def test_diagnose_decides_by_format_without_a_record(tmp_path):
+def _without_record(tmp_path, ids, fmt: str) -> Path:
+    """The tiny Llama pair's draft (trained on its record's layout), record removed, saved in ``fmt``
+    with config ids ``ids``."""
+    from helpers.model.checkpoint import load_draft, save_draft
+    from helpers.model.target import load_target
+
+    d = tiny_llama()
+    draft = load_draft(d / "draft", target=load_target(d / "target")[0])
+    draft.cfg.eagle_ids = list(ids)
+    save_draft(draft, tmp_path / "draft", fmt)
+    return tmp_path / "draft"
+
+
+def test_a_prior_alone_never_says_ok(tmp_path):
     """diagnose on a speculators-format Llama draft whose record is gone and whose ids are those it was
-    trained on: every writer agrees, the search does not separate that layout from the best, so the
-    verdict is decided by format, not left inferred."""
+    trained on: every writer agrees and the engine serves that layout, but the tiny target's layers are
+    nearly interchangeable, so the search leaves others within noise. The verdict is UNDECIDED, never OK
+    on the prior; the layout the writers mean is named."""
     from helpers.commands.diagnose import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
-    d = tiny_llama()
-    draft = tmp_path / "draft"
-    shutil.copytree(d / "draft", draft)
-    trained = tuple(json.loads((draft / "training.json").read_text())["training_boundaries"])
-    (draft / "training.json").unlink()
-    cfg = json.loads((draft / "config.json").read_text())
-    cfg[IDS] = list(trained)
-    (draft / "config.json").write_text(json.dumps(cfg))
-    pair = load_pair(d / "target", draft)
+    trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])
+    pair = load_pair(tiny_llama() / "target", _without_record(tmp_path, trained, "speculators"))
     out = diagnose(pair, eval_captures(pair, max_windows=6, window=128), "vllm", steps=2, progress=False)
-    assert out.recorded_layout is None and trained in out.confident_set     # the tests' own invariant
+    assert out.recorded_layout is None and trained in out.confident_set and len(out.confident_set) > 1
     w = out.wiring
-    assert w.trained_known and w.trained == trained and w.trained_source.startswith("by format: ")
-    assert out.trained_layout == trained and out.to_dict()["trained_source"] == w.trained_source
-    assert "by format" in out.verdict and "inferred" not in out.verdict
+    assert not w.trained_known and w.mismatch is None and out.to_dict()["mismatch"] is None
+    assert out.verdict.startswith(f"UNDECIDED: served {trained}")
+    assert f"reads its ids as {trained}, a prior the ranking cannot confirm" in out.verdict
+
+
+def test_ids_converted_across_conventions(tmp_path):
+    """The original case's kind of bug on a pair of its own: a draft trained on (0, 2, 4) of the Llama
+    target, its ids written in vLLM's convention ([0, 2, 4]: boundaries) into SGLang's format, whose
+    writers and SGLang read them as layer outputs, (1, 3, 5). Everyone downstream of the config agrees,
+    and everyone is wrong. On too little text the ranking cannot tell them apart: UNDECIDED, naming what
+    the writers mean, the cost at most and how to settle it. On enough text the ranking puts the training
+    layout first and separates the served one: MISMATCH, with the fix."""
+    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.pair import eval_captures, load_pair
+
+    trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])
+    assert trained == (0, 2, 4)
+    pair = load_pair(tiny_llama() / "target", _without_record(tmp_path, trained, "sglang"))
+    engine = "sglang==0.5.23"
+    assert tuple(pair.served(engine).layout) == (1, 3, 5)
+    little = diagnose(pair, eval_captures(pair, max_windows=2, window=32), engine, steps=2, progress=False)
+    assert little.wiring.mismatch is None and (1, 3, 5) in little.confident_set
+    assert little.verdict.startswith("UNDECIDED: served (1, 3, 5) is in the confidence set")
+    for said in ("reads its ids as (1, 3, 5), a prior the ranking cannot confirm", "at most",
+                 "fixes record --draft", "--windows"):
+        assert said in little.verdict, said
+    assert "OK" not in little.verdict
+    enough = diagnose(pair, eval_captures(pair, max_windows=8, window=128), engine, steps=2, progress=False)
+    assert enough.best_layout == trained and (1, 3, 5) not in enough.confident_set
+    w = enough.wiring
+    assert w.mismatch is True and w.significant and w.trained == trained
+    assert enough.verdict.startswith("MISMATCH: served (1, 3, 5) is outside the confidence set ((0, 2, 4)")
+    assert "the ranking separates that layout from the best" in enough.verdict
+    assert w.fix.startswith("ids [-1, 1, 3] in eagle_config")

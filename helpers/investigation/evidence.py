@@ -114,25 +114,39 @@ def agreed_layout(candidates: Sequence[dict]) -> Layout | None:
 
 def by_format(candidates: Sequence[dict], *, width: int | None = None, ranked: Sequence = (),
               confident_set: Sequence = ()) -> Settled:
-    """Settled by the config's format when every writer reads its ids as one layout that fits the fc
-    (``width`` slots) and the ranking does not separate from the best (a scored layout outside the
-    ``confident_set``: the ids were then edited after training). Otherwise not settled, with a note
-    that lists the writers."""
+    """Every writer of the config's format reading its ids as one layout that fits the fc (``width``
+    slots) is a prior. Before any ranking (``ranked`` empty) it settles the layout to score. After one it
+    settles only what the ranking confirms: the agreed layout alone in the ``confident_set``. One the
+    ranking separates from the best (the ids were edited after training), one it leaves among others
+    within noise, or one it never scored settles nothing, and the note says which: a prior the data
+    cannot confirm is not a verdict (the original case's bug is exactly ids written in the other
+    convention). Not settled: a note that lists the writers."""
     if not candidates:
         return Settled(None)
     names = ", ".join(c["trainer"] for c in candidates)
     agreed = agreed_layout(candidates)
     reads = f"every writer of its config format ({names}) reads its ids as {agreed}"
+    ranked = {tuple(x) for x in ranked}
+    within = {tuple(x) for x in confident_set}
     if agreed is None:
         note = "the writers of its config format disagree: " + ", ".join(
             f"{c['trainer']} {tuple(c['training_layout']) if c['training_layout'] else '(none)'}"
             for c in candidates)
     elif width is not None and len(agreed) != width:
         note = f"{reads}, which does not fit the draft's {width} fc slots"
-    elif agreed in {tuple(x) for x in ranked} and agreed not in {tuple(x) for x in confident_set}:
-        note = f"{reads}, but the ranking separates that layout from the best: the ids are not the training's"
-    else:
+    elif not ranked:
         return Settled(agreed, f"by format: {reads}", True, tuple(candidates))
+    elif agreed not in ranked:
+        note = f"{reads}, a prior the data cannot test: that layout is not among those scored"
+    elif agreed not in within:
+        note = f"{reads}, but the ranking separates that layout from the best: the ids are not the training's"
+    elif within != {agreed}:
+        others = len(within) - 1
+        note = (f"{reads}, a prior the ranking cannot confirm: {others} other layout{'s' * (others != 1)} "
+                f"score{'s' * (others == 1)} within noise of it")
+    else:
+        return Settled(agreed, f"by format, confirmed by the ranking (the only layout within noise of the "
+                               f"best): {reads}", True, tuple(candidates))
     return Settled(None, "", False, tuple(candidates), note)
 
 

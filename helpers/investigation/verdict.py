@@ -233,6 +233,14 @@ class WiringVerdict:
                      f"verify steps per second")
         return text
 
+    def at_most(self) -> str:
+        """What serving costs against the best-scoring layout, read as its interval's upper end: what an
+        undecided verdict can promise."""
+        c = self.cost
+        worst = max(c.difference + c.half_width, 0.0)
+        return (f"against the best-scoring {tuple(self.trained)} its accept length is at most {worst:.2f} "
+                f"lower ({self.cost_text()})")
+
     @property
     def line(self) -> str:
         if self.errors:
@@ -264,8 +272,10 @@ class WiringVerdict:
                     f"({_short(self.confident_set)}; {inferred}); {tail}")
         if m is None:
             return (f"UNDECIDED: served {tuple(srv)} is in the confidence set, but so are others "
-                    f"({_short(others)}); {inferred}: record it (training.json) or name the trainer "
-                    f"(`check --trainer`), or evaluate on more text" + (f"; {cost}" if cost else ""))
+                    f"({_short(others)}); {inferred}" + (f"; {self.at_most()}" if self.cost else "")
+                    + "; settle it: write the training record (`python -m helpers fixes record --draft DRAFT "
+                      "--layout B1,B2,B3`), name the trainer (`check --trainer NAME==VERSION`), or re-run "
+                      "`diagnose` on more text (--windows, --text)")
         return f"OK: served {tuple(srv)} is the only layout in the confidence set ({inferred})"
 
     def to_dict(self) -> dict:
