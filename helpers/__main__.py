@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .errors import InputError, fail, say
+from .errors import HeldStderr, InputError, fail, say
 
 COMMANDS = {
     "build-default": ("helpers.commands.build", "build the embedded target/draft pair (data/tiny-kimi)"),
@@ -44,6 +44,9 @@ def main(argv=None) -> int:
         print(f"unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
 
+    held = None
+    if not sys.stderr.isatty():        # a log or a pipe: bad input leaves the error line alone there
+        held = sys.stderr = HeldStderr(sys.stderr)
     try:
         module = importlib.import_module(COMMANDS[cmd][0])
         return int(module.main(rest) or 0)
@@ -54,6 +57,10 @@ def main(argv=None) -> int:
         return 130
     except BrokenPipeError:  # `... --json | head`: the reader left, nothing to report
         return 1
+    finally:
+        if held is not None:
+            held.release()
+            sys.stderr = held._stream
 
 
 if __name__ == "__main__":

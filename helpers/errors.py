@@ -90,9 +90,56 @@ def say(line: str) -> None:
 
 
 def fail(exc: BaseException | str, code: int = 2) -> int:
-    """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return."""
+    """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return. What a
+    command said on a held stderr before it (``HeldStderr``) is dropped: the error is the only line."""
+    close_progress_bars()
+    if isinstance(sys.stderr, HeldStderr):
+        sys.stderr.drop()
     say(f"error: {one_line(exc)}")
     return code
+
+
+class HeldStderr:
+    """stderr for a command whose stderr is a file or a pipe (a log, a script, CI): what it writes in its
+    first ``hold_s`` seconds is held, then passed on as it comes. A command that fails on bad input does
+    so in those seconds (its inputs are checked before any model loads), and ``fail`` drops what was held,
+    so the error line is all a reader of the log gets; a command that runs on sees its warnings and
+    progress late by at most ``hold_s``. A terminal is never held: a person sees bars live."""
+
+    def __init__(self, stream, hold_s: float = 10.0, clock=None):
+        import time
+
+        self._stream, self._clock = stream, clock or time.monotonic
+        self._until = self._clock() + hold_s
+        self._held: list[str] = []
+
+    def write(self, text: str) -> int:
+        if self._held is not None and self._clock() < self._until:
+            self._held.append(text)
+            return len(text)
+        self.release()
+        return self._stream.write(text)
+
+    def release(self) -> None:
+        """Pass on what was held; from now on everything goes straight through."""
+        if self._held:
+            self._stream.write("".join(self._held))
+        self._held = None
+        self._stream.flush()
+
+    def drop(self) -> None:
+        if self._held is not None:
+            self._held = []
+
+    def flush(self) -> None:
+        if self._held is None:
+            self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name):          # encoding, fileno, ...: the stream's own
+        return getattr(self._stream, name)
 
 
 _said: set[str] = set()

@@ -1085,8 +1085,8 @@ def test_planted_pickles_are_refused(pair, tmp_path, capsys):
 def test_run_workbook_param_of_the_wrong_type(tmp_path, capsys):
     code, _, err = run(capsys, "run-workbook", "--out", str(tmp_path / "r"), "-p", "TARGET=123")
     assert "Traceback" not in err and code == 2
-    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert lines[0] == "error: target 123 does not exist", err     # a path, read as text, not a TypeError
+    assert len(err.strip().splitlines()) == 1, err                  # every problem on the one error line
+    assert err.startswith("error: target 123 does not exist; "), err     # a path, read as text, not a TypeError
     assert list(tmp_path.iterdir()) == []
 
 
@@ -1239,3 +1239,179 @@ def test_capture_against_a_server_that_accepts_and_never_reads(pair, tmp_path, c
     line = error_after_bar(err)
     assert code == 2 and "within 0.5 s (--timeout)" in line and url in line, line
     assert time.monotonic() - t0 < scaled(20)
+
+
+# --------------------------------------------------------------------------------------
+# Hostile leftovers: each kind ends in one line naming the file or value, exit 2, nothing written.
+
+
+def test_held_stderr_drops_what_came_before_an_error():
+    """A command's stderr into a log: what it said before failing is dropped, so the error is the one
+    line; a command that runs on passes everything on, late by at most the hold."""
+    import io
+
+    now = [0.0]
+    sink = io.StringIO()
+    held = errors.HeldStderr(sink, hold_s=10, clock=lambda: now[0])
+    held.write("warning: a fallback\n")
+    held.write("bar 10%\r")
+    assert sink.getvalue() == ""
+    held.drop()
+    held.write("error: the input\n")
+    held.release()
+    assert sink.getvalue() == "error: the input\n"
+    sink2 = io.StringIO()
+    later = errors.HeldStderr(sink2, hold_s=10, clock=lambda: now[0])
+    later.write("warning: kept\n")
+    now[0] = 11.0
+    later.write("bar 50%\r")
+    assert sink2.getvalue() == "warning: kept\nbar 50%\r"
+
+
+@pytest.mark.parametrize("breakage, expected", [
+    ("truncated", "model.safetensors is not a complete safetensors file: its tensors end at byte"),
+    ("no-tokenizer", "no tokenizer in "),
+])
+def test_a_broken_target_is_named_before_any_text_is_looked_for(breakage, expected, pair, broken, tmp_path,
+                                                               capsys):
+    """dump without --text looks for heldout.txt beside the target; a broken target must be named as
+    such, not answered with a message about heldout.txt. diagnose and bench say the same."""
+    target = broken("target")
+    if breakage == "truncated":
+        f = target / "model.safetensors"
+        os.truncate(f, f.stat().st_size // 2)
+    else:
+        for f in target.glob("tokenizer*"):
+            f.unlink()
+    before = tree_hash(tmp_path)
+    for cmd in (["dump", "--target", str(target), "--boundaries", "0,3", "--format", "speculators", "--out",
+                 str(tmp_path / "d")],
+                ["diagnose", "--target", str(target), "--draft", str(pair / "draft"), "--windows", "2"],
+                ["bench", "--target", str(target), "--draft", str(pair / "draft"), "--repeats", "1"]):
+        code, _, err = run(capsys, *cmd)
+        line = one_error_line(err)
+        assert code == 2 and "heldout.txt" not in line and expected in line and str(target) in line, line
+    assert tree_hash(tmp_path) == before
+
+
+def test_draft_config_with_a_repeated_id_is_refused(pair, broken, capsys):
+    """ids [-1, 2, 2] would be read as a layout (0, 3, 3) with a repeated boundary and judged: refused,
+    naming the file, by every command that reads the config."""
+    draft = broken("draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [-1, 2, 2]
+    (draft / "config.json").write_text(json.dumps(cfg))
+    before = tree_hash(draft)
+    for cmd in (["check"], ["wiring"], ["diagnose", "--windows", "2"]):
+        code, _, err = run(capsys, *cmd, "--target", str(pair / "target"), "--draft", str(draft))
+        line = one_error_line(err)
+        assert code == 2 and str(draft / "config.json") in line and "repeats [2]" in line, (cmd, line)
+    assert tree_hash(draft) == before
+
+
+def test_capture_server_that_accepts_and_never_answers(pair, tmp_path, capsys):
+    """A socket that accepts and says nothing: named within seconds by the /health probe, before any
+    folder is made, whatever --timeout the requests have."""
+    import socket as _socket
+
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    try:
+        before = tree_hash(tmp_path)
+        t0 = time.monotonic()
+        code, _, err = run(capsys, *_capture(pair, tmp_path, url, "--timeout", "600"))
+        line = one_error_line(err)
+        assert code == 2 and f"no answer from {url}/health within 10 s" in line, line
+        assert time.monotonic() - t0 < scaled(40)
+        _quiet(tmp_path, before)
+    finally:
+        srv.close()
+
+
+def _pickle_target(pair, dest: Path, marker: Path) -> Path:
+    shutil.copytree(pair / "target", dest)
+    (dest / "model.safetensors").unlink()
+
+    class Runs:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model.embed_tokens.weight": Runs()}, dest / "pytorch_model.bin")
+    return dest
+
+
+def test_code_running_pickle_target_on_every_path(pair, tmp_path, capsys):
+    """A target whose weights are a pickle that would run code: refused on every path that reads a
+    target (the whole model, or only its heads for a dump), one line naming the file, nothing run."""
+    marker = tmp_path / "RAN"
+    target = _pickle_target(pair, tmp_path / "target", marker)
+    dump = tmp_path / "dump"
+    code, _, err = run(capsys, "dump", "--target", str(pair / "target"), "--boundaries", "0,3,7,10,12",
+                       "--format", "speculators", "--out", str(dump), "--records", "2", "--window", "32",
+                       "--text", str(pair / "heldout.txt"))
+    assert code == 0, err
+    for cmd in (["diagnose", "--target", str(target), "--draft", str(pair / "draft"), "--windows", "2"],
+                ["bench", "--target", str(target), "--draft", str(pair / "draft"), "--repeats", "1"],
+                ["dump", "--target", str(target), "--boundaries", "0,3", "--format", "speculators", "--out",
+                 str(tmp_path / "d2"), "--text", str(pair / "heldout.txt")],
+                ["diagnose", "--data", str(dump), "--target", str(target), "--draft", str(pair / "draft")]):
+        code, _, err = run(capsys, *cmd)
+        line = one_error_line(err)
+        assert code == 2 and str(target) in line, (cmd, line)
+        assert not marker.exists()
+    assert not (tmp_path / "d2").exists()
+
+
+def test_target_whose_auto_map_names_its_own_code(pair, tmp_path, capsys):
+    """auto_map naming a Python file in the target's folder: the workbook never runs it. A model_type
+    transformers implements loads that implementation (said once); an unknown one is refused."""
+    marker = tmp_path / "RAN"
+    target = tmp_path / "target"
+    shutil.copytree(pair / "target", target)
+    (target / "modeling_mine.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyModel", "AutoConfig": "modeling_mine.MyConfig"}
+    (target / "config.json").write_text(json.dumps(cfg))
+    code, out, err = run(capsys, "diagnose", "--target", str(target), "--draft", str(pair / "draft"),
+                         "--windows", "2", "--steps", "1", "--json")
+    assert code == 0 and "auto_map names the checkpoint's own code (modeling_mine.py)" in err, err
+    assert not marker.exists()
+    cfg["model_type"] = "mine"
+    (target / "config.json").write_text(json.dumps(cfg))
+    code, out, err = run(capsys, "diagnose", "--target", str(target), "--draft", str(pair / "draft"),
+                         "--windows", "2")
+    line = one_error_line(err)
+    assert code == 2 and "model_type 'mine' is not one transformers implements" in line, line
+    assert str(target / "config.json") in line and not marker.exists() and out == ""
+
+
+def test_notebook_parameters_of_the_wrong_type_in_lab():
+    """WORKBOOK_PARAMS with a number where a path goes (or text where a count goes): one line naming the
+    parameter and what it must be, before any cell uses it."""
+    from helpers.notebook.lab import overrides
+
+    params = {"TARGET": None, "EVAL_WINDOWS": 12, "ENGINE": "reference"}
+    for raw, said in (('{"TARGET": 123}', "TARGET must be text (a path or a value as written), got 123"),
+                      ('{"EVAL_WINDOWS": "6"}', "EVAL_WINDOWS must be an integer, got '6'")):
+        with pytest.raises(ValueError, match=None) as exc:
+            overrides(params, {"WORKBOOK_PARAMS": raw}, interactive=True)
+        assert said in str(exc.value)
+
+
+def test_fixes_record_and_build_refuse_what_cannot_be(pair, broken, tmp_path, capsys):
+    """A recorded layout past the target's last boundary, repeated, or of the wrong width; a build whose
+    --out is a file: refused before anything is written."""
+    draft = broken("draft")
+    before = tree_hash(draft)
+    for layout, said in (("0,3,99", "boundary 99 is past the target's last, 12"),
+                         ("0,3,3", "expected distinct boundaries"), ("0,3", "the draft's fc takes 3")):
+        code, _, err = run(capsys, "fixes", "record", "--draft", str(draft), "--layout", layout)
+        line = one_error_line(err)
+        assert code == 2 and said in line, line
+    assert tree_hash(draft) == before
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, _, err = run(capsys, "build-default", "--out", str(f), "--tiny")
+    assert code == 2 and "is a file; expected a folder" in one_error_line(err)

@@ -19,6 +19,7 @@ import torch
 
 from .. import cli
 from ..boundaries import check_layout, parse_layout
+from ..errors import BadOption
 from ..investigation.draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
 from ..model.checkpoint import save_draft
 from ..model.corpus import prompt_chunks, save_hf_tokenizer, stdlib_corpus, train_tokenizer
@@ -170,6 +171,9 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
         raise ValueError(f"the embedded pair's draft takes three distinct boundaries, like the deployed ids "
                          f"{default_ids(layers)}; got {tuple(training_boundaries)}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BadOption(f"--out {out} is a file; expected a folder to build the pair in (new, or an earlier "
+                        f"build's)")
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = {"scale": "tiny" if tiny else "full", "seed": seed, "arch": arch, "layers": layers,

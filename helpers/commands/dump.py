@@ -16,7 +16,7 @@ from ..errors import BadOption, BadText, fail, print_json, read_text_file
 from ..investigation.dump_diagnose import RANKED_BY, diagnose_dump, load_for_dump
 from ..investigation.dumps import FORMATS, check_new_dir, open_dump, write_dump
 from ..investigation.pair import check_device, text_windows
-from ..model.target import load_target
+from ..model.target import check_target_folder, load_target
 from ..record import read_record
 from ..rules.conventions import assumed_engine_line, read_target_config
 
@@ -174,6 +174,7 @@ def write_from_text(target_dir, boundaries, fmt, out, text_path=None, window: in
                     device: str = "cpu", progress: bool = False, say_text: bool = False) -> Path:
     """Tokenise held-out text into windows and dump them: the records a trainer would have saved."""
     target_dir = Path(target_dir)
+    check_target_folder(target_dir)     # a broken target is named as such, before any text is looked for
     text_path, chosen = dump_text_path(target_dir, text_path)
     tcfg = read_target_config(target_dir)
     positions = tcfg.get("max_position_embeddings")

@@ -73,6 +73,8 @@ def _fractions(text: str, option: str) -> list[float]:
 
 
 def record(a) -> int:
+    from ..investigation.fixes import check_record_layout
+
     fields: dict = {"source": "user"}
     if a.layout:
         fields["training_boundaries"] = parse_int_list(a.layout, "--layout", "0,3,7")
@@ -102,6 +104,7 @@ def record(a) -> int:
     if a.full_acc:
         fields["full_acc"] = _fractions(a.full_acc, "--full-acc")
     before = read_record(a.draft)
+    check_record_layout(a.draft, fields["training_boundaries"], before, a.target, a.num_layers)
     rec = write_record(a.draft, **fields)
     was = f" (was {before.layout})" if before and before.layout and before.layout != rec.layout else ""
     say(f"wrote {rec.path}: training_boundaries {list(rec.layout)}{was}, source {rec.source}")

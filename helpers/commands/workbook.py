@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from .. import cli
 from ..boundaries import parse_layout
-from ..errors import BadOption, InputError
+from ..errors import BadOption, InputError, fail
 from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..live.backends import auto as auto_backend
 from ..live.backends import case_replay_line, installed
@@ -596,9 +596,7 @@ def main(argv=None) -> int:
         a.backend = a.backend or "auto"
         engine = _versioned(a.engine)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print("nothing was run and nothing under --out was touched", file=sys.stderr)
-        return 2
+        return fail(f"{exc} (nothing was run and nothing under --out was touched)")
     params: dict = dict(SMALL) if a.small else {}
     for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
                      ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
@@ -622,11 +620,8 @@ def main(argv=None) -> int:
     problems = check_run_inputs(params, a.only)
     if a.out.exists() and not a.out.is_dir():
         problems.insert(0, _OUT_IS_A_FILE.format(out=a.out))
-    if problems:
-        for msg in problems:
-            print(f"error: {msg}", file=sys.stderr)
-        print("nothing was run and nothing under --out was touched", file=sys.stderr)
-        return 2
+    if problems:     # every problem, on the one line an error gets
+        return fail("; ".join(problems) + " (nothing was run and nothing under --out was touched)")
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
     measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
     if a.backend == "auto" and measures and not any(p.startswith("ENGINE=") for p in a.param):

@@ -25,6 +25,31 @@ from ..rules.conventions import Engine, parse_engine, read_draft_config
 from ..rules.sglang.source import fetch_sglang
 
 
+def check_record_layout(draft, layout, before=None, target=None, num_layers: int | None = None) -> None:
+    """A layout a user is about to record must be one this draft can have been trained on: distinct
+    boundaries, as many as its fc has slots, none past the target's last (known from ``num_layers``,
+    ``target``'s config, or the record already there, whose captured boundaries end at the target's
+    final one). Refused with what was expected before anything is written."""
+    from ..model.checkpoint import config_from_json
+    from ..rules.conventions import read_target
+
+    layout = list(layout)
+    if len(set(layout)) != len(layout) or any(b < 0 for b in layout):
+        raise BadOption(f"--layout {layout}: expected distinct boundaries >= 0, one per fc slot, e.g. 0,3,7")
+    width = config_from_json(read_draft_config(draft)).num_aux
+    if len(layout) != width:
+        raise BadOption(f"--layout {layout} names {len(layout)} boundaries; the draft's fc takes {width}")
+    if num_layers is None and target is not None:
+        num_layers = read_target(target).num_layers
+    where = "--num-layers" if num_layers is not None and target is None else f"{target}'s config"
+    if num_layers is None and before is not None and before.captured_boundaries:
+        num_layers = max(before.captured_boundaries)
+        where = f"{before.path}'s captured_boundaries (the last is the target's final state)"
+    if num_layers is not None and max(layout) > num_layers:
+        raise BadOption(f"--layout {layout}: boundary {max(layout)} is past the target's last, {num_layers} "
+                        f"(from {where}); expected boundaries 0..{num_layers}")
+
+
 def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
     draft_dir, out_dir = Path(draft_dir), Path(out_dir)
     read_draft_config(draft_dir)  # clear error when it is not a draft

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file
+from ..errors import (BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file,
+                      warn_once)
 from ..rules.conventions import architectures
 
 
@@ -47,12 +48,15 @@ def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256
     raise ValueError(f"unknown target family {arch!r}; expected 'deepseek_v3' or 'llama'")
 
 
-def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """Any HF causal LM directory -> (model in eval mode, tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model",
+                   "tokenizer.tiktoken")
 
-    hf_logging.disable_progress_bar()
+
+def check_target_folder(path: str | Path) -> dict:
+    """Everything about a target folder that can be judged without loading it, in the order a reader
+    would look: its config (a model, not a draft), code it asks to run, its weight files complete, a
+    tokenizer. Each failure is one line naming the file; the config is returned. Commands call it before
+    they look for text or write anything, so a broken target is never reported as something else."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no target model at {path}: expected a Hugging Face directory with "
@@ -68,9 +72,94 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
         raise BadCheckpoint(f"{path} holds an EAGLE-3 draft "
                             f"({', '.join(map(str, archs)) or cfg.get('speculators_model_type')}), "
                             "not a target: pass the target model as the target and the draft as the draft")
+    _check_custom_code(path, cfg)
+    _check_weight_files(path)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise BadCheckpoint(f"no tokenizer in {path}: expected {TOKENIZER_FILES[0]} (or "
+                            f"{', '.join(TOKENIZER_FILES[1:4])}) beside config.json, as the model was published")
+    return cfg
+
+
+def _check_custom_code(path: Path, cfg: dict) -> None:
+    """A config whose ``auto_map`` names Python files asks its loader to run them. The workbook never
+    runs a checkpoint's own code: where transformers implements the ``model_type`` that implementation
+    runs (said once), otherwise the target is refused."""
+    auto_map = cfg.get("auto_map")
+    if not auto_map:
+        return
+    refs = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+    modules = sorted({str(r).split("--")[-1].rsplit(".", 1)[0] + ".py" for v in refs
+                      for r in (v if isinstance(v, (list, tuple)) else [v]) if r})
+    from transformers import CONFIG_MAPPING
+
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        warn_once(f"{path / 'config.json'}: auto_map names the checkpoint's own code ({', '.join(modules)}); "
+                  f"the workbook never runs it and loads transformers' {model_type} implementation")
+        return
+    raise BadCheckpoint(f"{path / 'config.json'}: model_type {model_type!r} is not one transformers implements "
+                        f"and auto_map names the checkpoint's own code ({', '.join(modules)}), which the "
+                        f"workbook does not run; expected a model_type transformers knows (a checkpoint of a "
+                        f"known architecture published with custom code can name it, e.g. deepseek_v3)")
+
+
+def _check_weight_files(path: Path) -> None:
+    """Weight files present, and every safetensors file whole: its header parses and its tensors end
+    where the file ends (a truncated copy fails here, named, not deep inside a loader)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        idx = read_json_file(index, "safetensors index")
+        shards = sorted(set((idx.get("weight_map") or {}).values())) if isinstance(idx, dict) else []
+        if not shards:
+            raise BadCheckpoint(f"{index} maps no tensors; expected a weight_map of tensor names to shard files")
+        files = [path / s for s in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise BadCheckpoint(f"{index} names shard(s) not in {path}: {', '.join(missing[:4])}"
+                                f"{' ...' if len(missing) > 4 else ''}; expected every shard beside it "
+                                f"(partly copied?)")
+    else:
+        files = sorted(f for f in path.iterdir() if f.suffix == ".safetensors")
+        if not files and not any(f.suffix == ".bin" for f in path.iterdir()):
+            raise BadCheckpoint(f"no weights in {path}: expected model.safetensors (or sharded "
+                                f"model-*.safetensors with their index, or pytorch_model.bin)")
+    for f in files:
+        _check_safetensors(f)
+
+
+def _check_safetensors(f: Path) -> None:
+    size = f.stat().st_size
+    bad = None
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            bad = f"its header length says {n} bytes, the file has {size}"
+        else:
+            try:
+                header = json.loads(fh.read(n))
+                ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+                if 8 + n + max(ends, default=0) != size:
+                    bad = f"its tensors end at byte {8 + n + max(ends, default=0)}, the file at {size}"
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+                bad = f"its header does not parse ({type(exc).__name__})"
+    if bad:
+        raise BadCheckpoint(f"{f} is not a complete safetensors file: {bad}; expected the file as published "
+                            f"(truncated or partly copied?)")
+
+
+def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """Any HF causal LM directory -> (model in eval mode, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(path)
+    check_target_folder(path)
     weights = [f.name for f in sorted(path.iterdir()) if f.suffix in (".safetensors", ".bin")]
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False
+                                                     ).to(device).eval()
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise BadCheckpoint(_load_failure(path, weights, exc)) from None
     except pickle.UnpicklingError as exc:   # weights_only refused a pickle that would run code: nothing ran
@@ -84,7 +173,7 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
         raise BadCheckpoint(_load_failure(path, weights, exc)) from None
     check_finite_weights(model.state_dict().items(), f"target {path}")
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadCheckpoint(f"cannot load the target's tokenizer from {path}: "
                             f"{(str(exc).splitlines() or [type(exc).__name__])[0]}") from None

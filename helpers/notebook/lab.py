@@ -47,5 +47,29 @@ def overrides(params: dict, environ=None, interactive: bool | None = None) -> di
         if unknown:
             raise ValueError(f"WORKBOOK_PARAMS names {unknown}, which this notebook does not take; "
                              f"its parameters: {sorted(known)}")
+        wrong = [f"{k} must be {_kind(params[k])}, got {v!r}" for k, v in extra.items() if not _fits(params[k], v)]
+        if wrong:
+            raise ValueError(f"WORKBOOK_PARAMS: {'; '.join(wrong)}")
         out.update(extra)
     return out
+
+
+def _fits(default, value) -> bool:
+    """A value of the parameter's own kind: an integer for an integer, text for text, and text (a path)
+    or null where the notebook's default is None."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if default is None:
+        return value is None or isinstance(value, str)
+    return isinstance(value, type(default))
+
+
+def _kind(default) -> str:
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, int):
+        return "an integer"
+    return "text (a path or a value as written)" if default is None or isinstance(default, str) else \
+        f"a {type(default).__name__}"

@@ -199,6 +199,12 @@ def read_draft_config(draft: str | Path | dict) -> dict:
                 "LlamaForCausalLM with a draft_vocab_size" if head else "are --target and --draft swapped?")
         raise DraftConfigError(f"draft config {path} is a {', '.join(archs)} model, not an EAGLE-3 draft: "
                                f"{hint}")
+    try:
+        ids_in_config(cfg)     # ids that are not distinct integers: refused here, with the file named
+        if nested is not None and cfg.get(IDS_KEY) is not None:
+            _ids(cfg[IDS_KEY], "top-level ")
+    except DraftConfigError as exc:
+        raise DraftConfigError(f"{path}: {exc}") from None
     return cfg
 
 
@@ -315,6 +321,11 @@ def _ids(value: Any, where: str) -> list[int]:
     if (not isinstance(value, (list, tuple))
             or any(isinstance(i, bool) or not isinstance(i, int) for i in value)):
         raise DraftConfigError(f"{where}{IDS_KEY} is {value!r}; expected a list of integer layer ids")
+    repeated = sorted({i for i in value if list(value).count(i) > 1})
+    if repeated:
+        # an engine would capture one layer twice (or refuse at start): no layout to judge
+        raise DraftConfigError(f"{where}{IDS_KEY} {list(value)} repeats {repeated}; expected distinct layer "
+                               f"ids, one per fc slot")
     return list(value)
 
 

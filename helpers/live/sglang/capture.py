@@ -154,10 +154,41 @@ def rows_from_response(body: dict, n_tokens: int, width: int | None = None, wher
     return t
 
 
+PROBE_S = 10.0     # a running server answers /health at once, whatever its load
+
+
+def probe(url: str, timeout: float = PROBE_S) -> None:
+    """GET ``/health`` first: a server that accepts and never answers is named in seconds, before any
+    window is sent or any folder is made."""
+    health = url.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=timeout) as resp:
+            resp.read()
+    except urllib.error.HTTPError:
+        return            # it answers HTTP: what /generate says is judged request by request
+    except (TimeoutError, socket.timeout):
+        raise CaptureError(f"no answer from {health} within {timeout:g} s; expected a running SGLang "
+                           f"server at --engine-url (it accepted the connection and said nothing)") from None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise CaptureError(f"no answer from {health} within {timeout:g} s; expected a running SGLang "
+                               f"server at --engine-url (it accepted the connection and said nothing)"
+                               ) from None
+        why = getattr(reason, "strerror", None) or str(reason)
+        raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
+                           f"(--engine-url)") from None
+    except (http.client.HTTPException, ConnectionError) as exc:
+        raise CaptureError(f"{health} did not answer as an HTTP server ({type(exc).__name__}); expected "
+                           f"SGLang's HTTP API at --engine-url") from None
+
+
 def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, meta: dict | None = None,
                  progress: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> Path:
     """POST each token window, split each row into k slots of ``hidden``, write a speculators dump."""
     if post is None:
+        probe(url, min(PROBE_S, timeout))
+
         def post(u, payload):
             return post_json(u, payload, timeout)
     out = Path(out)
