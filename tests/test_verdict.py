@@ -8,14 +8,21 @@ same text to both, word for word.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from _pairs import tiny_llama
 
 from helpers.investigation.evaluate import PairedTest
-from helpers.investigation.verdict import Settled, WayKind, by_format, judge, layout_fix, ways_out, writer_candidates
+from helpers.investigation.verdict import (
+    Settled,
+    WayKind,
+    by_format,
+    judge,
+    layout_fix,
+    ways_out,
+    writer_candidates,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_KIMI = REPO / "data" / "tiny-kimi"
@@ -164,9 +171,11 @@ def test_a_prior_the_ranking_cannot_confirm_is_undecided():
     assert settled.note.endswith("reads its ids as (2, 5, 7), a prior the ranking cannot confirm: 1 other "
                                  "layout scores within noise of it")
     for served in within:
-        v = judge(served, (1, 4, 6), known=False, source="inferred by the layout search", confident_set=within,
+        v = judge(served, (1, 4, 6), known=False, source="inferred by the layout search",
+                  confident_set=within,
                   cost=PairedTest(0.05, 0.04, 1.25, 40), engine="vllm", arch="LlamaForCausalLM",
-                  num_layers=12, settled=Settled((1, 4, 6), "inferred", False, settled.candidates, settled.note))
+                  num_layers=12,
+                  settled=Settled((1, 4, 6), "inferred", False, settled.candidates, settled.note))
         assert v.mismatch is None and v.to_dict()["mismatch"] is None
         assert v.line.startswith(f"UNDECIDED: served {served} is in the confidence set")
         assert "a prior the ranking cannot confirm" in v.line

@@ -653,11 +653,12 @@ def load_for_dump(draft_dir, target_dir, run_target: str = "auto", device: str =
     except NoEmbeddingError:
         if heads is None and target_dir is not None:
             other = sorted(f.name for f in target_dir.glob("*.bin"))
-            raise BadCheckpoint(f"{draft_dir} ships no embed_tokens and borrows the target's, but {target_dir} "
-                                f"has no safetensors weights to borrow it from"
+            raise BadCheckpoint(f"{draft_dir} ships no embed_tokens and borrows the target's, but "
+                                f"{target_dir} has no safetensors weights to borrow it from"
                                 + (f" (only {', '.join(other[:3])}, which a dump diagnosis does not unpickle)"
                                    if other else "")
-                                + "; expected model.safetensors or sharded safetensors with their index") from None
+                                + "; expected model.safetensors or sharded safetensors with their "
+                                  "index") from None
         if heads is None:
             raise BadOption(f"{draft_dir} ships no embed_tokens and borrows the target's: pass --target DIR "
                             f"with its safetensors (only its config, embed_tokens, final norm and lm_head "

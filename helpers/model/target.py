@@ -17,8 +17,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..errors import (BadCheckpoint, BadConfig, check_architectures, check_finite_weights, read_json_file,
-                      warn_once)
+from ..errors import (
+    BadCheckpoint,
+    BadConfig,
+    check_architectures,
+    check_finite_weights,
+    read_json_file,
+    warn_once,
+)
 from ..rules.conventions import architectures
 
 
@@ -76,7 +82,8 @@ def check_target_folder(path: str | Path) -> dict:
     _check_weight_files(path)
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise BadCheckpoint(f"no tokenizer in {path}: expected {TOKENIZER_FILES[0]} (or "
-                            f"{', '.join(TOKENIZER_FILES[1:4])}) beside config.json, as the model was published")
+                            f"{', '.join(TOKENIZER_FILES[1:4])}) beside config.json, as the model was "
+                            f"published")
     return cfg
 
 
@@ -94,11 +101,13 @@ def _check_custom_code(path: Path, cfg: dict) -> None:
 
     model_type = cfg.get("model_type")
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
-        warn_once(f"{path / 'config.json'}: auto_map names the checkpoint's own code ({', '.join(modules)}); "
-                  f"the workbook never runs it and loads transformers' {model_type} implementation")
+        warn_once(f"{path / 'config.json'}: auto_map names the checkpoint's own code "
+                  f"({', '.join(modules)}); the workbook never runs it and loads transformers' {model_type} "
+                  f"implementation")
         return
-    raise BadCheckpoint(f"{path / 'config.json'}: model_type {model_type!r} is not one transformers implements "
-                        f"and auto_map names the checkpoint's own code ({', '.join(modules)}), which the "
+    raise BadCheckpoint(f"{path / 'config.json'}: model_type {model_type!r} is not one transformers "
+                        f"implements and auto_map names the checkpoint's own code ({', '.join(modules)}), "
+                        f"which the "
                         f"workbook does not run; expected a model_type transformers knows (a checkpoint of a "
                         f"known architecture published with custom code can name it, e.g. deepseek_v3)")
 
@@ -111,7 +120,8 @@ def _check_weight_files(path: Path) -> None:
         idx = read_json_file(index, "safetensors index")
         shards = sorted(set((idx.get("weight_map") or {}).values())) if isinstance(idx, dict) else []
         if not shards:
-            raise BadCheckpoint(f"{index} maps no tensors; expected a weight_map of tensor names to shard files")
+            raise BadCheckpoint(f"{index} maps no tensors; expected a weight_map of tensor names to shard "
+                                f"files")
         files = [path / s for s in shards]
         missing = [f.name for f in files if not f.is_file()]
         if missing:

@@ -47,7 +47,8 @@ def overrides(params: dict, environ=None, interactive: bool | None = None) -> di
         if unknown:
             raise ValueError(f"WORKBOOK_PARAMS names {unknown}, which this notebook does not take; "
                              f"its parameters: {sorted(known)}")
-        wrong = [f"{k} must be {_kind(params[k])}, got {v!r}" for k, v in extra.items() if not _fits(params[k], v)]
+        wrong = [f"{k} must be {_kind(params[k])}, got {v!r}" for k, v in extra.items()
+                 if not _fits(params[k], v)]
         if wrong:
             raise ValueError(f"WORKBOOK_PARAMS: {'; '.join(wrong)}")
         out.update(extra)
