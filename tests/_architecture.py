@@ -102,6 +102,43 @@ def floors(graph: dict[str, tuple[set[str], set[str]]]) -> dict[str, int]:
     return done
 
 
+def cycles(graph: dict[str, tuple[set[str], set[str]]]) -> list[list[str]]:
+    """Groups of modules that reach each other, imports inside functions counted (Tarjan's strongly
+    connected components); each group sorted, the list sorted."""
+    edges = {m: top | lazy for m, (top, lazy) in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return sorted(found)
+
+
 def purpose(path: Path) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     first = doc.strip().split("\n\n")[0].replace("\n", " ")

@@ -111,12 +111,19 @@ class Engine:
         return self.rules.effective_version(self.version)
 
 
-def rules_of(name: str):
-    """The rule object of the family ``name`` (one of ENGINES). ``helpers.rules.engines`` builds on this
-    module, so it is imported when first asked."""
-    from .engines import FAMILIES
+_FAMILIES: dict[str, Any] = {}    # family name -> its rule object, registered by helpers.rules.engines
 
-    return FAMILIES[name]
+
+def register_rules(families: dict[str, Any]) -> None:
+    """``helpers.rules.engines`` hands each family's rule object here when it loads (the package
+    ``helpers.rules`` loads it first thing), so this module, below every engine room, never imports
+    the rooms: the rule objects reach ``Engine.rules`` by registration, not by an upward import."""
+    _FAMILIES.update(families)
+
+
+def rules_of(name: str):
+    """The rule object of the family ``name`` (one of ENGINES)."""
+    return _FAMILIES[name]
 
 
 RUNNERS = ("v1", "v2")

@@ -310,3 +310,4 @@ class LlamacppRules(EngineRules):
 
 SGLANG, VLLM, TRTLLM, LLAMACPP = SGLangRules(), VllmRules(), TrtllmRules(), LlamacppRules()
 FAMILIES: dict[str, EngineRules] = {r.name: r for r in (SGLANG, VLLM, TRTLLM, LLAMACPP)}
+C.register_rules(FAMILIES)
