@@ -186,7 +186,9 @@ def test_embedded_pair_names_the_bug_and_both_fixes(capsys):
                 "--target", str(REPO / "data/tiny-kimi/target"), "--engine", "sglang==0.5.9"])
     out = capsys.readouterr().out
     assert code == 1 and "MISMATCH" in out and "(3, 7, 10)" in out and "(0, 3, 7)" in out
-    assert "fix A" in out and "fix B" in out and "patch-sglang apply" in out
+    # each way out named by what it does, not by the story's shorthand
+    assert "write ids [-1, 2, 6]" in out and "retrain the draft on the served layout (3, 7, 10)" in out
+    assert "patch-sglang apply" in out and "fix A" not in out and "fix B" not in out
     assert cli(["check", "--draft", str(REPO / "data/tiny-kimi/draft-retrained"), "--target-config",
                 str(REPO / "data/tiny-kimi/target/config.json"), "--engine", "sglang==0.5.9", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"].startswith("OK")

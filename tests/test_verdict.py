@@ -32,51 +32,50 @@ IDS = "eagle_aux_hidden_state_layer_ids"
 # (engine, arch, layers, trained, served, kinds, check's fix, diagnose's fix), as printed before the move
 CASES = [
     ("sglang==0.5.9", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["patch-then-ids", "retrain"],
-     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or "
-     f"retrain the draft on the served layout (3, 7, 10) (fix B)",
+     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS}; or "
+     f"retrain the draft on the served layout (3, 7, 10)",
      f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
      f"(3, 7, 10)"),
     ("vllm==0.32.0", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["retrain"],
-     "retrain the draft on the served layout (3, 7, 10) (fix B)",
+     "retrain the draft on the served layout (3, 7, 10)",
      "no ids make vllm==0.32.0 serve (0, 3, 7): `python -m helpers check` lists the ways out, or retrain the "
      "draft on (3, 7, 10)"),
     ("sglang==0.5.23", "DeepseekV3ForCausalLM", 12, (0, 3, 7), (3, 7, 10), ["write-ids", "retrain"],
-     f"write ids [0, 3, 7] in eagle_config.{IDS} (fix A, no engine change); or retrain the draft on the "
-     f"served layout (3, 7, 10) (fix B)",
+     f"write ids [0, 3, 7] in eagle_config.{IDS} (no engine change); or retrain the draft on the "
+     f"served layout (3, 7, 10)",
      "ids [0, 3, 7] in eagle_config, or retrain the draft on (3, 7, 10)"),
     ("sglang==0.5.9", "DeepseekV3ForCausalLM", 61, (0, 3, 31), (3, 31, 59), ["patch-then-ids", "retrain"],
-     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 30] in eagle_config.{IDS} (fix A); or "
-     f"retrain the draft on the served layout (3, 31, 59) (fix B)",
+     f"patch the engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 30] in eagle_config.{IDS}; or "
+     f"retrain the draft on the served layout (3, 31, 59)",
      f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 30] in eagle_config, or retrain the draft on "
      f"(3, 31, 59)"),
     ("sglang==0.5.9", "LlamaForCausalLM", 32, (3, 17, 30), (2, 16, 29), ["write-ids", "retrain"],
-     f"write ids [2, 16, 29] in eagle_config.{IDS} (fix A, no engine change); or retrain the draft on the "
-     f"served layout (2, 16, 29) (fix B)",
+     f"write ids [2, 16, 29] in eagle_config.{IDS} (no engine change); or retrain the draft on the "
+     f"served layout (2, 16, 29)",
      "ids [2, 16, 29] in eagle_config, or retrain the draft on (2, 16, 29)"),
     ("vllm", "LlamaForCausalLM", 32, (2, 16, 29), (1, 15, 28), ["write-ids", "retrain"],
-     f"write ids [2, 16, 29] in top-level {IDS} (fix A, no engine change); or retrain the draft on the "
-     f"served layout (1, 15, 28) (fix B)",
+     f"write ids [2, 16, 29] in top-level {IDS} (no engine change); or retrain the draft on the "
+     f"served layout (1, 15, 28)",
      "ids [2, 16, 29] in the top-level key, or retrain the draft on (1, 15, 28)"),
     ("vllm", "LlamaForCausalLM", 12, (7, 3, 10), (3, 7, 10), ["reorder-fc", "write-ids", "retrain"],
      f"the draft was trained on (7, 3, 10), not in ascending order, and engines concatenate in ascending "
      f"order: permute the fc columns (helpers.investigation.fixes.reorder_fc) and write the ids; write ids "
-     f"[3, 7, 10] in top-level {IDS} (fix A, no engine change); or retrain the draft on the served layout "
-     f"(3, 7, 10) "
-     f"(fix B)",
+     f"[3, 7, 10] in top-level {IDS} (no engine change); or retrain the draft on the served layout "
+     f"(3, 7, 10)",
      "permute the fc columns (helpers.investigation.fixes.reorder_fc), then write ids [3, 7, 10] in the "
      "top-level key, or retrain the draft on (3, 7, 10)"),
     ("sglang==0.5.9", "DeepseekV3ForCausalLM", 12, (7, 0, 3), (3, 7, 10),
      ["reorder-fc", "patch-then-ids", "retrain"],
      f"the draft was trained on (7, 0, 3), not in ascending order, and engines concatenate in ascending "
      f"order: permute the fc columns (helpers.investigation.fixes.reorder_fc) and write the ids; patch the "
-     f"engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS} (fix A); or retrain the "
+     f"engine (`{PATCH_0_5_9}`), then write ids [-1, 2, 6] in eagle_config.{IDS}; or retrain the "
      f"draft on "
-     f"the served layout (3, 7, 10) (fix B)",
+     f"the served layout (3, 7, 10)",
      f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
      f"(3, 7, 10)"),
     ("trtllm", "LlamaForCausalLM", 32, (2, 16, 29), (1, 15, 28), ["write-ids", "retrain"],
-     "write ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config (fix A, no engine change); "
-     "or retrain the draft on the served layout (1, 15, 28) (fix B)",
+     "write ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config (no engine change); "
+     "or retrain the draft on the served layout (1, 15, 28)",
      "ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config, or retrain the draft on "
      "(1, 15, 28)"),
 ]

@@ -127,13 +127,13 @@ def ways_out(trained: Sequence[int], served: Sequence[int], engine, arch: str, n
         ids = None
     if ids is not None:
         ways.append(WayOut(WayKind.WRITE_IDS,
-                           f"write ids {ids} in {_LISTED_WHERE[where]} (fix A, no engine change)",
+                           f"write ids {ids} in {_LISTED_WHERE[where]} (no engine change)",
                            tuple(ids), where, layout=ascending))
     elif eng.rules.patchable:
         patched = _patch_then_ids(eng, arch, num_layers, ascending, where, root)
         if patched is not None:
             ways.append(patched)
-    ways.append(WayOut(WayKind.RETRAIN, f"retrain the draft on the served layout {served} (fix B)",
+    ways.append(WayOut(WayKind.RETRAIN, f"retrain the draft on the served layout {served}",
                        layout=served))
     return WaysOut(str(eng), trained, served, tuple(ways))
 
@@ -151,7 +151,7 @@ def _patch_then_ids(eng, arch: str, num_layers: int, ascending: Layout, where: s
         if r.served_layout == ascending and patch and len(patch) == len(blocking):
             return WayOut(WayKind.PATCH_THEN_IDS,
                           f"patch the engine (`{patch[0]}`), then write ids {candidate} in "
-                          f"{_LISTED_WHERE[where]} (fix A)", tuple(candidate), where, patch[0], ascending)
+                          f"{_LISTED_WHERE[where]}", tuple(candidate), where, patch[0], ascending)
     return None
 
 
