@@ -27,7 +27,8 @@ import pytest
 from _pairs import tiny_default
 from conftest import scaled
 
-from helpers.commands.workbook import REPO, SMALL, run_workbook
+from helpers.notebook.lab import SMALL
+from helpers.notebook.runner import REPO, run_workbook
 
 NB = "03_compare_concat_orders"
 CHROMIUM = os.environ.get("WORKBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

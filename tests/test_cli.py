@@ -71,7 +71,7 @@ def test_run_workbook_checks_inputs_before_any_kernel(tmp_path, capsys, args, ex
 
 
 def test_notebook_names_accept_short_forms():
-    from helpers.commands.workbook import normalise_notebook_name
+    from helpers.notebook.runner import normalise_notebook_name
 
     for name in ("01", "01_baseline_throughput", "01_baseline_throughput.ipynb",
                  "notebooks/01_baseline_throughput.ipynb"):

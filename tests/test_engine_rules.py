@@ -25,7 +25,7 @@ HELPERS = REPO / "helpers"
 # call with text, each parsing on its first line.
 PARSED_AT = {
     ("cli.py", "EngineOption.__call__"), ("cli.py", "engine_value"), ("cli.py", "add_pair_args"),
-    ("commands/workbook.py", "check_run_inputs"), ("commands/workbook.py", "_versioned"),
+    ("notebook/runner.py", "check_run_inputs"), ("commands/workbook.py", "_versioned"),
     ("cli.py", "stated_engine"), ("live/backends.py", "case_replay_line"),
     ("investigation/gate.py", "check"), ("rules/wiring.py", "resolve"), ("rules/wiring.py", "served_plan"),
     ("rules/wiring.py", "ids_for_layout"), ("investigation/fixes.py", "with_engine_ids"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.commands.workbook import NOTEBOOKS, ORDER, REPO
+from helpers.notebook.runner import NOTEBOOKS, ORDER, REPO
 from helpers.notebook.lab import SMALL, overrides
 
 

@@ -160,7 +160,7 @@ def test_summary_quotes_02_and_03_and_writes_markdown(tmp_path):
 def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
     """summary.md and the index page open with the wiring x engine table (accept length, speedup with its
     interval, timing verdict), the engine named in each row; the headline follows it."""
-    from helpers.commands.workbook import RunRecord, index_page
+    from helpers.notebook.runner import RunRecord, index_page
 
     rows, costs = reports.bench_tables([_bench("deployed").row("deployed"), _bench("fix A", (0, 3, 7), 2.6)
                                         .row("fix A")])
@@ -178,7 +178,7 @@ def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
 def test_progress_bars_are_not_painted_as_errors():
     import nbformat
 
-    from helpers.commands.workbook import progress_as_text
+    from helpers.notebook.runner import progress_as_text
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x")

@@ -253,7 +253,7 @@ def test_notebooks_01_05_06_on_sglang(install, tmp_path):
     """ENGINE="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
     rule 0.5.9), fix A served (embed, b3, b7) by the same setter, fix B retrained; the reference engine
     fed each predicted layout beside it."""
-    from helpers.commands.workbook import run_workbook
+    from helpers.notebook.runner import run_workbook
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
     d = tiny_default()

@@ -291,7 +291,7 @@ def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
 def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
     """ENGINE="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
     it; the accept lengths agree and every speculative output equals vLLM's own baseline's."""
-    from helpers.commands.workbook import run_workbook
+    from helpers.notebook.runner import run_workbook
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
     out = tmp_path / "reports"

@@ -1,0 +1,477 @@
+"""The notebook runner: execute notebooks 01-06 in order with papermill, check their parameters before
+any kernel starts, and render ``reports/`` (a report view with code hidden, a full view, and an index page
+that opens with the table notebook 06 wrote to ``summary.json``). ``python -m helpers run-workbook``
+(``commands.workbook``) parses its options and calls ``run_workbook``."""
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..boundaries import parse_layout
+from ..errors import BadOption, InputError
+from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
+from ..model.checkpoint import config_from_json
+from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_draft_config
+from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
+from .reports import ORDER, Summary, read_summary
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
+OUT_IS_A_FILE = "--out {out} is a file; expected a folder for the reports (it is created if missing)"
+
+
+@dataclass
+class RunRecord:
+    name: str
+    seconds: float
+    ok: bool
+    error: str = ""
+    outputs: list[str] = field(default_factory=list)
+    cell: int | None = None          # the failing cell's index in the notebook (0-based), when one failed
+
+
+def notebook_parameters(path: Path) -> dict:
+    """The parameters cell's names, so overrides that a notebook does not take are dropped."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            names = {}
+            for line in cell.source.splitlines():
+                if "=" in line and not line.startswith((" ", "#")):
+                    names[line.split("=")[0].strip()] = True
+            return names
+    return {}
+
+
+_PROGRESS_LINE = re.compile(r"\d+%\|.*\||\[\d+:\d+(?:<[\d:?]+)?|: \d+:\d+(?::\d+)?\s*$")
+
+
+def progress_as_text(nb) -> int:
+    """Progress bars go to stderr (tqdm's default), which a rendered report paints as a red error block.
+    A stderr stream whose every line is a progress bar is shown as plain output instead; anything else on
+    stderr (a warning) keeps its colour. Returns how many streams were changed."""
+    changed = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and out.get("name") == "stderr":
+                lines = [ln for ln in str(out.get("text", "")).splitlines() if ln.strip()]
+                if lines and all(_PROGRESS_LINE.search(ln) for ln in lines):
+                    out["name"] = "stdout"
+                    changed += 1
+    return changed
+
+
+def render_html(executed: Path, out_dir: Path) -> list[str]:
+    import nbformat
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    nb = nbformat.read(executed, as_version=4)
+    # A text progress bar is one line redrawn with carriage returns; a browser would show every
+    # frame as its own line, so keep only what a terminal would finally show.
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nb, {})
+    progress_as_text(nb)
+    written = []
+    for suffix, hide in (("", True), ("_code", False)):
+        exp = HTMLExporter(template_name="lab")
+        exp.exclude_input = hide
+        exp.exclude_input_prompt = hide
+        exp.exclude_output_prompt = True
+        body, _ = exp.from_notebook_node(nb)
+        target = out_dir / f"{executed.stem}{suffix}.html"
+        target.write_text(body)
+        written.append(target.name)
+    return written
+
+
+def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
+    table = ""
+    if (out_dir / "summary.json").is_file():
+        try:
+            table = _before_after(read_summary(out_dir))
+        except (InputError, KeyError, TypeError, ValueError) as exc:  # the page still links every notebook
+            table = f"<h2>Before and after</h2><p style='color:#b00'>{html.escape(str(exc))}</p>"
+    items = "".join(
+        f"<li><b>{html.escape(r.name)}</b> &mdash; "
+        + (" ".join(f"<a href='{o}'>{'report' if not o.endswith('_code.html') else 'with code'}</a>"
+                    for o in r.outputs if o.endswith('.html'))
+           if r.ok else f"<span style='color:#b00'>failed: {html.escape(r.error)}</span>")
+        + f" <small>({r.seconds:.0f}s)</small></li>" for r in runs)
+    # only what this run wrote: a run of some notebooks has no summary (notebook 06 writes it)
+    links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json")
+                              if (out_dir / n).is_file())
+    links = f"<p>{links}</p>" if links else ""
+    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
+                 "(no target forward)" if params.get("DATA") else "")
+    rules = html.escape(str(params.get("ENGINE_VERSION", CASE_ENGINE)))
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
+<h1>EAGLE-3 wiring workbook &mdash; reports</h1>
+<p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
+draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
+served layouts by the rules of <code>{rules}</code>{data_note}; each row names the engine that
+measured it.</p>
+{table}<h2>The investigation, step by step</h2><ol>{items}</ol>
+{links}</body></html>"""
+    path = out_dir / "index.html"
+    path.write_text(page)
+    return path
+
+
+def _before_after(s: Summary) -> str:
+    """The table a person reads first: a row per wiring and engine, the same fields summary.json holds;
+    the headline after it."""
+    def interval(r) -> str:
+        iv = r.get("speedup_interval")
+        return f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else ""
+
+    rows = "".join(
+        f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r.get('engine', '')))}</td>"
+        f"<td>{html.escape(str(r['layout']))}</td><td>{r['tau']:.2f}</td>"
+        f"<td>{r['speedup']:.2f}x{interval(r)}</td><td>{html.escape(str(r.get('timing', '')))}</td>"
+        f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td>"
+        f"<td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.rows)
+    return ("<h2>Before and after</h2><table><tr><th>wiring</th><th>engine</th><th>layout</th>"
+            "<th>accept length</th><th>speedup [95%]</th><th>timing</th><th>baseline tok/s</th>"
+            "<th>EAGLE-3 tok/s</th><th>lossless</th></tr>"
+            f"{rows}</table><p>{html.escape(s.headline)}</p>")
+
+
+class Runs(list):
+    """The run records, plus where an unfinished run was left (``incomplete``) and whether the
+    user stopped it (``interrupted``); ``--out`` itself is only ever replaced by a whole run."""
+
+    incomplete: Path | None = None
+    interrupted: bool = False
+
+
+class _Stop:
+    """Ctrl-C (or SIGTERM) during a run: the first one interrupts the running cell through the
+    kernel, so the cell fails like any other error, papermill records which one, and the kernel
+    is shut down by nbclient's own cleanup; a second one gives up waiting and kills the kernel."""
+
+    def __init__(self):
+        self.requested = 0
+        self.kernel_pid: int | None = None
+        self._saved = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        return False
+
+    def _handle(self, signum, frame):
+        self.requested += 1
+        if self.requested == 1 and self.kernel_pid:
+            self.interrupt_kernel()
+        elif self.requested > 1:
+            self.kill_kernel()
+            raise KeyboardInterrupt
+
+    def interrupt_kernel(self):
+        try:
+            os.kill(self.kernel_pid, signal.SIGINT)
+        except (OSError, TypeError):
+            pass
+
+    def kill_kernel(self):
+        if self.kernel_pid:
+            try:
+                os.killpg(os.getpgid(self.kernel_pid), signal.SIGKILL)  # the kernel runs in its own session
+            except OSError:
+                pass
+
+
+_STOP: _Stop | None = None
+
+
+def _kernel_manager_class():
+    """A kernel manager that tells the run which process to interrupt, and that does not
+    interrupt a kernel it is shutting down after a finished notebook (jupyter_client does, and
+    ipykernel then logs 'ERROR | KeyboardInterrupt caught in kernel' on every good run)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class WorkbookKernelManager(AsyncKernelManager):
+        async def _async_start_kernel(self, **kw):
+            await AsyncKernelManager._async_start_kernel(self, **kw)
+            prov = self.provisioner
+            pid = getattr(prov, "pid", None) or getattr(getattr(prov, "process", None), "pid", None)
+            if _STOP is not None:
+                _STOP.kernel_pid = pid
+                if _STOP.requested:  # Ctrl-C came while the kernel was starting
+                    _STOP.interrupt_kernel()
+
+        start_kernel = _async_start_kernel  # the base class binds start_kernel to its own coroutine
+
+        async def _async_interrupt_kernel(self):
+            if getattr(self, "shutting_down", False):
+                return
+            await super()._async_interrupt_kernel()
+
+    return WorkbookKernelManager
+
+
+def _parameterised(src: Path, params: dict):
+    """The notebook with papermill's injected-parameters cell, built here rather than by
+    ``execute_notebook(parameters=...)``: papermill's own check of the parameters cell cannot
+    read a line such as ``ENGINE_VERSION = "sglang==0.5.9"`` (two '=') and warns that a
+    parameter every notebook declares is unknown. The names were checked by
+    ``notebook_parameters`` already."""
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    nb = load_notebook_node(str(src))  # papermill's reader: it gives every cell the tags list it expects
+    return parameterize_notebook(nb, params, kernel_name="python3", language="python") if params else nb
+
+
+def _first_error(executed: Path) -> tuple[int | None, str]:
+    """(cell index, 'Ename: value') of the first cell whose outputs hold an error, else (None, '').
+    A notebook is judged by what it holds, not only by whether papermill raised."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except Exception as exc:  # an unreadable output is itself a failure
+        return -1, f"executed notebook unreadable: {exc}"
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error":
+                return i, f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
+    return None, ""
+
+
+def _write_marker(staging: Path, text: str) -> None:
+    (staging / "INCOMPLETE").write_text(text.rstrip() + "\n", encoding="utf-8")
+
+
+def _rewrite_paths(staging: Path, out_dir: Path, since: float) -> None:
+    """Notebooks record where they wrote (05_patch.json names the fix-A draft, the executed
+    notebooks their REPORTS_DIR): written in the staging folder, those paths must name --out
+    once the run is swapped in, or notebook 06 of a later ``--only 06`` run reads a folder
+    that no longer exists."""
+    old, new = str(staging), str(out_dir)
+    for f in staging.rglob("*"):
+        if (f.suffix in (".json", ".md", ".html", ".ipynb", ".txt") and f.is_file()
+                and f.stat().st_mtime >= since):
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+            if old in text:
+                f.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def _swap_in(staging: Path, out_dir: Path) -> None:
+    """Replace --out by the finished staging folder. Entries that appeared in --out during the
+    run (nothing of ours) are carried over first; the old folder is renamed aside, the new one
+    renamed in, and only then is the old one deleted."""
+    if out_dir.exists():
+        for entry in out_dir.iterdir():
+            if not (staging / entry.name).exists() and not (staging / entry.name).is_symlink():
+                shutil.move(str(entry), str(staging / entry.name))
+        previous = out_dir.parent / f".{out_dir.name}.previous-{os.getpid()}"
+        os.rename(out_dir, previous)
+        os.rename(staging, out_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    else:
+        os.rename(staging, out_dir)
+
+
+def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, render: bool = True,
+                 progress: bool = True) -> Runs:
+    """Execute the notebooks into a staging folder beside ``out_dir`` and swap it in only when
+    every one finished without an error. A failure or Ctrl-C leaves ``out_dir`` as it was and
+    keeps the staging folder, marked INCOMPLETE with the notebook and cell that stopped it, so
+    a report never mixes two runs or calls an interrupted notebook ok."""
+    import papermill as pm
+
+    global _STOP
+    out_dir = Path(out_dir).resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadOption(OUT_IS_A_FILE.format(out=out_dir))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.staging-", dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become --out's mode after the swap
+    except OSError as exc:
+        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it "
+                        f"({exc.strerror or exc})") from None
+    started = time.time()
+    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still "
+                           f"running or killed before it finished. --out {out_dir} was not changed by it.")
+    if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
+        shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
+        _write_marker(staging, (staging / "INCOMPLETE").read_text())
+    params = {**params, "REPORTS_DIR": str(staging)}
+    names = [n for n in ORDER if not only or n in only]
+    runs = Runs()
+    bar = tqdm(names, desc="workbook", disable=not progress)
+    km_class = _kernel_manager_class()
+    with _Stop() as stop:
+        _STOP = stop
+        try:
+            for name in bar:
+                if stop.requested:
+                    break
+                bar.set_postfix_str(name)
+                src = NOTEBOOKS / f"{name}.ipynb"
+                dst = staging / f"{name}.ipynb"
+                accepted = notebook_parameters(src)
+                t0 = time.perf_counter()
+                error, cell = "", None
+                given = {k: v for k, v in params.items() if k in accepted}
+                try:
+                    pm.execute_notebook(_parameterised(src, given), str(dst), cwd=str(NOTEBOOKS),
+                                        progress_bar=False, kernel_name="python3",
+                                        kernel_manager_class=km_class,
+                                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                except Exception as exc:
+                    cell = getattr(exc, "cell_index", None)
+                    ename = getattr(exc, "ename", type(exc).__name__)
+                    error = f"{ename}: {getattr(exc, 'evalue', str(exc))}".strip()
+                finally:
+                    stop.kernel_pid = None
+                if not error:
+                    cell, error = (_first_error(dst) if dst.is_file()
+                                   else (None, "no executed notebook was written"))
+                if stop.requested and (not error or error.startswith("KeyboardInterrupt")):
+                    error = "KeyboardInterrupt: stopped by Ctrl-C"
+                seconds = round(time.perf_counter() - t0, 1)
+                if error:
+                    if render and dst.is_file():  # the failed notebook's page shows where it stopped
+                        try:
+                            render_html(dst, staging)
+                        except Exception:
+                            pass
+                    first_line = (error.splitlines() or [""])[0][:300]
+                    runs.append(RunRecord(name, seconds, False, first_line, cell=cell))
+                    break
+                outputs = [dst.name] + (render_html(dst, staging) if render else [])
+                runs.append(RunRecord(name, seconds, True, outputs=outputs))
+        except KeyboardInterrupt:  # a second Ctrl-C: the kernel was killed, the run ends here
+            stop.requested = max(stop.requested, 1)
+            if not runs or runs[-1].ok:
+                runs.append(RunRecord(name, 0.0, False, "KeyboardInterrupt: stopped by Ctrl-C"))
+        finally:
+            _STOP = None
+            bar.close()
+        runs.interrupted = bool(stop.requested)
+        index_page(staging, runs, params)
+        (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
+        done = len(runs) == len(names) and all(r.ok for r in runs) and not stop.requested
+        if done:
+            _rewrite_paths(staging, out_dir, started)
+            (staging / "INCOMPLETE").unlink()
+            _swap_in(staging, out_dir)
+            return runs
+        bad = next((r for r in runs if not r.ok), None)
+        where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "")
+                 + f": {bad.error}" if bad else "stopped before the first notebook")
+        _write_marker(staging, f"INCOMPLETE: {'interrupted' if stop.requested else 'failed'} at {where}\n"
+                               f"--out {out_dir} was left as it was; this folder holds the partial run.")
+        runs.incomplete = staging
+    return runs
+
+
+def normalise_notebook_name(name: str) -> str:
+    """'01', '01_baseline_throughput' and '01_baseline_throughput.ipynb' all name notebook 01."""
+    stem = Path(name).name.removesuffix(".ipynb")
+    hits = [n for n in ORDER if n == stem or n.split("_", 1)[0] == stem]
+    return hits[0] if len(hits) == 1 else stem
+
+
+def _draft_width(draft) -> int | None:
+    """The draft's fc slot count from its config alone (no weights loaded), None if unreadable."""
+    try:
+        return config_from_json(read_draft_config(Path(draft) if draft else DEFAULT_DIR / "draft")).num_aux
+    except Exception:  # the notebooks will report a bad draft in full
+        return None
+
+
+PATH_PARAMS = ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA", "REPORTS_DIR", "METRICS")
+
+
+def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
+    """Everything that can be checked before a kernel starts, so a typo fails in a second
+    instead of inside notebook 02 after the old reports were overwritten."""
+    problems = []
+    for name in only or []:
+        if normalise_notebook_name(name) not in ORDER:
+            problems.append(f"--only {name!r} is not a notebook; expected one of {', '.join(ORDER)} "
+                            "(or 01..06)")
+    for key in PATH_PARAMS:
+        if params.get(key) is not None and not isinstance(params[key], (str, Path)):
+            problems.append(f"{key} must be a path, got {params[key]!r}")
+    if params.get("ENGINE") not in (None, *BACKENDS):
+        problems.append(f"ENGINE must be one of {', '.join(BACKENDS)}, got {params['ENGINE']!r}")
+    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
+        if isinstance(params.get(key), (str, Path)) and params[key] and not Path(params[key]).exists():
+            problems.append(f"{key.lower()} {params[key]} does not exist")
+    target = params.get("TARGET")
+    if target and not params.get("DRAFT") and not (Path(target).parent / "draft").is_dir():
+        problems.append(f"a target was given ({target}) without a draft, and no draft/ beside it: "
+                        "pass --draft")
+    known = {}
+    for nb in ORDER:
+        known.update(notebook_parameters(NOTEBOOKS / f"{nb}.ipynb"))
+    for key in params:
+        if key not in known:
+            problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
+    try:
+        eng = parse_engine(params.get("ENGINE_VERSION", CASE_ENGINE))     # the notebooks' own default
+        if eng.rules.runs_release_source and not eng.version:     # SGLang's rules are a release's source
+            problems.append(f"--engine {params.get('ENGINE_VERSION')!r} names no version (and no "
+                            f"{eng.rules.title} is installed here to take it from); expected e.g. "
+                            f"{DEFAULT_ENGINE}")
+    except ValueError as exc:
+        problems.append(str(exc))
+    if params.get("TRAINING_LAYOUT") not in (None, ""):
+        try:
+            layout = parse_layout(str(params["TRAINING_LAYOUT"]))
+            if not layout or len(set(layout)) != len(layout) or min(layout) < 0:
+                raise ValueError(f"expected distinct boundaries >= 0 like '0,3,7', "
+                                 f"got {params['TRAINING_LAYOUT']!r}")
+            width = _draft_width(params.get("DRAFT"))
+            if width is not None and len(layout) != width:
+                raise ValueError(f"layout {layout} has {len(layout)} slots; the draft's fc takes {width}")
+        except ValueError as exc:
+            problems.append(f"--training-layout: {exc}")
+    for key in ("NUM_PROMPTS", "MAX_NEW_TOKENS", "REPEATS", "EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS"):
+        v = params.get(key)
+        if key in params and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            problems.append(f"{key} must be a positive integer, got {v!r}")
+    if isinstance(params.get("DRAFT_STEPS"), int) and params["DRAFT_STEPS"] > MAX_STEPS:
+        problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), "
+                        f"got {params['DRAFT_STEPS']}")
+    try:
+        check_device(params.get("DEVICE", "cpu"))
+    except ValueError as exc:
+        problems.append(str(exc))
+    for key in ("EVAL_WINDOWS", "SEARCH_WINDOWS"):
+        if isinstance(params.get(key), int) and params[key] < 2:
+            problems.append(f"{key} must be at least 2 (confidence needs more than one window), "
+                            f"got {params[key]}")
+    return problems
