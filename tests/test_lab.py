@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers.notebook.runner import NOTEBOOKS, ORDER, REPO
 from helpers.notebook.lab import SMALL, overrides
+from helpers.notebook.runner import NOTEBOOKS, ORDER, REPO
 
 
 def _kernel_name() -> str:

@@ -14,9 +14,9 @@ import nbformat
 import pytest
 from _pairs import tiny_default, tiny_draft, tiny_dump, tiny_llama
 
-from helpers.notebook.runner import NOTEBOOKS, ORDER, RunRecord, index_page, run_workbook
 from helpers.notebook import reports
 from helpers.notebook.lab import SMALL
+from helpers.notebook.runner import NOTEBOOKS, ORDER, RunRecord, index_page, run_workbook
 from helpers.notebook.setup import setup_notebook
 
 # the notebooks a notebook reads the reports of, run before it

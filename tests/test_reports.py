@@ -154,7 +154,8 @@ def test_summary_quotes_02_and_03_and_writes_markdown(tmp_path):
     reports.write_summary(tmp_path, summary)
     assert reports.read_summary(tmp_path) == summary
     md = (tmp_path / "summary.md").read_text()
-    assert summary.headline in md and "| deployed | reference | [3, 7, 10] | 80.0 | 60.0 | 0.75 |" in md
+    assert summary.headline in md
+    assert "| deployed | reference | [3, 7, 10] | 1.40 | - | 0.75x | unusable | 80.0 | 60.0 | yes |" in md
 
 
 def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
@@ -173,6 +174,16 @@ def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
     assert page.index("<th>engine</th>") < page.index(summary.headline[:40])
     assert page.count("<td>reference</td>") == 2 and "speedup [95%]" in page
     assert "served layouts by the rules of <code>sglang==0.5.9</code>" in page
+    # a live engine's rows sit beside the reference engine's, its runtime and rules named
+    live = [{"wiring": "deployed", "backend": "sglang==0.5.23", "rules": "runtime 0.5.23, capture rule 0.5.9",
+             "served_layout": [3, 7, 10], "accept_length": 2.1, "accepted_per_position": [0.37, 0.24],
+             "speedup": 1.2, "speedup_interval": [0.82, 1.76], "timing": "ok", "baseline_tok_s": 23.1,
+             "spec_tok_s": 24.2, "lossless": True}]
+    reports.write_summary(tmp_path, dataclasses.replace(summary, live=live))
+    md = (tmp_path / "summary.md").read_text()
+    assert ("| deployed | sglang==0.5.23 (runtime 0.5.23, capture rule 0.5.9) | [3, 7, 10] | 2.10 | "
+            "37%, 24% | 1.20x [0.82, 1.76] | ok | 23.1 | 24.2 | yes |") in md
+    assert md.index("| deployed | sglang==0.5.23") < md.index("| deployed | reference")
 
 
 def test_progress_bars_are_not_painted_as_errors():

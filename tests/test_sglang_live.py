@@ -253,9 +253,9 @@ def test_notebooks_01_05_06_on_sglang(install, tmp_path):
     """ENGINE="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
     rule 0.5.9), fix A served (embed, b3, b7) by the same setter, fix B retrained; the reference engine
     fed each predicted layout beside it."""
-    from helpers.notebook.runner import run_workbook
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
+    from helpers.notebook.runner import run_workbook
     d = tiny_default()
     out = tmp_path / "reports"
     params = {**SMALL, "ENGINE": "sglang", "MAX_NEW_TOKENS": 16, "TARGET": str(d / "target"),

@@ -291,9 +291,9 @@ def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
 def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
     """ENGINE="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
     it; the accept lengths agree and every speculative output equals vLLM's own baseline's."""
-    from helpers.notebook.runner import run_workbook
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
+    from helpers.notebook.runner import run_workbook
     out = tmp_path / "reports"
     params = {**SMALL, "ENGINE": "vllm", "MAX_NEW_TOKENS": 16}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],

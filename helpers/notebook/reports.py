@@ -179,6 +179,51 @@ class Summary:
     layouts: dict | None = _optional("03_layouts")
     live: list[dict] | None = _optional()  # each wiring on the real engine, its reference figures beside it
 
+    def table(self) -> list[dict]:
+        """The table a person reads first: a row per wiring and engine (the real engine's row, then the
+        reference engine's), the engine named in each, from the fields this record holds."""
+        live = {r.get("wiring"): r for r in self.live or []}
+        out = []
+        for row in self.rows:
+            w = row["wiring"]
+            lr = live.get(w)
+            if lr is not None:
+                engine = str(lr.get("backend", ""))
+                if lr.get("rules"):
+                    engine += f" ({lr['rules']})"
+                out.append({"wiring": w, "engine": engine, "layout": lr.get("served_layout"),
+                            "accept_length": lr.get("accept_length"),
+                            "per_position": lr.get("accepted_per_position"),
+                            "speedup": lr.get("speedup"), "speedup_interval": lr.get("speedup_interval"),
+                            "timing": lr.get("timing"), "baseline_tok_s": lr.get("baseline_tok_s"),
+                            "spec_tok_s": lr.get("spec_tok_s"), "lossless": lr.get("lossless")})
+            detail = self.details.get(w, {}) if isinstance(self.details, dict) else {}
+            out.append({"wiring": w, "engine": row.get("engine", "reference"), "layout": row.get("layout"),
+                        "accept_length": row.get("tau"), "per_position": detail.get("position_acceptance"),
+                        "speedup": row.get("speedup"), "speedup_interval": row.get("speedup_interval"),
+                        "timing": row.get("timing"), "baseline_tok_s": row.get("baseline_tok_s"),
+                        "spec_tok_s": row.get("spec_tok_s"), "lossless": row.get("lossless")})
+        return out
+
+
+TABLE_HEAD = ("wiring", "engine", "layout", "accept length", "per position", "speedup [95%]", "timing",
+              "baseline tok/s", "EAGLE-3 tok/s", "lossless")
+
+
+def table_cells(r: dict) -> list[str]:
+    """One row of ``Summary.table`` as the text its cells show (the index page and summary.md alike)."""
+    def num(x, fmt):
+        return format(x, fmt) if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+
+    iv = r.get("speedup_interval")
+    speed = num(r.get("speedup"), ".2f") + "x" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+    pos = r.get("per_position")
+    per = ", ".join(f"{x:.0%}" for x in pos) if pos else "-"
+    lossless = {True: "yes", False: "NO"}.get(r.get("lossless"), "-")
+    return [str(r["wiring"]), str(r.get("engine", "")), str(r.get("layout")),
+            num(r.get("accept_length"), ".2f"), per, speed, str(r.get("timing") or "-"),
+            num(r.get("baseline_tok_s"), ".1f"), num(r.get("spec_tok_s"), ".1f"), lossless]
+
 
 Record = TypeVar("Record")
 
@@ -361,7 +406,10 @@ def write_summary(reports_dir, summary: Summary) -> Path:
     """summary.json, and summary.md for people: the table first (a row per wiring and engine, the engine
     named in each), then the headline, which says only what the table cannot."""
     path = write_step(reports_dir, summary)
-    md = ["# EAGLE-3 wiring workbook: summary", "", markdown_table(summary.rows), "", summary.headline]
+    head = "| " + " | ".join(TABLE_HEAD) + " |"
+    rule = "|" + "|".join("---" for _ in TABLE_HEAD) + "|"
+    body = ["| " + " | ".join(table_cells(r)) + " |" for r in summary.table()]
+    md = ["# EAGLE-3 wiring workbook: summary", "", head, rule, *body, "", summary.headline]
     (Path(reports_dir) / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
 

@@ -24,7 +24,7 @@ from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..model.checkpoint import config_from_json
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_draft_config
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
-from .reports import ORDER, Summary, read_summary
+from .reports import ORDER, TABLE_HEAD, Summary, read_summary, table_cells
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -134,22 +134,12 @@ measured it.</p>
 
 
 def _before_after(s: Summary) -> str:
-    """The table a person reads first: a row per wiring and engine, the same fields summary.json holds;
-    the headline after it."""
-    def interval(r) -> str:
-        iv = r.get("speedup_interval")
-        return f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else ""
-
-    rows = "".join(
-        f"<tr><td>{html.escape(r['wiring'])}</td><td>{html.escape(str(r.get('engine', '')))}</td>"
-        f"<td>{html.escape(str(r['layout']))}</td><td>{r['tau']:.2f}</td>"
-        f"<td>{r['speedup']:.2f}x{interval(r)}</td><td>{html.escape(str(r.get('timing', '')))}</td>"
-        f"<td>{r['baseline_tok_s']:.1f}</td><td>{r['spec_tok_s']:.1f}</td>"
-        f"<td>{'yes' if r['lossless'] else 'NO'}</td></tr>" for r in s.rows)
-    return ("<h2>Before and after</h2><table><tr><th>wiring</th><th>engine</th><th>layout</th>"
-            "<th>accept length</th><th>speedup [95%]</th><th>timing</th><th>baseline tok/s</th>"
-            "<th>EAGLE-3 tok/s</th><th>lossless</th></tr>"
-            f"{rows}</table><p>{html.escape(s.headline)}</p>")
+    """The table a person reads first: a row per wiring and engine, the engine named in each (the same
+    rows as summary.md); the headline after it."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in TABLE_HEAD)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in table_cells(r)) + "</tr>"
+                   for r in s.table())
+    return f"<h2>Before and after</h2><table><tr>{head}</tr>{rows}</table><p>{html.escape(s.headline)}</p>"
 
 
 class Runs(list):
