@@ -16,6 +16,7 @@ from helpers.commands import bench, workbook
 from helpers.errors import BadOption, InputError
 from helpers.live import guard
 from helpers.live.backends import Backend
+from helpers.notebook.runner import Runs
 from helpers.rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, assumed_engine_line, parse_engine
 from helpers.rules.engines import SGLANG
 
@@ -193,7 +194,7 @@ def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_
 
     def fake_run(out, params, only=None, render=True, progress=True):
         seen.append(params)
-        return workbook.Runs()
+        return Runs()
 
     monkeypatch.setattr(workbook, "run_workbook", fake_run)
     out = ["--out", str(tmp_path / "r"), "--no-render"]

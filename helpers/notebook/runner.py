@@ -118,7 +118,7 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
                  "(no target forward)" if params.get("DATA") else "")
     rules = html.escape(str(params.get("ENGINE_VERSION", CASE_ENGINE)))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;line-height:1.45}}
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
 th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
