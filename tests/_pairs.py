@@ -55,7 +55,7 @@ def tiny_llama() -> Path:
 def tiny_dump(fmt: str, bounds: tuple = (0, 3, 7, 10, 12), records: int = 6) -> Path:
     """``dump`` of the tiny target in a trainer's layout: the trained (0, 3, 7) and served (3, 7, 10)
     inside."""
-    from helpers.commands.dump import write_from_text
+    from helpers.investigation.dump_writer import write_from_text
 
     out = ROOT / f"dump-{fmt}-{'-'.join(map(str, bounds))}-{records}"
     if not out.exists():

@@ -445,7 +445,7 @@ def test_dump_scoring_accepts_variants(tmp_path, name):
 def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
     """diagnose on the workbook's 12-layer DeepSeek target: a 2-slot MLA EAGLE-3.1 draft and a
     2-slot norm_before_fc draft are searched, and the served row is run as the engine runs it."""
-    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
     for name, engine, dropped in (("mla_eagle31", "sglang==0.5.12", "fc_norm"),

@@ -122,7 +122,7 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
     is stubbed to its answer: ranking 1716 NaN layouts would only cost time.)"""
     import types
 
-    from helpers.commands import diagnose as dg
+    from helpers.investigation import diagnosis as dg
     from helpers.investigation.pair import eval_captures, load_pair
     from helpers.model.engine import speculative_generate
 

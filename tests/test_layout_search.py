@@ -199,7 +199,7 @@ def test_verdict_keeps_the_two_questions_apart():
     layout; with no record, it is undecided while the confidence set holds others too."""
     import pandas as pd
 
-    from helpers.commands.diagnose import Diagnosis
+    from helpers.investigation.diagnosis import Diagnosis
     from helpers.investigation.evaluate import PairedTest
     from helpers.investigation.layout_search import SearchResult
     from helpers.investigation.verdict import WiringVerdict

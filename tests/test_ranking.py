@@ -55,7 +55,7 @@ def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
 @functools.lru_cache(maxsize=None)
 def llama_dump() -> Path:
     """The second family's dump, speculators >= 0.5 layout: its training (0, 2, 4) and the final boundary."""
-    from helpers.commands.dump import write_from_text
+    from helpers.investigation.dump_writer import write_from_text
 
     out = ROOT / "dump-llama-0-2-4-6-8"
     if not out.exists():
@@ -267,7 +267,7 @@ def test_interchangeable_neighbour_is_still_a_mismatch_with_its_cost(tmp_path):
 def test_capture_path_interchangeable_neighbour(tmp_path):
     """The same in the target-capture path: boundary 8's capture replaced by a near-copy of 7's, the
     draft deployed with vLLM ids [0, 3, 8] and its training record saying (0, 3, 7)."""
-    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")

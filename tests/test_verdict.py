@@ -105,7 +105,7 @@ def test_ways_out_are_data():
 def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
     """data/tiny-kimi: check lists every way out, diagnose (from the pair and from its dump) names the
     shortest, both from ``ways_out``."""
-    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.dump_diagnose import diagnose_dump
     from helpers.investigation.dumps import open_dump
     from helpers.investigation.gate import check
@@ -231,7 +231,7 @@ def test_a_prior_alone_never_says_ok(tmp_path):
     trained on: every writer agrees and the engine serves that layout, but the tiny target's layers are
     nearly interchangeable, so the search leaves others within noise. The verdict is UNDECIDED, never OK
     on the prior; the layout the writers mean is named."""
-    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
     trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])
@@ -251,7 +251,7 @@ def test_ids_converted_across_conventions(tmp_path):
     and everyone is wrong. On too little text the ranking cannot tell them apart: UNDECIDED, naming what
     the writers mean, the cost at most and how to settle it. On enough text the ranking puts the training
     layout first and separates the served one: MISMATCH, with the fix."""
-    from helpers.commands.diagnose import diagnose
+    from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
     trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])

@@ -8,143 +8,19 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import cli
 from ..boundaries import layout_label
-from ..errors import BadOption, InputError, check_finite, fail, print_json, read_text_file
-from ..investigation.evaluate import MIN_BLOCKS, RANKED_BY, EvalInputError, evaluate_layout
+from ..errors import BadOption, InputError, fail, print_json, read_text_file
+from ..investigation.diagnosis import diagnose
+from ..investigation.evaluate import MIN_BLOCKS, EvalInputError
 from ..investigation.exports import parse_duration, read_served
-from ..investigation.layout_search import SearchResult, search
 from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
-from ..investigation.pair import MAX_STEPS, eval_captures, load_pair, plan_problems
-from ..investigation.verdict import WiringVerdict, candidate_table, format_settled, pair_verdict
-from ..model.draft import run_as
+from ..investigation.pair import MAX_STEPS, eval_captures, load_pair
+from ..investigation.verdict import candidate_table
 from ..profile import read_profile, write_profile
 from .dump import run_dump_diagnosis
-
-
-@dataclass
-class Diagnosis:
-    best_layout: tuple[int, ...]
-    best_acc: float
-    best_ce: float
-    served_layout: tuple[int, ...]
-    served_acc: float | None        # None: the engine cannot fill the draft's fc (see served_errors)
-    served_ce: float | None
-    served_source: str
-    served_notes: list[str]
-    recorded_layout: tuple[int, ...] | None
-    search: SearchResult
-    num_layers: int
-    steps: int
-    best_full_acc: list[float]
-    served_full_acc: list[float] | None
-    served_errors: list[str] = field(default_factory=list)
-    ranked_by: str = RANKED_BY
-    wiring: WiringVerdict | None = None     # does served equal trained, and what the difference costs
-    best_accept: float | None = None        # accepted tokens per verify step: the ranking's measure
-    served_accept: float | None = None      # the same, under the engine's forward
-    assumed_engine: str | None = None       # the release assumed when no --engine was given (said first)
-
-    @property
-    def trained_layout(self) -> tuple[int, ...]:
-        """The record when there is one (it was written by the training run), else what settled it by
-        rule (every writer of the config's format), else the search's answer."""
-        if self.recorded_layout:
-            return tuple(self.recorded_layout)
-        return tuple(self.wiring.trained) if self.wiring and self.wiring.trained else tuple(self.best_layout)
-
-    @property
-    def confident_set(self) -> list[tuple[int, ...]]:
-        """Layouts within noise of the best by the ranking's own paired test."""
-        return self.search.confident_set
-
-    @property
-    def mismatch(self) -> bool | None:
-        """The served layout differs from the training layout: by rule when a record names it, from
-        the confidence set when it is inferred (None: served is in the set, but so are others)."""
-        return self.wiring.mismatch if self.wiring else bool(self.served_errors) or None
-
-    @property
-    def record_disagrees(self) -> bool:
-        """The record's layout is significantly worse than the best: a stale record, or too little text."""
-        return bool(self.recorded_layout) and tuple(self.recorded_layout) not in self.confident_set
-
-    @property
-    def verdict(self) -> str:
-        return self.wiring.line if self.wiring else "no verdict"
-
-    def to_dict(self) -> dict:
-        return {
-            "assumed_engine": self.assumed_engine,
-            "best_layout": list(self.best_layout),
-            "best_label": layout_label(self.best_layout, self.num_layers),
-            "best_accept_length": self.best_accept,
-            "best_acc": self.best_acc, "best_ce": self.best_ce, "best_full_acc": self.best_full_acc,
-            "served_layout": list(self.served_layout),
-            "served_label": layout_label(self.served_layout, self.num_layers),
-            "served_accept_length": self.served_accept,
-            "served_acc": self.served_acc, "served_ce": self.served_ce,
-            "served_full_acc": self.served_full_acc,
-            "served_source": self.served_source, "served_notes": self.served_notes,
-            "served_errors": self.served_errors,
-            "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
-            "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
-            **(self.wiring.to_dict() if self.wiring else {"mismatch": self.mismatch, "cost": None,
-                                                          "significant": None, "verdict": self.verdict}),
-            "confident_set": [list(l) for l in self.confident_set], "ranked_by": self.ranked_by,
-            "steps": self.steps, "margin": self.search.margin, "margin_ce": self.search.margin_ce,
-            "margin_acc": self.search.margin_acc, "z": self.search.z, "blocks": self.search.blocks,
-            "confident": self.search.confident, "search_seconds": self.search.seconds,
-            "search_mode": self.search.mode, "evaluations": self.search.evaluations,
-            "ranking": self.search.to_dict(top=10)["ranking"],
-        }
-
-
-def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_per_s: float | None = None
-             ) -> Diagnosis:
-    """``rounds_per_s``: a bench's verify steps per second (tok/s over accept length), to give the cost
-    in tok/s too."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    served = pair.served(engine)  # first: a bad engine string should not wait for the search
-    errors = plan_problems(pair, served)
-    # the layout every writer of the config's format reads its ids as is scored too, to be confirmed
-    by_format = None if pair.recorded_layout else format_settled(pair, engine, served).layout
-    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout or by_format)
-             if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
-    # named layouts get the final measure too
-    res = search(pair.draft, caps, progress=progress, include=named, steps=steps)
-    rows = {tuple(r["layout"]): r for r in res.ranking.to_dict("records")}
-    best = evaluate_layout(pair.draft, caps, res.best, steps)
-    srv = None
-    notes = [*served.warnings, *served.notes]
-    if not errors:
-        with run_as(pair.draft, engine) as engine_notes:  # served: the engine's wiring and its forward
-            srv = evaluate_layout(pair.draft, caps, served.layout, steps)
-        notes += engine_notes
-
-    check_finite(f"the best layout's score (acc {best.acc0}, ce {best.ce})", best.acc0, best.ce,
-                 res.margin_ce)
-    if srv is not None:
-        check_finite(f"the served layout's score (acc {srv.acc0}, ce {srv.ce})", srv.acc0, srv.ce)
-    wiring = pair_verdict(pair, caps, engine, served, errors, steps, search=res, rounds_per_s=rounds_per_s,
-                          served_score=srv, scores=[best])
-    return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
-
-
-def _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring) -> Diagnosis:
-    served_row = rows.get(tuple(served.layout))
-    served_ce = None if srv is None else round(float(served_row["ce"]) if served_row else srv.ce, 4)
-    return Diagnosis(res.best, best.acc0, round(float(rows[tuple(res.best)]["ce"]), 4), served.layout,
-                     srv and srv.acc0, served_ce, served.source, notes, pair.recorded_layout, res,
-                     pair.num_layers, steps, best.full_acc, srv and srv.full_acc, errors,
-                     ranked_by=f"{RANKED_BY}, {steps} draft steps; ce (mean over the steps) and step-0 "
-                               f"accuracy beside it",
-                     wiring=wiring, best_accept=round(best.sim_accept_length, 4),
-                     served_accept=None if srv is None else round(srv.sim_accept_length, 4))
 
 
 def main(argv=None) -> int:
