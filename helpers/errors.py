@@ -10,6 +10,7 @@ import ipaddress
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 
@@ -92,7 +93,7 @@ def say(line: str) -> None:
 def fail(exc: BaseException | str, code: int = 2) -> int:
     """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return. What a
     command said on a held stderr before it (``HeldStderr``) is dropped: the error is the only line."""
-    close_progress_bars()
+    close_progress_bars()          # first: a closing bar writes its last frame, which the drop then takes
     if isinstance(sys.stderr, HeldStderr):
         sys.stderr.drop()
     say(f"error: {one_line(exc)}")
@@ -107,8 +108,6 @@ class HeldStderr:
     progress late by at most ``hold_s``. A terminal is never held: a person sees bars live."""
 
     def __init__(self, stream, hold_s: float = 10.0, clock=None):
-        import time
-
         self._stream, self._clock = stream, clock or time.monotonic
         self._until = self._clock() + hold_s
         self._held: list[str] = []

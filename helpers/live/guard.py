@@ -23,7 +23,6 @@ rules, nothing that needs torch.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import sys
 import textwrap
@@ -37,7 +36,7 @@ from ..errors import InputError
 from ..investigation.evidence import PROVEN, TRAIN_IDS_ENV, TRAINER_ENV, Basis, Evidence, training_evidence
 from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile
-from ..rules.conventions import Engine
+from ..rules.conventions import Engine, read_draft_config
 
 GUARD_ENV = "EAGLE3_WORKBOOK_GUARD"
 PREFIX = "eagle3-workbook guard"
@@ -439,10 +438,7 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
         # the edge inside a live engine: it names itself as text, parsed once here
         engine = parse_engine(f"{family}=={release(rules_release or version)}")
         folder = local_draft(draft)
-        cfg_path = folder / "config.json"
-        if not cfg_path.is_file():
-            raise FileNotFoundError(f"no config.json in {folder}")
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_draft_config(folder)     # the one reader: a config it refuses is never judged around
         original = getattr(holder, attr)
         indices = [int(i) for i in original]
         layers = getattr(holder, "layers", None)

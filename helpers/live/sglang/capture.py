@@ -77,31 +77,39 @@ def request_payload(input_ids: list[int]) -> dict:
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 
 
+def _send(req, url: str, timeout: float, silent: str) -> bytes:
+    """The body of one request; every way a connection can fail becomes one CaptureError naming ``url``
+    (``silent`` ends the line for a server that accepted and said nothing). An HTTP error status is the
+    caller's to judge, so it passes through."""
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read()
+    except urllib.error.HTTPError:
+        raise
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
+        why = getattr(reason, "strerror", None) or str(reason)
+        raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
+                           f"(--engine-url)") from None
+    except (TimeoutError, socket.timeout):
+        raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
+    except (http.client.HTTPException, ConnectionError) as exc:
+        raise CaptureError(f"{url} did not answer as an HTTP server ({type(exc).__name__}: "
+                           f"{str(exc)[:120]!r}); expected SGLang's HTTP API at --engine-url") from None
+
+
 def post_json(url: str, payload: dict, timeout: float = DEFAULT_TIMEOUT_S) -> object:
     """POST one request; every way a server can misbehave becomes one CaptureError naming the URL,
     so a user sees which server failed and how, never a socket-level traceback."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
+        raw = _send(req, url, timeout, " (--timeout); is the engine overloaded or hung?")
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")[:300]
         raise CaptureError(f"POST {url} -> HTTP {exc.code}: {body or exc.reason}") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise CaptureError(f"no answer from {url} within {timeout:g} s (--timeout); is the engine "
-                               f"overloaded or hung?") from None
-        why = getattr(reason, "strerror", None) or str(reason)
-        raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
-                           f"(--engine-url)") from None
-    except (TimeoutError, socket.timeout):
-        raise CaptureError(f"no answer from {url} within {timeout:g} s (--timeout); is the engine "
-                           f"overloaded or hung?") from None
-    except (http.client.HTTPException, ConnectionError) as exc:
-        raise CaptureError(f"{url} did not answer as an HTTP server ({type(exc).__name__}: "
-                           f"{str(exc)[:120]!r}); expected SGLang's HTTP API at --engine-url") from None
     try:
         return json.loads(raw.decode("utf-8") or "null")
     except (UnicodeDecodeError, ValueError):
@@ -159,28 +167,13 @@ PROBE_S = 10.0     # a running server answers /health at once, whatever its load
 
 def probe(url: str, timeout: float = PROBE_S) -> None:
     """GET ``/health`` first: a server that accepts and never answers is named in seconds, before any
-    window is sent or any folder is made."""
+    window is sent or any folder is made. Any HTTP answer will do: /generate is judged request by request."""
     health = url.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(health, timeout=timeout) as resp:
-            resp.read()
+        _send(health, health, timeout, "; expected a running SGLang server at --engine-url (it accepted the "
+                                       "connection and said nothing)")
     except urllib.error.HTTPError:
-        return            # it answers HTTP: what /generate says is judged request by request
-    except (TimeoutError, socket.timeout):
-        raise CaptureError(f"no answer from {health} within {timeout:g} s; expected a running SGLang "
-                           f"server at --engine-url (it accepted the connection and said nothing)") from None
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise CaptureError(f"no answer from {health} within {timeout:g} s; expected a running SGLang "
-                               f"server at --engine-url (it accepted the connection and said nothing)"
-                               ) from None
-        why = getattr(reason, "strerror", None) or str(reason)
-        raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
-                           f"(--engine-url)") from None
-    except (http.client.HTTPException, ConnectionError) as exc:
-        raise CaptureError(f"{health} did not answer as an HTTP server ({type(exc).__name__}); expected "
-                           f"SGLang's HTTP API at --engine-url") from None
+        return
 
 
 def capture_dump(url: str, windows: torch.Tensor, hidden: int, out, post=None, meta: dict | None = None,
