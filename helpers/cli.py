@@ -56,7 +56,7 @@ def stated_engine(value: str | Engine | None) -> tuple[Engine, str | None]:
     """A static question's engine: ``--engine`` as given (None beside it), or, when it was left out, the
     stated default (``conventions.DEFAULT_ENGINE``) with the line the output opens with."""
     if value is None:
-        return parse_engine(DEFAULT_ENGINE), assumed_engine_line(DEFAULT_ENGINE)
+        return DEFAULT_ENGINE, assumed_engine_line(DEFAULT_ENGINE)
     return parse_engine(value), None
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from helpers.__main__ import main as cli
 from helpers.errors import InputError
 from helpers.investigation.gate import check, safetensors_shapes
+from helpers.rules.conventions import parse_engine
 
 H = 16                      # a narrow hidden size: the checks depend on ids, depths and versions, not width
 IDS = "eagle_aux_hidden_state_layer_ids"
@@ -64,7 +65,7 @@ def _kinds(report) -> set[str]:
 def test_original_case_kimi_on_sglang_0_5_9(tmp_path):
     """The investigation this workbook retells: a Kimi-K2.5 draft (61 layers) trained on (0, 3, 31),
     deployed with ids [2, 30, 58], which SGLang 0.5.9 serves as (3, 31, 59)."""
-    r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=(0, 3, 31)), "sglang==0.5.9",
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=(0, 3, 31)), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     assert r.exit_code == 1 and r.served_layout == (3, 31, 59) and "layout-mismatch" in _kinds(r)
     fix = next(p.fix for p in r.problems if p.kind == "layout-mismatch")
@@ -74,7 +75,7 @@ def test_original_case_kimi_on_sglang_0_5_9(tmp_path):
 @pytest.mark.parametrize("version, served, code", [("0.5.12", (3, 31, 59), 1), ("0.5.13", (2, 30, 58), 0)])
 def test_sglang_pr_25454_deepseek_plus_one_only_when_first_id_is_1(tmp_path, version, served, code):
     """kimi-k2.5-eagle3-mla writes input-to-layer ids (first id 2): 0.5.12 still adds one to them."""
-    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), f"sglang=={version}",
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), parse_engine(f"sglang=={version}"),
               target=_target(tmp_path, "DeepseekV3ForCausalLM", 61),
               trainer="speculators==0.9.0", train_ids=[2, 30, 58])
     assert (r.served_layout, r.training_layout, r.exit_code) == (served, (2, 30, 58), code)
@@ -84,7 +85,8 @@ def test_sglang_pr_25454_deepseek_plus_one_only_when_first_id_is_1(tmp_path, ver
 def test_sglang_pr_32334_gpt_oss_ids_naming_the_final_boundary(tmp_path, version, code):
     """gpt-oss-120b-Eagle3-v3 was trained on boundaries (24, 30, 36) of a 36-layer target: before
     0.5.17 SGLang adds one (37 is no layer); from 0.5.17 ids ending at N are used as given."""
-    r = check(_draft(tmp_path, "d", nested=[24, 30, 36], record=(24, 30, 36)), f"sglang=={version}",
+    r = check(_draft(tmp_path, "d", nested=[24, 30, 36], record=(24, 30, 36)),
+              parse_engine(f"sglang=={version}"),
               target=_target(tmp_path, "GptOssForCausalLM", 36))
     assert r.exit_code == code
     assert (r.served_layout == (24, 30, 36)) == (code == 0)
@@ -93,7 +95,7 @@ def test_sglang_pr_32334_gpt_oss_ids_naming_the_final_boundary(tmp_path, version
 def test_vllm_pr_50170_no_ids_falls_back_silently(tmp_path):
     """A speculators <= 0.4 draft (its config carries no ids) on an 80-layer Llama: vLLM serves its
     default (2, 40, 77); the features were layer outputs (3, 41, 78)."""
-    r = check(_draft(tmp_path, "d", speculators=True), "vllm",
+    r = check(_draft(tmp_path, "d", speculators=True), parse_engine("vllm"),
               target=_target(tmp_path, "LlamaForCausalLM", 80), trainer="speculators==0.4.0")
     assert r.training_layout == (3, 41, 78) and r.served_layout == (2, 40, 77) and r.exit_code == 1
     assert "ids-missing" in {p.kind for p in r.problems}
@@ -102,7 +104,7 @@ def test_vllm_pr_50170_no_ids_falls_back_silently(tmp_path):
 def test_vllm_pr_43671_sglang_trained_draft_on_vllm(tmp_path):
     """Trained through SGLang's +1 (SpecForge's SGLang backend, ids [1, 15, 28] -> boundaries
     (2, 16, 29)), then served by vLLM with the same numbers written top-level: off by one."""
-    r = check(_draft(tmp_path, "d", top=[1, 15, 28]), "vllm",
+    r = check(_draft(tmp_path, "d", top=[1, 15, 28]), parse_engine("vllm"),
               target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="specforge-sglang==0.5.9",
               train_ids=[1, 15, 28])
     assert r.training_layout == (2, 16, 29) and r.served_layout == (1, 15, 28) and r.exit_code == 1
@@ -112,7 +114,7 @@ def test_vllm_pr_43671_sglang_trained_draft_on_vllm(tmp_path):
 def test_vllm_pr_54598_four_top_level_ids_crash_fc_loading(tmp_path):
     """speculators issue #1065: 4 top-level ids [2, 46, 91, 93] on a 94-layer Qwen3-MoE, no
     num_aux_hidden_states: vLLM sizes fc for 3 states and the 4-slot weights fail to load."""
-    r = check(_draft(tmp_path, "d", slots=4, top=[2, 46, 91, 93], speculators=True), "vllm",
+    r = check(_draft(tmp_path, "d", slots=4, top=[2, 46, 91, 93], speculators=True), parse_engine("vllm"),
               target=_target(tmp_path, "Qwen3MoeForCausalLM", 94), trainer="speculators==0.8.0")
     assert r.training_layout == (2, 46, 91, 93) and r.agree and r.exit_code == 1
     assert "fc-width" in _kinds(r)
@@ -123,7 +125,8 @@ def test_speculators_0_4_features_are_layer_outputs(tmp_path):
     """speculators <= 0.4 captured after each layer: its default [2, 16, 29, 31] on a 32-layer Llama
     is boundaries (3, 17, 30) + the verifier's 32. SGLang serves its default (2, 16, 29); writing
     [2, 16, 29] under eagle_config makes it serve (3, 17, 30) without a patch."""
-    r = check(_draft(tmp_path, "d"), "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 32),
+    r = check(_draft(tmp_path, "d"), parse_engine("sglang==0.5.9"), target=_target(tmp_path,
+                                                                                   "LlamaForCausalLM", 32),
               trainer="speculators==0.4.0")
     assert r.training_layout == (3, 17, 30) and r.served_layout == (2, 16, 29) and r.exit_code == 1
     assert "write ids [2, 16, 29] in eagle_config" in next(p.fix for p in r.problems
@@ -133,7 +136,7 @@ def test_speculators_0_4_features_are_layer_outputs(tmp_path):
 def test_specforge_middle_id_n_over_2(tmp_path):
     """SpecForge's HF path briefly used N//2 as the middle id (PR #239): trained on (2, 17, 29) while
     the config says the default [1, 15, 28], which SGLang serves as (2, 16, 29)."""
-    r = check(_draft(tmp_path, "d", nested=[1, 15, 28]), "sglang==0.5.9",
+    r = check(_draft(tmp_path, "d", nested=[1, 15, 28]), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="specforge-hf", train_ids=[1, 16, 28])
     assert r.training_layout == (2, 17, 29) and r.served_layout == (2, 16, 29) and r.exit_code == 1
 
@@ -141,7 +144,7 @@ def test_specforge_middle_id_n_over_2(tmp_path):
 def test_trtllm_minus_one_is_post_norm(tmp_path):
     """TRT-LLM's -1 is the final state after the norm: a draft trained with it in a slot cannot be
     served by any engine's boundaries."""
-    r = check(_draft(tmp_path, "d", slots=4, nested=[1, 15, 28]), "sglang==0.5.9",
+    r = check(_draft(tmp_path, "d", slots=4, nested=[1, 15, 28]), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "LlamaForCausalLM", 32), trainer="trtllm", train_ids=[1, 15, 28, -1])
     assert r.training_layout is None and r.exit_code == 1 and "trainer" in _kinds(r)
 
@@ -149,29 +152,30 @@ def test_trtllm_minus_one_is_post_norm(tmp_path):
 def test_eagle_flag_with_an_eagle3_draft(tmp_path):
     """SGLang PR #21272: an EAGLE-3 draft under --speculative-algorithm EAGLE serves at accept length 1.00."""
     d = _draft(tmp_path, "d", nested=[2, 6, 9], record=(3, 7, 10))
-    ok = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
-    bad = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12), algorithm="EAGLE")
+    ok = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "LlamaForCausalLM", 12))
+    bad = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "LlamaForCausalLM", 12),
+                algorithm="EAGLE")
     assert ok.exit_code == 0 and bad.exit_code == 1 and "algorithm" in _kinds(bad) and bad.agree
 
 
 def test_speculators_format_and_norm_before_residual_under_sglang(tmp_path):
     d = _draft(tmp_path, "d", speculators=True, top=[1, 3, 7], record=(1, 3, 7),
                extra={"norm_before_residual": True})
-    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    r = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "LlamaForCausalLM", 12))
     assert {"speculators-format", "norm-before-residual", "layout-mismatch"} <= _kinds(r)
     assert "ids-key" in {p.kind for p in r.problems}
-    v = check(d, "vllm", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    v = check(d, parse_engine("vllm"), target=_target(tmp_path, "LlamaForCausalLM", 12))
     assert v.exit_code == 0, v.problems
 
 
 def test_reduced_vocabulary_without_d2t(tmp_path):
     d = _draft(tmp_path, "d", nested=[2, 6, 9], record=(3, 7, 10), d2t=False)
-    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "LlamaForCausalLM", 12))
+    r = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "LlamaForCausalLM", 12))
     assert _kinds(r) == {"vocab"} and r.exit_code == 1
 
 
 def test_unknown_training_layout_says_what_settles_it(tmp_path):
-    r = check(_draft(tmp_path, "d", nested=[2, 6, 9]), "sglang==0.5.9",
+    r = check(_draft(tmp_path, "d", nested=[2, 6, 9]), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "LlamaForCausalLM", 12))
     assert r.training_layout is None and r.exit_code == 1 and "UNKNOWN" in r.verdict
     assert "diagnose" in next(p.fix for p in r.problems if p.kind == "training-unknown")
@@ -217,9 +221,9 @@ def test_swapped_or_missing_folders(tmp_path):
     t = _target(tmp_path, "LlamaForCausalLM", 12)
     d = _draft(tmp_path, "d", nested=[2, 6, 9])
     with pytest.raises(InputError, match="swapped"):
-        check(t, "sglang==0.5.9", target=d)
+        check(t, parse_engine("sglang==0.5.9"), target=d)
     with pytest.raises(InputError, match="not found"):
-        check(tmp_path / "nope", "sglang==0.5.9", target=t)
+        check(tmp_path / "nope", parse_engine("sglang==0.5.9"), target=t)
 
 
 def test_headers_only(tmp_path):
@@ -241,7 +245,8 @@ def test_kimi_k25_wrapper_reads_its_depth_from_text_config(tmp_path, version, se
     (target / "config.json").write_text(json.dumps({
         "architectures": ["KimiK25ForConditionalGeneration"],
         "text_config": {"num_hidden_layers": 61, "hidden_size": H, "vocab_size": 1000}}))
-    r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=served or (3, 31, 59)), f"sglang=={version}",
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58], record=served or (3, 31, 59)),
+              parse_engine(f"sglang=={version}"),
               target=target)
     assert r.num_layers == 61 and r.served_layout == served and kinds <= _kinds(r)
     assert r.exit_code == (1 if kinds else 0)
@@ -262,20 +267,21 @@ def _kimi_k25(tmp: Path) -> Path:
 
 def test_release_drift_names_the_sglang_release_that_changes_the_layout(tmp_path):
     d = _draft(tmp_path, "d", nested=[2, 30, 58])
-    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    r = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     runs = [(e["first"], e["last"], e["served_layout"]) for e in r.served_across_releases]
     assert ("0.5.4.post2", "0.5.12.post1", [3, 31, 59]) in runs
     assert runs[-1] == ("0.5.13", "0.5.23", [2, 30, 58])
     assert r.release_drift == "SGLang: from 0.5.13 this draft is served (2, 30, 58)"
     assert "data/releases.json" in r.releases_from      # a cached architecture: one release per class
-    newest = check(d, "sglang==0.5.23", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    newest = check(d, parse_engine("sglang==0.5.23"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     assert newest.release_drift.startswith("SGLang: up to 0.5.12.post1 this draft was served (3, 31, 59)")
     last = json.loads(json.dumps(newest.to_dict()))["served_across_releases"][-1]
     assert last["served_layout"] == [2, 30, 58]
 
 
 def test_release_drift_through_the_kimi_wrapper(tmp_path):
-    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), "sglang==0.5.9", target=_kimi_k25(tmp_path))
+    r = check(_draft(tmp_path, "d", nested=[2, 30, 58]), parse_engine("sglang==0.5.9"),
+              target=_kimi_k25(tmp_path))
     said = {e["first"]: e for e in r.served_across_releases}
     assert said["0.5.9"]["served_layout"] is None and "no EAGLE-3 capture" in said["0.5.9"]["note"]
     assert said["0.5.10"]["served_layout"] == [3, 31, 59] and said["0.5.13"]["served_layout"] == [2, 30, 58]
@@ -285,12 +291,12 @@ def test_release_drift_through_the_kimi_wrapper(tmp_path):
 def test_vllm_drift_from_the_runner_default(tmp_path):
     # nested ids only: V1 reads them from 0.22.0; the V2 runner (DeepSeek's default from 0.24.0) never does
     d = _draft(tmp_path, "d", nested=[1, 29, 57])
-    r = check(d, "vllm==0.22.0", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    r = check(d, parse_engine("vllm==0.22.0"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     runs = [(e["first"], e["last"], e["served_layout"]) for e in r.served_across_releases]
     assert ("0.22.0", "0.23.0", [1, 29, 57]) in runs and runs[-1][2] == [2, 30, 58], runs
     assert r.release_drift == ("vllm: from 0.24.0 this draft is served (2, 30, 58) "
                                "(ids ignored, defaults served)")
-    same = check(_draft(tmp_path, "e", nested=[2, 30, 58]), "vllm==0.33.0",
+    same = check(_draft(tmp_path, "e", nested=[2, 30, 58]), parse_engine("vllm==0.33.0"),
                  target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     # the default is this same layout, so the runner change is no drift; DeepSeek's capture (0.18.0) is
     assert same.release_drift.startswith("vllm: up to 0.17.1 this draft was not served (no EAGLE-3 capture)")
@@ -298,7 +304,7 @@ def test_vllm_drift_from_the_runner_default(tmp_path):
 
 def test_candidates_when_no_trainer_is_recorded(tmp_path):
     d = _draft(tmp_path, "d", nested=[2, 30, 58])
-    r = check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    r = check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     got = {c["trainer"]: (c["training_layout"], c["served_agrees"]) for c in r.candidates}
     assert got["specforge-hf"] == ([3, 31, 59], True) and got["modelopt"] == ([3, 31, 59], True)
     assert got["specforge-sglang==0.5.9"] == ([3, 31, 59], True)
@@ -306,16 +312,16 @@ def test_candidates_when_no_trainer_is_recorded(tmp_path):
     assert r.exit_code == 1 and r.verdict.startswith("UNKNOWN")
     mla = _draft(tmp_path, "mla", nested=[2, 30, 58], extra={"architectures": ["Eagle3DeepseekV2ForCausalLM"],
                                                               "model_type": "kimi_k2"})
-    later = check(mla, "sglang==0.5.23", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    later = check(mla, parse_engine("sglang==0.5.23"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     got = {c["trainer"]: (c["training_layout"], c["served_agrees"]) for c in later.candidates}
     assert got["torchspec-vllm"] == ([2, 30, 58], True) and got["torchspec"] == ([3, 31, 59], False)
-    assert check(d, "sglang==0.5.9", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61),
+    assert check(d, parse_engine("sglang==0.5.9"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61),
                  trainer="specforge-hf").candidates == []
 
 
 def test_candidates_for_a_speculators_config(tmp_path):
     d = _draft(tmp_path, "s", speculators=True, top=[2, 16, 29])
-    r = check(d, "vllm==0.33.0", target=_target(tmp_path, "LlamaForCausalLM", 32))
+    r = check(d, parse_engine("vllm==0.33.0"), target=_target(tmp_path, "LlamaForCausalLM", 32))
     assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in r.candidates] == [
         ("speculators==0.9.0", [2, 16, 29], True)]
 
@@ -323,8 +329,8 @@ def test_candidates_for_a_speculators_config(tmp_path):
 def test_pipeline_stages_drop_captures_with_the_fix(tmp_path):
     d = _draft(tmp_path, "d", nested=[1, 29, 57], record=(2, 30, 58))
     t = _target(tmp_path, "DeepseekV3ForCausalLM", 61)
-    assert check(d, "sglang==0.5.23", target=t).ok
-    r = check(d, "sglang==0.5.23", target=t, tp=4, pp=2)
+    assert check(d, parse_engine("sglang==0.5.23"), target=t).ok
+    r = check(d, parse_engine("sglang==0.5.23"), target=t, tp=4, pp=2)
     topo = [p for p in r.problems if p.kind == "topology"]
     assert topo and r.exit_code == 1 and r.topology["stages"] == [(0, 30), (30, 61)]
     assert "returns early unless pp_group.is_last_rank" in topo[0].message
@@ -332,26 +338,28 @@ def test_pipeline_stages_drop_captures_with_the_fix(tmp_path):
     # vLLM 0.32.0's V2 runner relays aux states for Llama; V1 drops them
     dl = _draft(tmp_path, "l", top=[2, 16, 29], record=(2, 16, 29))
     tl = _target(tmp_path, "LlamaForCausalLM", 32)
-    assert not any(p.kind == "topology" for p in check(dl, "vllm==0.32.0", target=tl, pp=2).problems)
-    v1 = check(dl, "vllm==0.32.0:v1", target=tl, pp=2)
+    assert not any(p.kind == "topology" for p in check(dl, parse_engine("vllm==0.32.0"), target=tl,
+                                                       pp=2).problems)
+    v1 = check(dl, parse_engine("vllm==0.32.0:v1"), target=tl, pp=2)
     assert any(p.kind == "topology" and "PR #45985" in p.message for p in v1.problems)
     with pytest.raises(InputError, match="--pp 0"):
-        check(dl, "vllm==0.32.0", target=tl, pp=0)
+        check(dl, parse_engine("vllm==0.32.0"), target=tl, pp=0)
 
 
 def test_llamacpp_reads_the_top_level_key_from_its_builds(tmp_path):
     t = _target(tmp_path, "LlamaForCausalLM", 32)
     top = _draft(tmp_path, "top", top=[1, 15, 28], record=(1, 15, 28))
-    new = check(top, "llamacpp==11434", target=t)
+    new = check(top, parse_engine("llamacpp==11434"), target=t)
     assert new.ok
-    old = check(top, "llamacpp==10001", target=t)
+    old = check(top, parse_engine("llamacpp==10001"), target=t)
     assert old.served_layout == (2, 16, 29) and "layout-mismatch" in _kinds(old)
-    nested = check(_draft(tmp_path, "n", nested=[1, 15, 28], record=(1, 15, 28)), "llamacpp==11434", target=t)
+    nested = check(_draft(tmp_path, "n", nested=[1, 15, 28], record=(1, 15, 28)),
+                   parse_engine("llamacpp==11434"), target=t)
     assert nested.served_layout == (2, 16, 29)
     assert any("ignores the draft's eagle_config" in n for n in nested.notes)
     runs = [(e["first"], e["served_layout"]) for e in new.to_dict()["served_across_releases"]]
     assert runs == [("9093", None), ("10001", [2, 16, 29]), ("10705", [1, 15, 28])]
-    kimi = check(top, "llamacpp", target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
+    kimi = check(top, parse_engine("llamacpp"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))
     assert kimi.served_layout == () and "engine-cannot-capture" in _kinds(kimi)
 
 
@@ -363,11 +371,11 @@ def test_eagle_reference_head_is_checked_not_refused(tmp_path):
     draft = _draft(tmp_path, "eagle-ref",
                    extra={"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1})
     target = _target(tmp_path, "LlamaForCausalLM", 32)
-    sg = check(draft, "sglang==0.5.9", target=target, across_releases=False)
+    sg = check(draft, parse_engine("sglang==0.5.9"), target=target, across_releases=False)
     assert "draft-class" in _kinds(sg)
     assert [(c["trainer"], c["training_layout"]) for c in sg.candidates] == [("eagle", [2, 16, 29])]
     assert "--trainer eagle" in next(p.fix for p in sg.problems if p.kind == "training-unknown")
-    vl = check(draft, "vllm==0.32.0", target=target, across_releases=False)
+    vl = check(draft, parse_engine("vllm==0.32.0"), target=target, across_releases=False)
     assert "draft-class" not in _kinds(vl) and vl.served_layout == (2, 16, 29)
     assert any("Eagle3LlamaForCausalLM" in n for n in vl.notes)
     full = tmp_path / "full"
@@ -375,7 +383,7 @@ def test_eagle_reference_head_is_checked_not_refused(tmp_path):
     (full / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
                                                   "num_hidden_layers": 32, "vocab_size": 200}))
     with pytest.raises(InputError, match="not an EAGLE-3 draft"):
-        check(full, "vllm==0.32.0", target=target)
+        check(full, parse_engine("vllm==0.32.0"), target=target)
 
 
 def test_sglang_refuses_a_draft_class_its_release_does_not_register(tmp_path):
@@ -384,10 +392,10 @@ def test_sglang_refuses_a_draft_class_its_release_does_not_register(tmp_path):
     draft = _draft(tmp_path, "vllm-named", nested=[2, 16, 29],
                    extra={"architectures": ["Eagle3LlamaForCausalLM"]})
     target = _target(tmp_path, "LlamaForCausalLM", 32)
-    r = check(draft, "sglang==0.5.23", target=target, across_releases=False)
+    r = check(draft, parse_engine("sglang==0.5.23"), target=target, across_releases=False)
     problem = next(p for p in r.problems if p.kind == "draft-class")
     assert "LlamaForCausalLMEagle3" in problem.message and "LlamaForCausalLMEagle3" in problem.fix
-    ok = check(_draft(tmp_path, "sglang-named", nested=[2, 16, 29]), "sglang==0.5.23",
+    ok = check(_draft(tmp_path, "sglang-named", nested=[2, 16, 29]), parse_engine("sglang==0.5.23"),
                target=_target(tmp_path, "LlamaForCausalLM", 32), across_releases=False)
     assert "draft-class" not in {p.kind for p in ok.problems}
 
@@ -402,6 +410,7 @@ def test_engine_that_sizes_fc_otherwise_than_it_feeds_it_is_blocking_without_wei
         "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "draft_vocab_size": 200,
         "eagle_config": {IDS: [1, 10, 20, 28]}}))
     target = _target(tmp_path, "LlamaForCausalLM", 32)
-    r = check(folder, "vllm==0.33.0", target=target, across_releases=False)
+    r = check(folder, parse_engine("vllm==0.33.0"), target=target, across_releases=False)
     assert "fc-width" in _kinds(r) and r.served_layout == (2, 16, 29)
-    assert "fc-width" not in _kinds(check(folder, "sglang==0.5.23", target=target, across_releases=False))
+    assert "fc-width" not in _kinds(check(folder, parse_engine("sglang==0.5.23"), target=target,
+                                          across_releases=False))

@@ -38,7 +38,7 @@ from helpers.model.draft import (
     new_draft_config,
     vocab_maps,
 )
-from helpers.rules.conventions import SPECULATORS_ARCH, DraftConfigError, ids_in_config
+from helpers.rules.conventions import SPECULATORS_ARCH, DraftConfigError, ids_in_config, parse_engine
 
 H = 32
 VOCAB = 128
@@ -1029,9 +1029,9 @@ def test_run_as_sglang_drops_norm_before_residual_only_inside_the_block(tmp_path
     fused = torch.randn(1, 24, d.cfg.fc_in, generator=gen)
     with torch.no_grad():
         trained = d.ttt_forward(ids, fused, 2)
-        with run_as(d, "sglang==0.5.9") as notes:
+        with run_as(d, parse_engine("sglang==0.5.9")) as notes:
             served = d.ttt_forward(ids, fused, 2)
-        with run_as(d, "vllm") as vllm_notes:
+        with run_as(d, parse_engine("vllm")) as vllm_notes:
             honoured = d.ttt_forward(ids, fused, 2)
         reference = plain.ttt_forward(ids, fused, 2)
     assert notes and "norm_before_residual ignored" in notes[0] and not vllm_notes

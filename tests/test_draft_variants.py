@@ -33,6 +33,7 @@ from helpers.model.draft import (
     run_as,
     vocab_maps,
 )
+from helpers.rules.conventions import parse_engine
 from helpers.rules.conventions import parse_engine as E
 from helpers.rules.flags import honours_flag, ignored_flag_problems
 
@@ -327,9 +328,9 @@ def test_run_as_drops_what_a_release_does_not_build(target):
         ids, fused = _inputs(draft)
         with torch.no_grad():
             base = draft.ttt_forward(ids[:, :-1], fused, 2)[1]
-            with run_as(draft, new) as notes_new:
+            with run_as(draft, E(new)) as notes_new:
                 same = draft.ttt_forward(ids[:, :-1], fused, 2)[1]
-            with run_as(draft, old) as notes_old:
+            with run_as(draft, E(old)) as notes_old:
                 other = draft.ttt_forward(ids[:, :-1], fused, 2)[1]
                 assert not any(getattr(draft.cfg, f) for f in flags)
         assert torch.equal(base, same) and not notes_new
@@ -393,7 +394,7 @@ def test_check_flags_a_release_that_ignores_a_trained_flag(tmp_path):
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
 
     def kinds(name, engine):
-        return {p.kind for p in check(tmp_path / name, engine, target_config=tcfg).problems}
+        return {p.kind for p in check(tmp_path / name, parse_engine(engine), target_config=tcfg).problems}
 
     assert {"fc-norm", "norm-output"} <= kinds("mla", "sglang==0.5.12")
     assert "draft-class" in kinds("mla", "sglang==0.5.9")
@@ -453,7 +454,7 @@ def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
         path = _kimi_variant(tmp_path, name, VARIANT_SCORED[name])
         pair = load_pair(TINY_KIMI / "target", path)
         caps = eval_captures(pair, max_windows=2, window=64)
-        d = diagnose(pair, caps, engine, steps=2, progress=False)
+        d = diagnose(pair, caps, parse_engine(engine), steps=2, progress=False)
         assert len(d.best_layout) == 2 and d.search.evaluations >= 13 * 12
         assert any(dropped in n for n in d.served_notes), d.served_notes
 

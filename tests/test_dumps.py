@@ -14,6 +14,8 @@ from _pairs import assert_in_front, tiny_default, tiny_dump
 from conftest import scaled
 from safetensors.torch import save_file
 
+from helpers.rules.conventions import parse_engine
+
 REPO = Path(__file__).resolve().parent.parent
 BOUNDS = (0, 3, 7, 10, 12)          # the trained (0, 3, 7) and the served (3, 7, 10) are both inside
 
@@ -148,8 +150,8 @@ def test_stated_slot_boundaries_and_next_token_labels(tmp_path):
 
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     d = diagnose_dump(pair.draft, open_dump(tiny_dump("speculators")), stated=list(BOUNDS),
-                      engine="sglang==0.5.9", draft_config=pair.draft_config, arch=pair.arch, num_layers=12,
-                      progress=False)
+                      engine=parse_engine("sglang==0.5.9"), draft_config=pair.draft_config, arch=pair.arch,
+                      num_layers=12, progress=False)
     assert d.labels == "the dump's next tokens" and d.slots[1].how == "stated"
     assert d.served_slots == (1, 2, 3)
     # next tokens are a noisier label than the target's own distribution: the trained layout is among the
@@ -180,7 +182,7 @@ def test_served_within_noise_is_still_a_mismatch(tmp_path):
     cfg.pop("eagle_config", None)
     # resolved as a Llama target: vLLM's Llama capture serves boundary 0, while its DeepSeek capture adds a
     # residual that is still None there (docs/conventions.md), which is not what this test is about
-    d = diagnose_dump(pair.draft, open_dump(out), stated=[0, 3, 7, 8, 10, 12], engine="vllm",
+    d = diagnose_dump(pair.draft, open_dump(out), stated=[0, 3, 7, 8, 10, 12], engine=parse_engine("vllm"),
                       draft_config=cfg, arch="LlamaForCausalLM", num_layers=12, progress=False,
                       recorded=pair.recorded_layout)
     assert d.served_layout == (0, 3, 8) and d.served_slots == (0, 1, 3)

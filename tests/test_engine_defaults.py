@@ -26,11 +26,12 @@ CHECK = ["check", "--target", str(PAIR / "target"), "--draft", str(PAIR / "draft
 
 
 def test_the_defaults_are_stated_and_the_case_replay_is_the_embedded_pairs_only():
-    assert DEFAULT_ENGINE == f"sglang=={SGLANG.newest_read}" != CASE_ENGINE == "sglang==0.5.9"
+    assert str(DEFAULT_ENGINE) == f"sglang=={SGLANG.newest_read}" != str(CASE_ENGINE) == "sglang==0.5.9"
+    assert DEFAULT_ENGINE == Engine("sglang", SGLANG.newest_read) and CASE_ENGINE == Engine("sglang", "0.5.9")
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):      # the notebooks' defaults replay the case
         cells = json.loads(nb.read_text())["cells"]
         params = next("".join(c["source"]) for c in cells if "parameters" in c["metadata"].get("tags", []))
-        assert re.search(r'^ENGINE_VERSION = "(.*)"', params, re.M).group(1) == CASE_ENGINE, nb.name
+        assert re.search(r'^ENGINE_VERSION = "(.*)"', params, re.M).group(1) == str(CASE_ENGINE), nb.name
 
 
 def test_check_without_engine_names_the_release_it_assumed_first(capsys):
@@ -42,16 +43,16 @@ def test_check_without_engine_names_the_release_it_assumed_first(capsys):
     assert "served     : (2, 6, 9)" in "\n".join(lines)        # 0.5.23 serves (b2, b6, b9)
     assert cli(CHECK + ["--json"]) == 1
     d = json.loads(capsys.readouterr().out)
-    assert next(iter(d)) == "assumed_engine" and d["assumed_engine"] == DEFAULT_ENGINE
-    assert d["engine"] == DEFAULT_ENGINE
+    assert next(iter(d)) == "assumed_engine" and d["assumed_engine"] == str(DEFAULT_ENGINE)
+    assert d["engine"] == str(DEFAULT_ENGINE)
 
 
 def test_check_with_engine_assumes_nothing(capsys):
-    assert cli(CHECK + ["--engine", CASE_ENGINE]) == 1
+    assert cli(CHECK + ["--engine", str(CASE_ENGINE)]) == 1
     out = capsys.readouterr().out
     assert not out.startswith("assumed") and out.splitlines()[0].startswith("check ")
     assert "(3, 7, 10)" in out                       # the original case: 0.5.9 serves (b3, b7, b10)
-    assert cli(CHECK + ["--engine", CASE_ENGINE, "--json"]) == 1
+    assert cli(CHECK + ["--engine", str(CASE_ENGINE), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["assumed_engine"] is None
 
 
@@ -112,7 +113,7 @@ def test_bench_takes_engine_and_backend_as_parsed(fake_choose, capsys):
     assert bench.main(["--backend", "sglang"] + BENCH) == 2      # the fake stops where an engine would start
     assert fake_choose["family"] == "sglang" and fake_choose["named"] is None      # none named: installed
     assert fake_choose["guard"] is guard.Mode.WARN
-    assert bench.main(["--backend", "sglang", "--engine", CASE_ENGINE] + BENCH) == 2
+    assert bench.main(["--backend", "sglang", "--engine", str(CASE_ENGINE)] + BENCH) == 2
     assert fake_choose["named"] == parse_engine(CASE_ENGINE)
     capsys.readouterr()
     src = Path(bench.__file__).read_text()
@@ -168,12 +169,13 @@ def test_run_workbook_defaults_replay_the_case_only_on_the_embedded_pair(monkeyp
     monkeypatch.setattr(workbook, "installed", lambda family: Engine("sglang", "0.5.23", live=True)
                         if family == "sglang" else None)
     monkeypatch.setattr(workbook, "case_replay_line", lambda family: f"case replay on {family}")
-    assert workbook.default_rules({}, "sglang") == (CASE_ENGINE, "case replay on sglang")
-    assert workbook.default_rules({"TARGET": str(PAIR / "target")}, "reference")[0] == CASE_ENGINE
+    assert workbook.default_rules({}, "sglang") == (str(CASE_ENGINE), "case replay on sglang")
+    assert workbook.default_rules({"TARGET": str(PAIR / "target")}, "reference")[0] == str(CASE_ENGINE)
     mine = {"TARGET": "/models/target", "DRAFT": "/models/draft"}
     rules, line = workbook.default_rules(mine, "sglang")          # a user's pair, live: the installed release
     assert rules == "sglang==0.5.23" and "installed SGLang's own" in line
-    assert workbook.default_rules(mine, "reference") == (DEFAULT_ENGINE, assumed_engine_line(DEFAULT_ENGINE))
+    assert workbook.default_rules(mine, "reference") == (str(DEFAULT_ENGINE),
+                                                         assumed_engine_line(DEFAULT_ENGINE))
     assert not workbook.embedded_pair({"TARGET": str(PAIR / "target"), "DRAFT": "/models/draft"})
 
 
@@ -199,11 +201,11 @@ def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_
     monkeypatch.setattr(workbook, "run_workbook", fake_run)
     out = ["--out", str(tmp_path / "r"), "--no-render"]
     assert workbook.main(out + ["--backend", "reference"]) == 0
-    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == CASE_ENGINE
+    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == str(CASE_ENGINE)
     assert "case replay: capture rule sglang 0.5.9" in capsys.readouterr().out.splitlines()[0]
     mine = ["--target", str(PAIR / "target"), "--draft", str(PAIR / "draft-retrained")]    # not the case
     assert workbook.main(out + mine + ["--backend", "reference"]) == 0
-    assert seen[-1]["ENGINE_VERSION"] == DEFAULT_ENGINE
+    assert seen[-1]["ENGINE_VERSION"] == str(DEFAULT_ENGINE)
     assert capsys.readouterr().out.splitlines()[0] == assumed_engine_line(DEFAULT_ENGINE)
     assert workbook.main(out + mine + ["--backend", "reference", "--engine", "vllm==0.32.0"]) == 0
     assert seen[-1]["ENGINE_VERSION"] == "vllm==0.32.0" and not capsys.readouterr().out.startswith("[engine]")

@@ -20,21 +20,17 @@ from helpers.rules.vllm.rule import VLLM_NEWEST_READ
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"
 
-# Where an engine named as text is parsed: the edge (the --engine action and the commands' first use of
-# its value, the notebooks' parameters checked by `workbook`), and the entry points notebooks and tests
-# call with text, each parsing on its first line.
+# Where an engine named as text is parsed: the edges only. The CLI (the --engine action and the value it
+# kept as text), the notebooks' setup (their ENGINE_VERSION), run-workbook's check of the notebooks'
+# parameters before any notebook starts, and the guard inside a live engine, which names itself as text.
+# Every library function below takes an Engine (docs/architecture.md, "The engine, parsed once").
 PARSED_AT = {
-    ("cli.py", "EngineOption.__call__"), ("cli.py", "engine_value"), ("cli.py", "add_pair_args"),
-    ("notebook/runner.py", "check_run_inputs"), ("commands/workbook.py", "_versioned"),
-    ("cli.py", "stated_engine"), ("live/backends.py", "case_replay_line"),
-    ("investigation/gate.py", "check"), ("rules/wiring.py", "resolve"), ("rules/wiring.py", "served_plan"),
-    ("rules/wiring.py", "ids_for_layout"), ("investigation/fixes.py", "with_engine_ids"),
-    ("live/backends.py", "choose"),
-    ("model/draft.py", "_flag_rules"),          # run_as / ignored_flags / forward_verdict's shared first step
-    ("live/guard.py", "at_load"),               # inside a live engine, which names itself as text
-    # the verdict's entry points (notebooks 02/03 name the engine as text)
-    ("investigation/verdict.py", "ways_out"), ("investigation/evidence.py", "writer_candidates"),
+    ("cli.py", "EngineOption.__call__"), ("cli.py", "engine_value"), ("cli.py", "stated_engine"),
+    ("notebook/setup.py", "setup_notebook"),
+    ("notebook/runner.py", "check_run_inputs"),
+    ("live/guard.py", "at_load"),
 }
+PARSED_IN = {"cli.py", "notebook/setup.py", "notebook/runner.py", "live/guard.py"}   # at most four modules
 
 
 def _parse_sites() -> set[tuple[str, str]]:
@@ -72,7 +68,11 @@ def test_every_family_has_the_same_methods():
 def test_parse_engine_is_called_only_at_the_edge():
     sites = _parse_sites()
     assert sites <= PARSED_AT, sorted(sites - PARSED_AT)
+    assert {f for f, _ in sites} <= PARSED_IN and len(PARSED_IN) <= 4
     assert ("rules/conventions.py", "parse_engine") not in sites       # no rule function parses
+    # below the edge a function takes an Engine, never text it would have to parse again
+    loose = {str(p.relative_to(HELPERS)) for p in HELPERS.rglob("*.py") if "str | Engine" in p.read_text()}
+    assert loose <= {"cli.py", "rules/conventions.py"}, sorted(loose)
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
         assert not any("parse_engine(" in "".join(c["source"]) for c in cells), nb.name

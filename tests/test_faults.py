@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from helpers import errors
 from helpers.__main__ import main as cli
+from helpers.rules.conventions import parse_engine
 from helpers.rules.sglang import patch as ps
 from helpers.rules.sglang import source as ss
 from helpers.rules.wiring import served_plan
@@ -136,7 +137,7 @@ def test_non_finite_scores_and_draft_logits_stop_the_work(pair, monkeypatch):
     monkeypatch.setattr(dg, "search", lambda *a, **k: types.SimpleNamespace(best=(0, 3, 7), margin_ce=0.5,
                                                                             ranking=ranking))
     with pytest.raises(errors.NonFiniteResult, match="not a finite number"):
-        dg.diagnose(p, caps, "sglang==0.5.9", progress=False)
+        dg.diagnose(p, caps, parse_engine("sglang==0.5.9"), progress=False)
     with pytest.raises(errors.NonFiniteResult, match="NaN/Inf"):
         speculative_generate(p.target, p.draft, p.served(), torch.tensor([5, 6, 7]), 4, 2)
 
@@ -225,8 +226,8 @@ def test_offline_index_falls_back_with_one_warning(monkeypatch, capsys, tmp_path
     errors._said.clear()
     cfg = {"architectures": ["LlamaForCausalLMEagle3"],
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 9]}}
-    plan = served_plan(cfg, 12, "DeepseekV3ForCausalLM", "sglang==0.5.8")
-    plan2 = served_plan(cfg, 12, "DeepseekV3ForCausalLM", "sglang==0.5.8")
+    plan = served_plan(cfg, 12, "DeepseekV3ForCausalLM", parse_engine("sglang==0.5.8"))
+    plan2 = served_plan(cfg, 12, "DeepseekV3ForCausalLM", parse_engine("sglang==0.5.8"))
     err = capsys.readouterr().err
     assert plan.layout == plan2.layout == (3, 7, 10)
     lines = [l for l in err.splitlines() if l.strip()]

@@ -12,6 +12,7 @@ from helpers.investigation.evaluate import evaluate_layout
 from helpers.investigation.fixes import reorder_fc, with_engine_ids
 from helpers.investigation.pair import eval_captures, load_pair
 from helpers.model.checkpoint import load_draft
+from helpers.rules.conventions import parse_engine
 
 
 def _digest(folder):
@@ -44,9 +45,10 @@ def test_with_engine_ids_keeps_both_keys_meaning_one_layout(tmp_path):
         with_engine_ids(src, tmp_path / "nolayout", [-1, 2, 6])
     assert not (tmp_path / "nolayout").exists()
     for engine, ids in (("sglang==0.5.9", [1, 3, 4]), ("vllm", [2, 4, 5])):
-        out = with_engine_ids(src, tmp_path / engine, ids, engine, layout=(2, 4, 5))
+        out = with_engine_ids(src, tmp_path / engine, ids, parse_engine(engine), layout=(2, 4, 5))
         for reader in ("sglang==0.5.9", "vllm"):
-            assert resolve(reader, "LlamaForCausalLM", 6, draft=out).served_layout == (2, 4, 5), (
+            assert resolve(parse_engine(reader), "LlamaForCausalLM", 6, draft=out).served_layout == (2,
+                                                                                                     4, 5), (
                 engine, reader)
 
 

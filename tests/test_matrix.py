@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from helpers.commands.wiring import main as wiring_main
+from helpers.rules.conventions import parse_engine
 from helpers.rules.matrix import MatrixRow, markdown_doc, matrix, runs, status_of
 from helpers.rules.wiring import resolve
 
@@ -37,8 +38,9 @@ def test_runs_group_only_consecutive_agreeing_releases():
 
 
 def test_status_phrases():
-    assert status_of(resolve("sglang==0.5.9", "LlamaForCausalLM", 12, ids=[2, 6, 12])) == "features dropped"
-    assert status_of(resolve("sglang==0.5.9", "LlamaForCausalLM", 12, ids=[2, 6, 9])) == "served"
+    sg = parse_engine("sglang==0.5.9")
+    assert status_of(resolve(sg, "LlamaForCausalLM", 12, ids=[2, 6, 12])) == "features dropped"
+    assert status_of(resolve(sg, "LlamaForCausalLM", 12, ids=[2, 6, 9])) == "served"
 
 
 def test_markdown_doc_and_cli(capsys, tmp_path):

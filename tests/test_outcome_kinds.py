@@ -98,26 +98,26 @@ def test_trtllm_and_llamacpp_kinds():
 
 
 def test_sglang_kinds_and_the_boundary0_fix_as_data():
-    r = resolve("sglang==0.5.9", "LlamaForCausalLM", 12, ids=[-1, 2, 6])
+    r = resolve(parse_engine("sglang==0.5.9"), "LlamaForCausalLM", 12, ids=[-1, 2, 6])
     (b0,) = [p for p in r.problems if p.blocking]
     command = "python -m helpers patch-sglang apply --version 0.5.9 --arch LlamaForCausalLM"
     assert b0.kind == K.BOUNDARY0_RESIDUAL_NONE and b0.fix == command
     assert r.errors == [f"{b0.message} (fix: `{command}`)"]          # the sentence as it always read
     assert status_of(r) == "boundary 0 raises (unpatched)"
-    dropped = resolve("sglang==0.5.9", "LlamaForCausalLM", 12, ids=[2, 6, 12])
+    dropped = resolve(parse_engine("sglang==0.5.9"), "LlamaForCausalLM", 12, ids=[2, 6, 12])
     assert _kinds(dropped) == {K.NEVER_CAPTURED, K.FEATURE_COUNT} and status_of(dropped) == "features dropped"
-    kimi = resolve("sglang==0.5.9", "KimiK25ForConditionalGeneration", 12, ids=[2, 6, 9])
+    kimi = resolve(parse_engine("sglang==0.5.9"), "KimiK25ForConditionalGeneration", 12, ids=[2, 6, 9])
     assert K.NO_CAPTURE in _kinds(kimi) and status_of(kimi) == "no EAGLE-3 capture"
-    aux_off = resolve("sglang==0.5.23", "LlamaForCausalLM", 12,
+    aux_off = resolve(parse_engine("sglang==0.5.23"), "LlamaForCausalLM", 12,
                       draft={"eagle_config": {IDS: [1, 5, 8], "use_aux_hidden_state": False}})
     assert K.AUX_OFF in _kinds(aux_off)
     with pytest.raises(WiringError) as caught:
-        resolve("sglang==0.5.9", "NoSuchModelForCausalLM", 12, ids=[1, 5, 8])
+        resolve(parse_engine("sglang==0.5.9"), "NoSuchModelForCausalLM", 12, ids=[1, 5, 8])
     assert caught.value.kind == K.NO_MODEL_CLASS
 
 
 def test_sglang_setter_without_ids_is_a_kind():
-    r = resolve("sglang==0.4.4.post2", "LlamaForCausalLM", 32, ids=[-1, 15, 28])
+    r = resolve(parse_engine("sglang==0.4.4.post2"), "LlamaForCausalLM", 32, ids=[-1, 15, 28])
     assert K.SETTER_TAKES_NO_IDS in {p.kind for p in r.problems if not p.blocking}
     assert status_of(r) == "ids ignored, defaults served"
 
@@ -210,7 +210,7 @@ def test_rewording_changes_no_fix(monkeypatch, tmp_path):
     target = _target(tmp_path, "DeepseekV3ForCausalLM", 61)
 
     def fixes():
-        r = check(draft, "sglang==0.5.9", target=target, across_releases=False)
+        r = check(draft, parse_engine("sglang==0.5.9"), target=target, across_releases=False)
         return next(p.fix for p in r.problems if p.kind == "layout-mismatch")
     before = fixes()
     monkeypatch.setattr(sglang_resolve, "error", _garbled)
@@ -218,14 +218,14 @@ def test_rewording_changes_no_fix(monkeypatch, tmp_path):
     after = fixes()
     command = "python -m helpers patch-sglang apply --version 0.5.9 --arch DeepseekV3ForCausalLM"
     assert after == before and f"patch the engine (`{command}`), then write ids [-1, 2, 30]" in after
-    r = resolve("sglang==0.5.9", "DeepseekV3ForCausalLM", 61, ids=[-1, 2, 30])
+    r = resolve(parse_engine("sglang==0.5.9"), "DeepseekV3ForCausalLM", 61, ids=[-1, 2, 30])
     (b0,) = [p for p in r.problems if p.blocking]
     assert b0.fix == command and b0.message.startswith("REWORDED")
     assert r.errors == [f"{b0.message} (advice in other words)"]
 
 
 def test_check_reports_the_engine_problem_with_its_command(tmp_path):
-    r = check(_draft(tmp_path, "d", nested=[-1, 2, 30]), "sglang==0.5.9",
+    r = check(_draft(tmp_path, "d", nested=[-1, 2, 30]), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "DeepseekV3ForCausalLM", 61), across_releases=False)
     (p,) = [p for p in r.problems if p.kind == "engine-cannot-capture"]
     assert p.fix == "`python -m helpers patch-sglang apply --version 0.5.9 --arch DeepseekV3ForCausalLM`"
@@ -259,16 +259,17 @@ def test_llamacpp_build_compares_as_its_number(tmp_path):
     assert llamacpp_build_number("b11434") == llamacpp_build_number("11434") == 11434
     assert llamacpp_rule("b10001")[:2] == (10001, "defaults") and not llamacpp_rule("b10001")[2]
     assert llamacpp_rule("b10800")[0] == 10705
-    named, plain = (resolve(f"llamacpp=={b}", "LlamaForCausalLM", 32, ids=[1, 15, 28])
+    named, plain = (resolve(parse_engine(f"llamacpp=={b}"), "LlamaForCausalLM", 32, ids=[1, 15, 28])
                     for b in ("b11434", "11434"))
     assert (named.served_layout, named.errors, named.warnings) == (plain.served_layout, plain.errors,
                                                                     plain.warnings)
     t = _target(tmp_path, "LlamaForCausalLM", 32)
     top = _draft(tmp_path, "top", top=[1, 15, 28], record=(1, 15, 28))
-    new, plain = check(top, "llamacpp==b11434", target=t), check(top, "llamacpp==11434", target=t)
+    new = check(top, parse_engine("llamacpp==b11434"), target=t)
+    plain = check(top, parse_engine("llamacpp==11434"), target=t)
     assert new.ok and new.served_across_releases == plain.served_across_releases
     assert new.release_drift == plain.release_drift.replace("as 11434 does", "as b11434 does")
-    old = check(top, "llamacpp==b10001", target=t)
+    old = check(top, parse_engine("llamacpp==b10001"), target=t)
     assert old.served_layout == (2, 16, 29)
     assert "from 10705 this draft is served (1, 15, 28)" in old.release_drift
 

@@ -10,6 +10,7 @@ import pytest
 
 from helpers.commands import patch_sglang
 from helpers.rules import wiring
+from helpers.rules.conventions import parse_engine
 from helpers.rules.sglang import patch as ps
 from helpers.rules.sglang import source as ss
 from helpers.rules.sglang.inspect import inspect_model
@@ -55,7 +56,7 @@ def _hashes(root: Path) -> dict[str, str]:
 
 
 def _resolve(root, arch="DeepseekV3ForCausalLM", ids=(-1, 2, 6)):
-    return wiring.resolve("sglang==0.5.9", arch, L, ids=list(ids), root=root)
+    return wiring.resolve(parse_engine("sglang==0.5.9"), arch, L, ids=list(ids), root=root)
 
 
 def test_status_of_pristine_tree(tree):
@@ -272,7 +273,7 @@ def test_054_patches_llama_and_leaves_deepseek_alone(tree_054):
     assert (st.state, st.changed) == ("patched", True)
     assert ss.sha256_file(tree_054 / deepseek) == before[deepseek]
     py_compile.compile(str(tree_054 / llama), cfile=str(tree_054 / "pyc" / "llama.pyc"), doraise=True)
-    r = wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    r = wiring.resolve(parse_engine("sglang==0.5.4"), "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
     assert r.served_layout == (0, 16, 29) and r.errors == []
     diff = ps.show_diff("0.5.4", root=tree_054)
     assert f"+++ b/{llama}" in diff and f"# {deepseek}: not patched" in diff
@@ -284,18 +285,20 @@ def test_054_patches_llama_and_leaves_deepseek_alone(tree_054):
 
 def test_054_advice_is_a_command_that_works(tree_054, capsys):
     """The audit's case: wiring advised `apply --version 0.5.4`, and apply refused."""
-    r = wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    r = wiring.resolve(parse_engine("sglang==0.5.4"), "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
     advice = next(e for e in r.errors if "patch-sglang apply" in e)
     cmd = advice.split("`python -m helpers patch-sglang ")[1].split("`")[0].split()
     assert cmd == ["apply", "--version", "0.5.4", "--root", str(tree_054), "--arch", "LlamaForCausalLM"]
     assert patch_sglang.main(cmd) == 0
     assert "patched (changed)" in capsys.readouterr().out
-    assert wiring.resolve("sglang==0.5.4", "LlamaForCausalLM", 32, ids=[-1, 15, 28], root=tree_054).capturable
+    assert wiring.resolve(parse_engine("sglang==0.5.4"), "LlamaForCausalLM", 32, ids=[-1, 15, 28],
+                          root=tree_054).capturable
 
 
 def test_advice_for_a_file_the_patch_does_not_edit(tree_054):
     # apertus.py evaluates the same unguarded sum, but the patch edits only llama.py and deepseek_v2.py
-    r = wiring.resolve("sglang==0.5.4", "ApertusForCausalLM", 32, ids=[-1, 15, 28], root=tree_054)
+    r = wiring.resolve(parse_engine("sglang==0.5.4"), "ApertusForCausalLM", 32, ids=[-1, 15, 28],
+                       root=tree_054)
     assert any("does not cover sglang/srt/models/apertus.py" in e for e in r.errors), r.errors
     assert not any("patch-sglang apply" in e for e in r.errors)
     with pytest.raises(ps.PatchError, match="apertus.py, which the patch does not edit"):

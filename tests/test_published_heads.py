@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.investigation.gate import check
+from helpers.rules.conventions import parse_engine
 
 HEADS = Path(__file__).resolve().parent / "heads"
 MANIFEST = json.loads((HEADS / "manifest.json").read_text())
@@ -30,7 +31,7 @@ def _run(tmp: Path, draft: str, engine: str):
     folder.mkdir(exist_ok=True)
     shutil.copy(HEADS / "drafts" / f"{draft}.json", folder / "config.json")
     target = HEADS / "targets" / f"{MANIFEST['drafts'][draft]['target']}.json"
-    return check(folder, engine, target_config=target)
+    return check(folder, parse_engine(engine), target_config=target)
 
 
 def test_every_fixture_names_its_source_and_is_checked():

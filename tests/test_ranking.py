@@ -29,6 +29,7 @@ from helpers.investigation.evaluate import (
     token_blocks,
 )
 from helpers.investigation.verdict import WiringVerdict
+from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "ranking-table.jsonl"      # one line per case: how each measure ranks the training layout
@@ -248,7 +249,8 @@ def test_interchangeable_neighbour_is_still_a_mismatch_with_its_cost(tmp_path):
     pair = load_pair(tiny_default() / "target", tiny_default() / "draft")
     cfg = {**pair.draft_config, "eagle_aux_hidden_state_layer_ids": [0, 3, 8]}
     cfg.pop("eagle_config", None)
-    d = diagnose_dump(pair.draft, open_dump(_twin_dump(tmp_path)), stated=[0, 3, 7, 8, 10, 12], engine="vllm",
+    d = diagnose_dump(pair.draft, open_dump(_twin_dump(tmp_path)), stated=[0, 3, 7, 8, 10, 12],
+                      engine=parse_engine("vllm"),
                       draft_config=cfg, arch="LlamaForCausalLM", num_layers=12, progress=False,
                       recorded=pair.recorded_layout)
     out = d.to_dict()
@@ -279,7 +281,7 @@ def test_capture_path_interchangeable_neighbour(tmp_path):
     pair.draft_config.pop("eagle_config", None)
     # resolved as Llama: vLLM's DeepSeek capture cannot serve boundary 0 (docs/conventions.md)
     pair.target.config.architectures = ["LlamaForCausalLM"]
-    d = diagnose(pair, caps, "vllm", steps=3, progress=False)
+    d = diagnose(pair, caps, parse_engine("vllm"), steps=3, progress=False)
     out = d.to_dict()
     (ROOT / "verdict-interchangeable-capture.json").write_text(json.dumps(
         {k: out[k] for k in ("trained_layout", "served_layout", "mismatch", "cost", "significant", "fix",

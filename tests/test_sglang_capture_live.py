@@ -17,6 +17,8 @@ import pytest
 from _pairs import tiny_default
 from conftest import scaled
 
+from helpers.rules.conventions import parse_engine
+
 pytestmark = [pytest.mark.live,
               pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
                                  reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
@@ -84,7 +86,7 @@ def test_dump_is_read_by_check_measured_and_opens_as_a_dump(own_rule, rule_059):
     dumps = {"own": own_rule, "0.5.9": rule_059}
     for rules, key, agrees in (("sglang==0.5.23", "own", True), ("sglang==0.5.9", "0.5.9", True),
                                ("sglang==0.5.9", "own", False)):
-        report = check(d / "draft", rules, target=d / "target", across_releases=False,
+        report = check(d / "draft", parse_engine(rules), target=d / "target", across_releases=False,
                        measured=dumps[key]["out"])
         kinds = [str(p.kind) for p in report.problems]
         assert tuple(report.measured_layout) == tuple(dumps[key]["record"]["measured_boundaries"])

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
-from helpers.rules import conventions
+from helpers.rules import conventions, wheels
 from helpers.rules.sglang import classes as cl
 from helpers.rules.sglang import source as ss
 
@@ -37,7 +38,8 @@ def test_cache_entry_layout(sources, version):
 
 def test_cache_root_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv(ss.CACHE_ENV, str(tmp_path))
-    assert ss.cache_root() == tmp_path / "sglang"
+    assert ss.CACHE_ENV is wheels.CACHE_ENV
+    assert ss.cache_root() == tmp_path / "sglang" == wheels.cache_root("sglang")
 
 
 def test_second_fetch_uses_cache_without_pip(sources, monkeypatch):
@@ -100,7 +102,44 @@ def test_version_absent_from_a_real_listing_is_unknown(monkeypatch, tmp_path):
                        match=r"0\.5\.99 does not exist .*latest listed: 0\.5\.8, 0\.5\.9, 0\.5\.10"):
         ss.fetch_sglang("0.5.99", cache=tmp_path / "cache")
     # pip lists only versions with a wheel for this Python, so other wheel tags were tried first
-    assert len(calls) == 1 + len(ss._FALLBACK_WHEEL_TAGS)
+    assert len(calls) == 1 + len(wheels.FALLBACK_WHEEL_TAGS)
+    assert calls[0] == () and calls[1] == ("--python-version", wheels.FALLBACK_WHEEL_TAGS[0][0],
+                                           "--platform", wheels.FALLBACK_WHEEL_TAGS[0][1])
+
+
+def test_sglang_errors_are_package_source_errors(monkeypatch, tmp_path):
+    """``except ss.X`` still catches sglang's failures, and ``except PackageSourceError`` catches any."""
+    assert issubclass(ss.UnknownVersionError, wheels.UnknownPackageVersion)
+    assert issubclass(ss.IndexUnreachableError, wheels.PackageIndexUnreachable)
+    assert issubclass(ss.SglangSourceError, wheels.PackageSourceError)
+    (tmp_path / "cache" / "0.5.9" / "sglang" / "srt" / "models").mkdir(parents=True)
+    (tmp_path / "cache" / "0.5.9" / ".complete").write_text("x.whl\n")
+    run, _ = _fake_pip([_NO_VERSIONS])
+    monkeypatch.setattr(ss, "_pip_download", run)
+    with pytest.raises(wheels.PackageSourceError,
+                       match=r"cached here: 0\.5\.9; go online once to fetch it, or point at an sglang tree"):
+        ss.fetch_sglang("0.5.23", cache=tmp_path / "cache")
+
+
+def test_fetch_keeps_srt_sources_and_dist_info_only(monkeypatch, tmp_path):
+    members = ["sglang/srt/models/llama.py", "sglang/srt/layers/x.py", "sglang/srt/data.json",
+               "sglang/lang/api.py", "sglang-9.9.9.dist-info/RECORD", "sglang-9.9.9.dist-info/METADATA"]
+
+    def pip(version, dest, extra=()):
+        with zipfile.ZipFile(dest / f"sglang-{version}-py3-none-any.whl", "w") as zf:
+            for name in members:
+                zf.writestr(name, "")
+        return subprocess.CompletedProcess(["pip"], 0, "", "")
+
+    monkeypatch.setattr(ss, "_pip_download", pip)
+    src = ss.fetch_sglang("9.9.9", cache=tmp_path / "cache")
+    assert src.root == tmp_path / "cache" / "9.9.9" and src.origin == "cache"
+    kept = sorted(p.relative_to(src.root).as_posix() for p in src.root.rglob("*") if p.is_file())
+    assert kept == [".complete", "sglang-9.9.9.dist-info/METADATA", "sglang-9.9.9.dist-info/RECORD",
+                    "sglang/srt/layers/x.py", "sglang/srt/models/llama.py"]
+    monkeypatch.setattr(ss, "_pip_download", lambda *a, **k: pytest.fail("pip called"))
+    cache = tmp_path / "cache"
+    assert ss.cached_sglang("9.9.9", cache) == src == ss.fetch_sglang("9.9.9", cache)
 
 
 def test_dead_index_url_is_unreachable_not_unknown(monkeypatch, tmp_path):

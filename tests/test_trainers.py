@@ -7,7 +7,7 @@ import pytest
 
 from helpers.commands.wiring import main as wiring_main
 from helpers.errors import BadOption
-from helpers.rules.conventions import IdsAt
+from helpers.rules.conventions import IdsAt, parse_engine
 from helpers.rules.trainers import (
     POST_NORM,
     capture_after_layer,
@@ -127,7 +127,7 @@ def test_torchspec_keeps_id_order_and_its_vllm_export_adds_one_for_kimi():
     r = trainer_layout("torchspec-vllm", 61, [1, 29, 57], model_type="kimi_k2")
     assert r.training_layout == (2, 30, 58) and r.written_ids == [2, 30, 58]
     # the exported ids are vLLM boundaries, and they are the training layout
-    served = resolve("vllm==0.33.0", "DeepseekV3ForCausalLM", 61, ids=r.written_ids)
+    served = resolve(parse_engine("vllm==0.33.0"), "DeepseekV3ForCausalLM", 61, ids=r.written_ids)
     assert served.served_layout == r.training_layout
     assert training_ids_from_config("torchspec-vllm", [2, 30, 58], "kimi_k2") == [1, 29, 57]
     # other model types are exported as trained

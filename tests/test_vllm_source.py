@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.rules import wiring
+from helpers.rules.conventions import parse_engine
 from helpers.rules.vllm import source as vllm_source
 from helpers.rules.vllm.source import disagreements, expected_capture, read_facts
 
@@ -56,7 +57,8 @@ def test_a_release_that_contradicts_the_rule_is_named(tmp_path):
 def test_wiring_cites_the_source(tmp_path, monkeypatch):
     root = _release(tmp_path, top=True, nested=True, capture="after")
     monkeypatch.setattr(vllm_source, "fetch", lambda package, version, folders: root)
-    r = wiring.resolve("vllm==0.22.0", "LlamaForCausalLM", 12, ids=[2, 6, 12], read_vllm_source=True)
+    r = wiring.resolve(parse_engine("vllm==0.22.0"), "LlamaForCausalLM", 12, ids=[2, 6, 12],
+                       read_vllm_source=True)
     assert r.served_layout == (2, 6, 12) and any("the rule holds" in w for w in r.warnings)
     assert {s["file"] for s in r.source_lines} >= {"vllm/v1/worker/gpu_model_runner.py",
                                                   "vllm/model_executor/models/llama.py"}

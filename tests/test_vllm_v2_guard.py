@@ -16,6 +16,7 @@ from conftest import scaled
 from helpers.investigation.fixes import with_engine_ids
 from helpers.live.vllm.install import EngineUnavailable, find_vllm
 from helpers.model.target import target_config
+from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "tiny-kimi"
@@ -53,7 +54,8 @@ def _verdict(rows: list[dict]) -> dict:
 
 
 def test_the_guard_judges_on_vllms_own_v2_runner_code(vllm_python, tmp_path):
-    fix_b = with_engine_ids(DATA / "draft-retrained", tmp_path / "fix-b", [3, 7, 10], engine="vllm==0.32.0")
+    fix_b = with_engine_ids(DATA / "draft-retrained", tmp_path / "fix-b", [3, 7, 10],
+                            engine=parse_engine("vllm==0.32.0"))
     llama = tmp_path / "llama"
     cfg = target_config("llama", 4096, 12, hidden=256)
     cfg.architectures = ["LlamaForCausalLM"]

@@ -12,7 +12,7 @@ import pytest
 from helpers.boundaries import CapturePlan, WiringError
 from helpers.commands import wiring as wiring_cli
 from helpers.rules import wiring
-from helpers.rules.conventions import DraftConfigError
+from helpers.rules.conventions import DraftConfigError, parse_engine
 from helpers.rules.sglang import patch as patch_sglang
 from helpers.rules.sglang import source as ss
 from helpers.rules.sglang.inspect import inspect_model
@@ -42,7 +42,8 @@ def src(tmp_path_factory):
 
 
 def _resolve(src, version, arch, ids=None, draft=None):
-    return wiring.resolve(f"sglang=={version}", arch, L, ids=ids, draft=draft, source=src[version])
+    return wiring.resolve(parse_engine(f"sglang=={version}"), arch, L, ids=ids, draft=draft,
+                          source=src[version])
 
 
 # --------------------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def test_gpt_oss_0523_captures_the_final_boundary(src):
 
 def test_source_version_must_match_engine(src):
     with pytest.raises(WiringError, match="source given is sglang 0.5.9"):
-        wiring.resolve("sglang==0.5.23", "LlamaForCausalLM", L, source=src["0.5.9"])
+        wiring.resolve(parse_engine("sglang==0.5.23"), "LlamaForCausalLM", L, source=src["0.5.9"])
 
 
 def test_qwen_059_already_guards_the_residual(src):
@@ -202,7 +203,7 @@ LM = 48
 
 
 def _resolve48(src, version, arch, ids):
-    return wiring.resolve(f"sglang=={version}", arch, LM, ids=ids, source=src[version])
+    return wiring.resolve(parse_engine(f"sglang=={version}"), arch, LM, ids=ids, source=src[version])
 
 
 def _cited_lines_are_real(src, version, r):
@@ -301,7 +302,7 @@ def test_flag_on_a_negative_index_is_python_indexing(tmp_path):
     toy = ss.source_at(tmp_path, "9.9.9")
     c = inspect_model("ToyForCausalLM", source=toy).capture
     assert (c.style, c.flag) == ("delegated", "_is_layer_to_capture") and c.handler
-    r = wiring.resolve("sglang==9.9.9", "ToyForCausalLM", L, ids=[-1, 3, 7], source=toy)
+    r = wiring.resolve(parse_engine("sglang==9.9.9"), "ToyForCausalLM", L, ids=[-1, 3, 7], source=toy)
     assert r.layers_to_capture == [-1, 3, 7] and r.served_layout == (3, 7, 11)
     assert any("self.layers[-1], which Python reads as layer 11" in e for e in r.errors), r.errors
 
@@ -404,32 +405,32 @@ def test_speculators_draft_and_norm_flag_are_flagged_for_sglang(src):
 def test_vllm_rule():
     both = {"eagle_aux_hidden_state_layer_ids": [7, 0, 3],
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
-    top = wiring.resolve("vllm==0.33.0", "LlamaForCausalLM", L, draft=both)
+    top = wiring.resolve(parse_engine("vllm==0.33.0"), "LlamaForCausalLM", L, draft=both)
     assert (top.ids_source, top.served_layout, top.errors) == ("top-level", (0, 3, 7), [])
     nested = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 6, 12]}}
     # the V1 runner reads eagle_config's ids from 0.22.0;
     # Llama moved to the V2 runner (which never does) in 0.23.0
-    v1 = wiring.resolve("vllm==0.22.0", "LlamaForCausalLM", L, draft=nested)
+    v1 = wiring.resolve(parse_engine("vllm==0.22.0"), "LlamaForCausalLM", L, draft=nested)
     assert (v1.ids_source, v1.served_layout, v1.errors) == ("eagle_config", (2, 6, 12), [])
-    v2 = wiring.resolve("vllm==0.23.0", "LlamaForCausalLM", L, draft=nested)
+    v2 = wiring.resolve(parse_engine("vllm==0.23.0"), "LlamaForCausalLM", L, draft=nested)
     assert ((v2.ids_source, v2.served_layout) == ("none", (2, 6, 9))
             and any("ignores" in w for w in v2.warnings))
     # before 0.11.1 no release reads draft ids at all
-    old = wiring.resolve("vllm==0.10.2", "LlamaForCausalLM", L, draft=both)
+    old = wiring.resolve(parse_engine("vllm==0.10.2"), "LlamaForCausalLM", L, draft=both)
     assert (old.ids_source, old.served_layout) == ("none", (2, 6, 9))
     # boundary N: before-layer capture cannot reach it (Llama until 0.18.0, DeepSeek until 0.25.0)
-    assert wiring.resolve("vllm==0.17.1", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
-    assert not wiring.resolve("vllm==0.18.0", "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
-    assert wiring.resolve("vllm==0.24.0", "DeepseekV3ForCausalLM", L, ids=[2, 6, 12]).errors
+    assert wiring.resolve(parse_engine("vllm==0.17.1"), "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
+    assert not wiring.resolve(parse_engine("vllm==0.18.0"), "LlamaForCausalLM", L, ids=[2, 6, 12]).errors
+    assert wiring.resolve(parse_engine("vllm==0.24.0"), "DeepseekV3ForCausalLM", L, ids=[2, 6, 12]).errors
     # id 0 still fails
-    assert wiring.resolve("vllm==0.25.0", "DeepseekV3ForCausalLM", L, ids=[0, 6, 12]).errors
+    assert wiring.resolve(parse_engine("vllm==0.25.0"), "DeepseekV3ForCausalLM", L, ids=[0, 6, 12]).errors
     # no EAGLE-3 at all
-    assert wiring.resolve("vllm==0.33.0", "Glm4MoeForCausalLM", L).errors
-    default = wiring.resolve("vllm", "LlamaForCausalLM", L)
+    assert wiring.resolve(parse_engine("vllm==0.33.0"), "Glm4MoeForCausalLM", L).errors
+    default = wiring.resolve(parse_engine("vllm"), "LlamaForCausalLM", L)
     assert (default.ids_source, default.served_layout) == ("none", (2, 6, 9))
-    assert wiring.resolve("vllm", "X", L, ids=[-1, 2, 6]).errors
+    assert wiring.resolve(parse_engine("vllm"), "X", L, ids=[-1, 2, 6]).errors
     with pytest.raises(WiringError, match="first appears in 0.8.5"):
-        wiring.resolve("vllm==0.8.4", "LlamaForCausalLM", L)
+        wiring.resolve(parse_engine("vllm==0.8.4"), "LlamaForCausalLM", L)
 
 
 # --------------------------------------------------------------------------------------
@@ -446,9 +447,9 @@ def test_bad_input_raises_clear_errors(src, tmp_path):
     with pytest.raises(DraftConfigError, match="no config.json"):
         _resolve(src, "0.5.9", "LlamaForCausalLM", draft=tmp_path)
     with pytest.raises(WiringError, match="num_layers"):
-        wiring.resolve("vllm", "LlamaForCausalLM", 0, ids=[1])
+        wiring.resolve(parse_engine("vllm"), "LlamaForCausalLM", 0, ids=[1])
     with pytest.raises(ValueError, match="unknown engine"):
-        wiring.resolve("tgi==1.0", "LlamaForCausalLM", L)
+        wiring.resolve(parse_engine("tgi==1.0"), "LlamaForCausalLM", L)
 
 
 # --------------------------------------------------------------------------------------
@@ -457,14 +458,16 @@ def test_bad_input_raises_clear_errors(src, tmp_path):
 
 def test_served_plan(src):
     cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 6]}}
-    plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine="sglang==0.5.9", root=src["0.5.9"].root)
+    plan = wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine=parse_engine("sglang==0.5.9"),
+                              root=src["0.5.9"].root)
     assert isinstance(plan, CapturePlan) and plan.layout == (0, 3, 7)
     assert "layers_to_capture [0, 3, 7]" in plan.source
     assert any(e.startswith("boundary 0") for e in plan.errors) and plan.notes == ()
     with pytest.raises(WiringError):
-        wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine="sglang==0.5.9", root=src["0.5.9"].root,
+        wiring.served_plan(cfg, L, "DeepseekV3ForCausalLM", engine=parse_engine("sglang==0.5.9"),
+                           root=src["0.5.9"].root,
                            strict=True)
-    ok = wiring.served_plan([1, 5, 8], L, "DeepseekV3ForCausalLM", engine="sglang==0.5.23",
+    ok = wiring.served_plan([1, 5, 8], L, "DeepseekV3ForCausalLM", engine=parse_engine("sglang==0.5.23"),
                             root=src["0.5.23"].root)
     assert ok.layout == (2, 6, 9) and ok.errors == () and ok.warnings == ()
 
@@ -482,9 +485,12 @@ def test_conventions_table(src, monkeypatch):
 
 def test_ids_for_layout(src, monkeypatch):
     monkeypatch.setattr(wiring, "source_for", lambda version, root: src[version])
-    assert wiring.ids_for_layout((0, 3, 7), "DeepseekV3ForCausalLM", L, "sglang==0.5.23") == [0, 3, 7]
-    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.23") == [-1, 2, 6]
-    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L, "sglang==0.5.9") is None  # unpatched
+    assert wiring.ids_for_layout((0, 3, 7), "DeepseekV3ForCausalLM", L,
+                                 parse_engine("sglang==0.5.23")) == [0, 3, 7]
+    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L,
+                                 parse_engine("sglang==0.5.23")) == [-1, 2, 6]
+    assert wiring.ids_for_layout((0, 3, 7), "LlamaForCausalLM", L,
+                                 parse_engine("sglang==0.5.9")) is None  # unpatched
 
 
 # --------------------------------------------------------------------------------------
@@ -587,6 +593,6 @@ def test_cli_offline_says_unreachable_not_missing(capsys, monkeypatch, tmp_path)
 def test_offline_falls_back_to_the_documented_rule(monkeypatch, tmp_path):
     _offline(monkeypatch, tmp_path)
     cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 8]}}
-    plan = wiring.served_plan(cfg, L, "LlamaForCausalLM", "sglang==0.5.23")
+    plan = wiring.served_plan(cfg, L, "LlamaForCausalLM", parse_engine("sglang==0.5.23"))
     assert plan.layout == (2, 6, 9) and plan.source.endswith("(rule)")
     assert any("documented rule used" in w and "unreachable" in w for w in plan.warnings)

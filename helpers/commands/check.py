@@ -48,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ids = cli.parse_int_list(args.train_ids, "--train-ids") if args.train_ids is not None else None
         if ids is not None and args.trainer is None:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
-        report = check(args.draft, args.engine, target=args.target, target_config=args.target_config,
+        engine = cli.engine_value(args.engine) if args.engine is not None else None   # None: stated default
+        report = check(args.draft, engine, target=args.target, target_config=args.target_config,
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
                        read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:

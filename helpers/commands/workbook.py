@@ -32,7 +32,6 @@ from ..rules.conventions import (
     CASE_ENGINE,
     DEFAULT_ENGINE,
     assumed_engine_line,
-    parse_engine,
 )
 
 
@@ -83,19 +82,19 @@ def default_rules(params: dict, family: str) -> tuple[str, str]:
     case (``CASE_ENGINE``); a user's pair on a live backend takes the installed release's own rules;
     else the stated default (``DEFAULT_ENGINE``)."""
     if embedded_pair(params):
-        return CASE_ENGINE, case_replay_line(family)
+        return str(CASE_ENGINE), case_replay_line(family)
     runtime = installed(family)
     if runtime is not None:
         return str(runtime), (f"[engine] rules: {runtime}, the installed {runtime.rules.title}'s own "
                               f"(no --engine given; pass --engine NAME==VERSION for yours)")
-    return DEFAULT_ENGINE, assumed_engine_line(DEFAULT_ENGINE)
+    return str(DEFAULT_ENGINE), assumed_engine_line(DEFAULT_ENGINE)
 
 
 def _versioned(engine: str | None) -> str | None:
     """``--engine sglang`` (no release): the installed SGLang's, whose source is its rules."""
     if engine is None:
         return None
-    eng = parse_engine(engine)
+    eng = cli.engine_value(engine)
     runtime = installed(eng.name) if eng.rules.runs_release_source and not eng.version else None
     return str(runtime) if runtime is not None else engine
 

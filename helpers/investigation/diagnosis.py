@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ..boundaries import layout_label
 from ..errors import check_finite
 from ..model.draft import run_as
+from ..rules.conventions import Engine
 from .evaluate import RANKED_BY, evaluate_layout
 from .layout_search import SearchResult, search
 from .pair import plan_problems
@@ -92,8 +93,8 @@ class Diagnosis:
         }
 
 
-def diagnose(pair, caps, engine, steps: int = 3, progress: bool = True, rounds_per_s: float | None = None
-             ) -> Diagnosis:
+def diagnose(pair, caps, engine: Engine, steps: int = 3, progress: bool = True,
+             rounds_per_s: float | None = None) -> Diagnosis:
     """``rounds_per_s``: a bench's verify steps per second (tok/s over accept length), to give the cost
     in tok/s too."""
     if steps < 1:

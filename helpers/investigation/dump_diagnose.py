@@ -33,7 +33,7 @@ from ..model.checkpoint import NoEmbeddingError, load_draft
 from ..model.draft import run_as
 from ..model.target import load_target
 from ..model.target_heads import HEAD_KEYS, load_target_heads
-from ..rules.conventions import read_draft_config, read_target
+from ..rules.conventions import Engine, read_draft_config, read_target
 from ..rules.wiring import served_plan
 from .dumps import Dump, check_token_ids
 from .evaluate import RANKED_BY, PairedTest, accepted_run, accuracy_table, paired_test, token_blocks
@@ -468,7 +468,7 @@ def candidate_slots(num_slots: int, width: int, extra=()) -> list[tuple[int, ...
     return out
 
 
-def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, engine: str | None = None,
+def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, engine: Engine | None = None,
                   draft_config: dict | None = None, arch: str | None = None, num_layers: int | None = None,
                   steps: int = 3, max_records: int | None = None, max_tokens: int | None = None,
                   progress: bool = True, recorded=None) -> DumpDiagnosis:

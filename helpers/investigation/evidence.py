@@ -25,7 +25,7 @@ from typing import Sequence
 from ..boundaries import Layout, WiringError, layout_label
 from ..errors import InputError
 from ..record import read_record
-from ..rules.conventions import Engine, ids_in_config, is_speculators_format, parse_engine
+from ..rules.conventions import Engine, expect_engine, ids_in_config, is_speculators_format
 from ..rules.trainers import parse_trainer, rule_for, trainer_layout, training_ids_from_config, writers_of
 
 TRAINER_ENV = "EAGLE3_WORKBOOK_TRAINER"        # NAME==VERSION of the trainer that made the draft
@@ -35,13 +35,13 @@ TRAIN_IDS_ENV = "EAGLE3_WORKBOOK_TRAIN_IDS"    # the ids it ran with, comma sepa
 # Who wrote the config: its format's writers, and what each reads its ids as
 
 
-def writer_candidates(cfg: dict, engine, arch: str, num_layers: int, served: Sequence[int] | None,
+def writer_candidates(cfg: dict, engine: Engine, arch: str, num_layers: int, served: Sequence[int] | None,
                       cannot_capture: Sequence[str] = ()) -> list[dict]:
     """No record and no trainer: the config's format still narrows who wrote it, and each writer gives
     its ids a known meaning, so list the layout each would mean and whether ``served`` is it. A release
     that cannot enable the capture (``cannot_capture``) serves no layout, so none agrees. Each entry:
     ``{trainer, training_layout, served_agrees, note}``."""
-    eng = parse_engine(engine)
+    eng = expect_engine(engine)
     n = num_layers
     ids, where = ids_in_config(cfg)
     model_type = cfg.get("model_type")
@@ -67,7 +67,7 @@ def writer_candidates(cfg: dict, engine, arch: str, num_layers: int, served: Seq
     return out
 
 
-def candidate_table(candidates: Sequence[dict], engine: str, num_layers: int) -> list[str]:
+def candidate_table(candidates: Sequence[dict], engine: Engine, num_layers: int) -> list[str]:
     """The writers as ``check`` prints them: trainer, the training layout its ids mean, served or not."""
     def label(layout) -> str:
         return f"{tuple(layout)} {layout_label(layout, num_layers)}" if layout else "nothing"
@@ -94,7 +94,7 @@ class Settled:
     note: str = ""
 
 
-def read_format(cfg: dict | None, engine, arch: str | None, num_layers: int | None, served=None,
+def read_format(cfg: dict | None, engine: Engine, arch: str | None, num_layers: int | None, served=None,
                 cannot_capture: Sequence[str] = ()) -> list[dict]:
     """``writer_candidates`` where everything it needs is at hand (else none); a config no writer's
     rule can read gives none either: a verdict then infers the layout, as it always did."""

@@ -21,7 +21,7 @@ from ..boundaries import WiringError
 from ..errors import BadOption
 from ..model.checkpoint import read_draft_weights
 from ..record import read_record, write_record
-from ..rules.conventions import Engine, parse_engine, read_draft_config
+from ..rules.conventions import DEFAULT_ENGINE, Engine, expect_engine, read_draft_config
 from ..rules.sglang.source import fetch_sglang
 
 
@@ -62,7 +62,7 @@ def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str | Engine = "sglang", layout=None) -> Path:
+def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: Engine = DEFAULT_ENGINE, layout=None) -> Path:
     """A copy of the draft whose config makes ``engine`` serve the intended layout.
 
     Engines read different keys with different conventions: SGLang reads only the nested
@@ -76,7 +76,7 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: str | Engine = "
     cfg = read_draft_config(draft_dir)
     has_top = "eagle_aux_hidden_state_layer_ids" in cfg
     has_nested = "eagle_aux_hidden_state_layer_ids" in (cfg.get("eagle_config") or {})
-    if parse_engine(engine).rules.fix_writes_top_level:       # an entry point: notebooks name it as text
+    if expect_engine(engine).rules.fix_writes_top_level:
         top, nested = ids, ([b - 1 for b in ids] if has_nested else None)
     else:
         if has_top and layout is None:

@@ -31,10 +31,10 @@ from ..rules.conventions import (
     architectures,
     assumed_engine_line,
     engine_fc_slots,
+    expect_engine,
     ids_in_config,
     is_eagle_reference_config,
     is_speculators_format,
-    parse_engine,
     read_draft_config,
     read_target,
 )
@@ -171,7 +171,7 @@ def _record(draft_dir: Path) -> dict | None:
 # The check.
 
 
-def check(draft: str | Path, engine: str | Engine | None, *, target: str | Path | None = None,
+def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None = None,
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
@@ -186,8 +186,8 @@ def check(draft: str | Path, engine: str | Engine | None, *, target: str | Path 
     if algorithm.upper() not in ALGORITHMS:
         raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
                         f"(the engine's speculative algorithm)")
-    assumed = DEFAULT_ENGINE if engine is None else None
-    engine = eng = parse_engine(engine or DEFAULT_ENGINE)     # an entry point: parsed here, then typed
+    assumed = str(DEFAULT_ENGINE) if engine is None else None
+    engine = eng = expect_engine(engine or DEFAULT_ENGINE)
     if trainer is not None:
         parse_trainer(trainer)
     draft_dir = Path(draft).expanduser()

@@ -17,7 +17,7 @@ from ..errors import BadOption, read_text_file
 from ..model.checkpoint import load_draft, read_training_record
 from ..model.draft import Eagle3Draft
 from ..model.target import load_target
-from ..rules.conventions import DEFAULT_ENGINE, read_draft_config
+from ..rules.conventions import DEFAULT_ENGINE, Engine, read_draft_config
 from ..rules.wiring import served_plan
 from .evaluate import EvalInputError, TargetCaptures, attach_draft_probs, capture_text
 from .layout_search import search
@@ -51,7 +51,7 @@ class Pair:
     def arch(self) -> str:
         return (self.target.config.architectures or [type(self.target).__name__])[0]
 
-    def served(self, engine: str = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
+    def served(self, engine: Engine = DEFAULT_ENGINE, config: dict | None = None, root=None) -> CapturePlan:
         """The layout ``engine`` will feed this draft, from its own source (``root``: a specific
         tree, e.g. a patched copy; ``config``: a rewritten draft config, e.g. fixed ids)."""
         return served_plan(self.draft_config if config is None else config, self.num_layers, self.arch,
@@ -208,7 +208,7 @@ def trained_plan(pair: Pair, caps: TargetCaptures | None = None) -> CapturePlan:
                         f"z={res.z}",))
 
 
-def plan_for(pair: Pair, which: str, engine: str = DEFAULT_ENGINE, caps=None) -> CapturePlan:
+def plan_for(pair: Pair, which: str, engine: Engine = DEFAULT_ENGINE, caps=None) -> CapturePlan:
     """'served', 'trained' or an explicit 'a,b,c'."""
     if which == "served":
         return pair.served(engine)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from ..boundaries import Layout, ProblemKind, WiringError
 from ..model.draft import forward_verdict, run_as
-from ..rules.conventions import IDS_KEY, parse_engine
+from ..rules.conventions import IDS_KEY, Engine, expect_engine
 from ..rules.wiring import ids_for_layout, resolve
 from .evaluate import PairedTest, evaluate_layout, paired_test
 from .evidence import Settled, agreed_layout, by_format, candidate_table, read_format, writer_candidates  # noqa: F401
@@ -104,13 +104,13 @@ class WaysOut:
                  "layout": list(w.layout) if w.layout is not None else None} for w in self.ways]
 
 
-def ways_out(trained: Sequence[int], served: Sequence[int], engine, arch: str, num_layers: int, *,
+def ways_out(trained: Sequence[int], served: Sequence[int], engine: Engine, arch: str, num_layers: int, *,
              root=None) -> WaysOut:
     """The ways out of serving ``served`` to a draft trained on ``trained``: the fc reordered when the
     training order is not ascending (engines concatenate in ascending order), ids that make ``engine``
     serve the trained set, else (SGLang) the boundary-0 patch that lets such ids through, and retraining.
     ``root``: an SGLang tree to resolve with (a patched copy)."""
-    eng = parse_engine(engine)
+    eng = expect_engine(engine)
     trained, served = tuple(trained), tuple(served)
     ascending = tuple(sorted(trained))
     where = eng.rules.fix_ids_at
@@ -155,7 +155,8 @@ def _patch_then_ids(eng, arch: str, num_layers: int, ascending: Layout, where: s
     return None
 
 
-def layout_fix(trained, served, engine, arch: str | None, num_layers: int | None, *, root=None) -> str | None:
+def layout_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
+               root=None) -> str | None:
     """The shortest way to serve ``trained`` (``WaysOut.shortest``); None when something it needs is
     missing. ``check`` lists every way out with its conditions."""
     if trained is None or served is None or not arch or num_layers is None or engine is None:
@@ -297,8 +298,8 @@ def _short(layouts, n: int = 4) -> str:
 
 
 def judge(served, trained, *, known: bool, source: str, confident_set=(), cost: PairedTest | None = None,
-          errors: Sequence[str] = (), engine=None, arch: str | None = None, num_layers: int | None = None,
-          cost_note: str = "", rounds_per_s: float | None = None, draft=None,
+          errors: Sequence[str] = (), engine: Engine | None = None, arch: str | None = None,
+          num_layers: int | None = None, cost_note: str = "", rounds_per_s: float | None = None, draft=None,
           settled: Settled | None = None) -> WiringVerdict:
     """The verdict on what each side settled: ``served`` (None: not resolved) against ``trained``, known by
     rule or inferred (then ``confident_set`` decides), with the cost measured elsewhere; the fix is the
@@ -324,7 +325,7 @@ def bench_rounds_per_s(bench) -> float | None:
     return served["spec_tok_s"] / served["tau"] if served and served.get("tau") else None
 
 
-def pair_verdict(pair, caps, engine, served, errors: Sequence[str], steps: int, *, search=None,
+def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], steps: int, *, search=None,
                  trained=None, rounds_per_s: float | None = None, served_score=None,
                  scores: Sequence = ()) -> WiringVerdict:
     """The verdict from a target's captures (``diagnose``, notebooks 02 and 03). The training layout:
@@ -357,7 +358,7 @@ def pair_verdict(pair, caps, engine, served, errors: Sequence[str], steps: int, 
                  draft=pair.draft if not errors else None, settled=settled)
 
 
-def format_settled(pair, engine, served, search=None) -> Settled:
+def format_settled(pair, engine: Engine, served, search=None) -> Settled:
     """The pair's config format read for its training layout against the ``served`` plan: before any
     ranking (``search`` None) the layout to score, after it confirmed or refused."""
     candidates = read_format(pair.draft_config, engine, pair.arch, pair.num_layers, tuple(served.layout),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, parse_engine
+from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, expect_engine
 from .bench import LiveRow, LiveWiring
 from .guard import Mode
 from .sglang import bench as sglang_bench
@@ -55,7 +55,7 @@ class Backend:
             return "the reference engine (this workbook's)"
         if isinstance(self.install, SglangInstall):
             where = f"({self.install.device}, {self.install.venv.name})"
-            if self.capture_rule and str(self.rules) == CASE_ENGINE:
+            if self.capture_rule and str(self.rules) == str(CASE_ENGINE):
                 return f"{_replay(self.rules, self.install.version)} {where}"
             rule = f", capture rule {self.capture_rule}" if self.capture_rule else ""
             return f"SGLang runtime {self.install.version}{rule} {where}"
@@ -97,12 +97,12 @@ def _replay(rules: Engine, runtime: str | None) -> str:
     return f"case replay: capture rule {rules.name} {rules.version}{where}"
 
 
-def choose(family: str, rules: str | Engine | None = None) -> Backend:
+def choose(family: str, rules: Engine | None = None) -> Backend:
     """``family`` (reference, vllm, sglang) and the named rules -> the Backend this host can run.
     ``rules`` None: a live engine's own installed release (``conventions.DEFAULT_ENGINE`` where none
-    runs). A host without the engine keeps the named rules and says why in one line. An entry point:
-    the notebooks name both as text (``ENGINE``, ``ENGINE_VERSION``), parsed here."""
-    named = parse_engine(rules if rules is not None else DEFAULT_ENGINE)
+    runs). A host without the engine keeps the named rules and says why in one line. The notebooks
+    name ``family`` as the word ``ENGINE``; ``rules`` comes parsed from their setup (``nb.rules``)."""
+    named = expect_engine(rules) if rules is not None else DEFAULT_ENGINE
     if family == "vllm":
         try:
             install = find_vllm()
@@ -136,7 +136,7 @@ def installed(family: str) -> Engine | None:
 def case_replay_line(family: str) -> str:
     """The line a run of the embedded pair under the original case's rules (``CASE_ENGINE``) opens with:
     which capture rule, inside which runtime (``family``: the backend that measures)."""
-    case, runtime = parse_engine(CASE_ENGINE), installed(family)
+    case, runtime = CASE_ENGINE, installed(family)
     why = "the embedded pair's original case"
     if runtime is None:
         return f"[engine] {_replay(case, None)} ({why})"

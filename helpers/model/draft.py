@@ -21,8 +21,9 @@ from ..errors import BadCheckpoint
 from ..rules.conventions import (
     MLA_DRAFT_ARCH,
     SGLANG_DRAFT_ARCH,
+    Engine,
     IdsAt,
-    parse_engine,
+    expect_engine,
 )
 from ..rules.flags import FORWARD_FLAGS, flag_fix, honours_flag
 
@@ -37,22 +38,21 @@ class ServingMismatchWarning(UserWarning):
     """The draft loads and runs here, but an engine would run it with a different forward."""
 
 
-def _flag_rules(draft, engine) -> list[tuple[str, bool | None, str]]:
-    """(flag, honoured, why) for each forward flag the draft was trained with (``honours_flag``). The
-    first step of ``run_as``, ``ignored_flags`` and ``forward_verdict``, entry points the notebooks name
-    the engine to as text: parsed here."""
-    eng = parse_engine(engine)
-    return [(flag, *honours_flag(eng, flag, draft.cfg.arch, draft.cfg.format == "speculators"))
+def _flag_rules(draft, engine: Engine) -> list[tuple[str, bool | None, str]]:
+    """(flag, honoured, why) for each forward flag the draft was trained with (``honours_flag``): the
+    first step of ``run_as``, ``ignored_flags`` and ``forward_verdict``."""
+    expect_engine(engine)
+    return [(flag, *honours_flag(engine, flag, draft.cfg.arch, draft.cfg.format == "speculators"))
             for flag in FORWARD_FLAGS if getattr(draft.cfg, flag)]
 
 
-def ignored_flags(draft, engine) -> list[tuple[str, str]]:
+def ignored_flags(draft, engine: Engine) -> list[tuple[str, str]]:
     """(flag, why) for each flag the draft was trained with that ``engine``'s draft file never runs:
     what ``run_as`` switches off, for a verdict to name."""
     return [(flag, why) for flag, honoured, why in _flag_rules(draft, engine) if honoured is False]
 
 
-def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
+def forward_verdict(draft, engine: Engine) -> tuple[list[str], str | None]:
     """What a verdict says of the engine's forward: one phrase per ignored flag, and the releases that
     run them all (``rules.flags.flag_fix``)."""
     ignored = ignored_flags(draft, engine)
@@ -63,7 +63,7 @@ def forward_verdict(draft, engine) -> tuple[list[str], str | None]:
 
 
 @contextmanager
-def run_as(draft, engine):
+def run_as(draft, engine: Engine):
     """Run ``draft`` the way ``engine`` runs it, for the duration of the block.
 
     Emulating a deployment means emulating the engine's forward too, not only its wiring: a

@@ -116,7 +116,7 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
     links = f"<p>{links}</p>" if links else ""
     data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
                  "(no target forward)" if params.get("DATA") else "")
-    rules = html.escape(str(params.get("ENGINE_VERSION", CASE_ENGINE)))
+    rules = html.escape(str(params.get("ENGINE_VERSION", str(CASE_ENGINE))))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
@@ -431,7 +431,7 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
         if key not in known:
             problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
     try:
-        eng = parse_engine(params.get("ENGINE_VERSION", CASE_ENGINE))     # the notebooks' own default
+        eng = parse_engine(params.get("ENGINE_VERSION", str(CASE_ENGINE)))     # the notebooks' own default
         if eng.rules.runs_release_source and not eng.version:     # SGLang's rules are a release's source
             problems.append(f"--engine {params.get('ENGINE_VERSION')!r} names no version (and no "
                             f"{eng.rules.title} is installed here to take it from); expected e.g. "

@@ -15,13 +15,15 @@ from ..investigation.dump_diagnose import load_for_dump
 from ..investigation.pair import DEFAULT_DIR, Pair, load_pair
 from ..model.checkpoint import read_training_record
 from ..model.draft import Eagle3Draft
+from ..rules.conventions import CASE_ENGINE, Engine, parse_engine
 
 
 @dataclass
 class NotebookSetup:
     """What the notebook's later cells work on. ``pair`` is None with ``heads_only``: then
     ``heads`` (and ``small_target``, a target small enough to run for matching a dump's slots)
-    stand in for it."""
+    stand in for it. ``rules``: the notebook's ``ENGINE_VERSION``, parsed here once (the notebooks'
+    edge) into the Engine every later cell hands down."""
 
     reports: Path
     target_dir: Path
@@ -36,6 +38,7 @@ class NotebookSetup:
     heads: object | None = None
     small_target: object | None = None
     notes: list[str] = field(default_factory=list)
+    rules: Engine = CASE_ENGINE
 
     @property
     def recorded_layout(self) -> tuple[int, ...] | None:
@@ -53,9 +56,12 @@ class NotebookSetup:
 
 
 def setup_notebook(target=None, draft=None, device: str = "cpu", reports_dir="../reports", *,
-                   heads_only: bool = False) -> NotebookSetup:
+                   heads_only: bool = False, engine: str | None = None) -> NotebookSetup:
     """Create ``reports_dir``, load the pair (None: the embedded tiny-kimi), print its notes and
-    description. ``heads_only``: the draft and the target's heads, never the target's layers."""
+    description. ``heads_only``: the draft and the target's heads, never the target's layers.
+    ``engine``: the notebook's ``ENGINE_VERSION`` text (None: the notebooks' default, the case replay),
+    parsed before anything loads so a misspelled engine stops the notebook first."""
+    rules = parse_engine(engine) if engine is not None else CASE_ENGINE
     reports = Path(reports_dir)
     reports.mkdir(parents=True, exist_ok=True)
     if heads_only:
@@ -66,6 +72,7 @@ def setup_notebook(target=None, draft=None, device: str = "cpu", reports_dir="..
                               arch=pair.arch, num_layers=pair.num_layers,
                               hidden_size=pair.target.config.hidden_size, record=pair.record, pair=pair,
                               notes=list(pair.notes))
+    setup.rules = rules
     for n in setup.notes:
         print("note:", n)
     for line in setup.describe():

@@ -24,17 +24,6 @@ K = ProblemKind
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 ENGINES = ("sglang", "vllm", "trtllm", "llamacpp")
-# The original case's release. Only the embedded pair (data/tiny-kimi) replays it: the notebooks'
-# ENGINE_VERSION default and the main job on that pair (0.5.9's capture rule inside the installed
-# runtime: helpers/live/backends.py), each naming it as the case replay. Never a user's default.
-CASE_ENGINE = "sglang==0.5.9"
-# What a static question (check, diagnose, wiring, bench on the reference engine) assumes when no --engine
-# is given, said in the first line of its output (``assumed_engine_line``): the newest release the workbook
-# has read of SGLang, the original case's engine family (tests/test_engine_defaults.py keeps it the newest
-# read). A live run defaults to the installed engine's own release instead (live.backends.choose).
-DEFAULT_ENGINE = "sglang==0.5.23"
-# Before and after SGLang changed its DeepSeek rule, and the other engine: the comparison table.
-DEFAULT_ENGINES = (CASE_ENGINE, DEFAULT_ENGINE, "vllm")
 SGLANG_DRAFT_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 # MLA drafts (Kimi-K2.x): SGLang kimi_k25_eagle3.py, vLLM deepseek_eagle3.py (V3 is vLLM's alias).
@@ -111,6 +100,20 @@ class Engine:
         return self.rules.effective_version(self.version)
 
 
+# The original case's release. Only the embedded pair (data/tiny-kimi) replays it: the notebooks'
+# ENGINE_VERSION default and the main job on that pair (0.5.9's capture rule inside the installed
+# runtime: helpers/live/backends.py), each naming it as the case replay. Never a user's default.
+# Typed like every engine below the edge; ``str()`` gives the text a parameter carries.
+CASE_ENGINE = Engine("sglang", "0.5.9")
+# What a static question (check, diagnose, wiring, bench on the reference engine) assumes when no --engine
+# is given, said in the first line of its output (``assumed_engine_line``): the newest release the workbook
+# has read of SGLang, the original case's engine family (tests/test_engine_defaults.py keeps it the newest
+# read). A live run defaults to the installed engine's own release instead (live.backends.choose).
+DEFAULT_ENGINE = Engine("sglang", "0.5.23")
+# Before and after SGLang changed its DeepSeek rule, and the other engine: the comparison table.
+DEFAULT_ENGINES = (CASE_ENGINE, DEFAULT_ENGINE, Engine("vllm"))
+
+
 _FAMILIES: dict[str, Any] = {}    # family name -> its rule object, registered by helpers.rules.engines
 
 
@@ -152,6 +155,15 @@ def parse_engine(engine: "str | Engine") -> Engine:
         raise BadOption(f"engine '{engine}': vLLM has no model runner ':{runner}' "
                         f"(expected vllm[==VERSION]:v1 or :v2)")
     return Engine(name, version or None, runner or None)
+
+
+def expect_engine(engine: Engine) -> Engine:
+    """``engine`` as given, when it is an Engine: below the edge nothing parses text again, so text that
+    reached a library function is the caller's slip (parse it where it entered: ``parse_engine``)."""
+    if not isinstance(engine, Engine):
+        raise TypeError(f"expected an Engine (parsed once at the edge with parse_engine), got "
+                        f"{type(engine).__name__} {engine!r}")
+    return engine
 
 
 def assumed_engine_line(engine: "str | Engine") -> str:

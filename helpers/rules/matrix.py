@@ -36,7 +36,7 @@ from .vllm.rule import (
     resolve_vllm,
     vllm_draft_class,
 )
-from .wheels import PackageIndexUnreachable, released_versions
+from .wheels import PackageIndexUnreachable, cached_versions, released_versions
 from .wiring import resolve
 
 # The first release with EAGLE-3 (srt/models/llama_eagle3.py and LlamaForCausalLM's setter appear in
@@ -120,10 +120,7 @@ def sglang_releases() -> list[str]:
     try:
         listed = released_versions("sglang")
     except PackageIndexUnreachable:
-        root = ss.cache_root()
-        listed = sorted((p.name for p in root.iterdir() if (p / ".complete").is_file())
-                        if root.is_dir() else [],
-                        key=version_tuple)
+        listed = cached_versions("sglang")
     return [v for v in listed if version_tuple(v) >= version_tuple(FIRST_EAGLE3)]
 
 
@@ -169,7 +166,8 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
     for v in tqdm(list(versions if versions is not None else sglang_releases()),
                   desc=f"SGLang releases, {arch}", disable=not progress, mininterval=1.0):
         try:
-            r = resolve(f"sglang=={v}", arch, num_layers, ids=ids, draft=draft, target_config=target_config)
+            r = resolve(Engine("sglang", v), arch, num_layers, ids=ids, draft=draft,
+                        target_config=target_config)
         except ss.UnknownArchitectureError:
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue

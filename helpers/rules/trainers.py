@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 from ..boundaries import Layout, WiringError, layout_label
 from ..errors import BadOption, CacheError, one_line, warn_once
 from .conventions import (
+    Engine,
     IdsAt,
     check_num_layers,
     ids_in_config,
@@ -342,7 +343,7 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
     if not arch:
         raise BadOption("specforge-sglang captures through SGLang's setter, which depends on the target "
                         "architecture: give --arch (or --target DIR)")
-    r = resolve(f"sglang=={version}", arch, n, ids=ids)
+    r = resolve(Engine("sglang", version), arch, n, ids=ids)
     out.source_lines += r.source_lines
     out.errors += [f"SGLang {version} during capture: {e}" for e in r.errors]
     return list(r.served_layout)

@@ -1,12 +1,24 @@
 """Any released package's Python source, fetched once from the package index into the workbook's cache.
 
-Trainers change their conventions between releases just as engines do, so a trainer's rule is
-checked against the release's own files (``helpers.rules.trainers``) rather than trusted from memory.
-Only the Python files under the requested folders are kept: a 370 MB vLLM wheel leaves a few MB.
-The entry is unpacked beside the cache and renamed into place when complete, so an interrupted or
-concurrent fetch never leaves half a release behind.
+Trainers and engines change their conventions between releases, so a rule is checked against the
+release's own files (``helpers.rules.trainers``, ``rules.vllm.source``, ``rules.sglang.source``) rather
+than trusted from memory. This module is the one cache they share. Only the files the caller keeps are
+unpacked (``keep``): a 370 MB vLLM wheel leaves a few MB.
 
-Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``~/.cache/eagle3-workbook``).
+Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``~/.cache/eagle3-workbook``), each
+entry holding the kept files and a ``.complete`` marker. An entry is unpacked into a hidden staging
+folder ``.<version>-*`` beside it and renamed into place when complete, so an interrupted or concurrent
+fetch never leaves half a release behind.
+
+Eviction, done after each download (a cache miss) of a package, inside ``<cache>/<package>/`` only:
+
+- a staging folder ``.<version>-*`` older than an hour (``STAGING_STALE_S``) is an interrupted fetch's
+  and is removed;
+- a complete entry is removed when it is not among the ``KEEP_RECENT`` most recently used of its
+  package and has not been used for a day (``IDLE_S``); "used" is the ``.complete`` marker's mtime,
+  touched on every cache hit. The day spares a run that reads every release (``wiring --matrix``),
+  which would otherwise evict the releases it is about to read again;
+- the entry being returned is never removed.
 """
 from __future__ import annotations
 
@@ -16,15 +28,28 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import BadOption, CacheError
 from .conventions import is_version_string, version_tuple
 
 CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
 COMPLETE_MARKER = ".complete"
+KEEP_RECENT = 10                # complete entries per package that are never evicted, most recently used
+IDLE_S = 24 * 3600              # beyond those, an entry unused this long is evicted
+STAGING_STALE_S = 3600          # a staging folder this old belongs to a fetch that was interrupted
+PIP_TIMEOUT_S = 900
+# Releases built for one interpreter only (sglang 0.5.23 ships cp311 manylinux wheels): when the
+# running Python has no wheel, these tags are tried before the version is called unknown. Only Python
+# files are read, so any platform's wheel will do.
+FALLBACK_WHEEL_TAGS = (("3.11", "manylinux_2_34_x86_64"), ("3.12", "manylinux_2_34_x86_64"),
+                       ("3.10", "manylinux_2_34_x86_64"))
+
+Keep = Sequence[str] | Callable[[str], bool]
+Download = Callable[[str, Path, tuple[str, ...]], subprocess.CompletedProcess]
 
 
 class PackageSourceError(RuntimeError):
@@ -40,70 +65,241 @@ class PackageIndexUnreachable(PackageSourceError):
 
 
 def cache_root(package: str) -> Path:
+    """``<cache>/<package>``: the folder holding every cached version of ``package``."""
     base = os.environ.get(CACHE_ENV)
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "eagle3-workbook") / package
 
 
-def cached(package: str, version: str) -> Path | None:
-    folder = cache_root(package) / version
+def cached(package: str, version: str, cache: Path | str | None = None) -> Path | None:
+    """The complete entry of ``package==version``, or None; never downloads. ``cache``: the folder
+    holding the versions, by default ``cache_root(package)``."""
+    folder = (Path(cache) if cache is not None else cache_root(package)) / version
     return folder if (folder / COMPLETE_MARKER).is_file() else None
 
 
-def fetch(package: str, version: str, folders: Sequence[str]) -> Path:
-    """The folder holding ``package==version``'s Python files under ``folders`` (e.g. "speculators/")."""
+def cached_versions(package: str, cache: Path | str | None = None) -> list[str]:
+    """The versions with a complete entry, oldest release first."""
+    base = Path(cache) if cache is not None else cache_root(package)
+    found = [p.name for p in base.iterdir() if (p / COMPLETE_MARKER).is_file()] if base.is_dir() else []
+    return sorted(found, key=version_tuple)
+
+
+def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = None,
+          download: Download | None = None) -> Path:
+    """The folder holding ``package==version``'s kept files, its wheel downloaded once.
+
+    ``keep``: folder prefixes whose ``.py`` files are kept (e.g. ``["speculators/"]``), or a predicate
+    on the wheel's member names. ``cache``: the folder holding the versions (default
+    ``cache_root(package)``). ``download(version, dest, extra_pip_args)`` stands in for
+    ``pip download`` (tests). One package has one selection: an entry holds what its first fetch kept.
+    """
     if not is_version_string(version):
         raise UnknownPackageVersion(f"{package} {version!r} is not a version number (expected e.g. 0.4.0)")
-    found = cached(package, version)
+    wanted = _keep_predicate(keep)
+    base = Path(cache) if cache is not None else cache_root(package)
+    found = cached(package, version, base)
     if found is not None:
+        _touch(found)
         return found
-    base = cache_root(package)
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CacheError(f"cannot write the source cache {base} ({exc.strerror}); "
-                         f"set {CACHE_ENV} to a writable folder") from None
+    check_cache_writable(base, package)
+    run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
     with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
-        wheel = _download(package, version, Path(tmp))
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))
-        try:
-            with zipfile.ZipFile(wheel) as zf:
-                for name in zf.namelist():
-                    keep = name.endswith(".py") and any(name.startswith(f) for f in folders)
-                    if keep and ".." not in Path(name).parts:
-                        zf.extract(name, staging)
-            (staging / COMPLETE_MARKER).write_text(wheel.name + "\n", encoding="utf-8")
-            try:
-                os.rename(staging, base / version)
-            except OSError:
-                if cached(package, version) is None:
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        wheel = _download_wheel(package, version, Path(tmp), base, run)
+        _install(package, version, wheel, wanted, base)
+    evict(base, spare=version)
     return base / version
 
 
-def _download(package: str, version: str, dest: Path) -> Path:
+def _keep_predicate(keep: Keep) -> Callable[[str], bool]:
+    if callable(keep):
+        return keep
+    prefixes = (keep,) if isinstance(keep, str) else tuple(keep)
+    if not prefixes:
+        raise ValueError("keep names no folder; expected folder prefixes such as 'vllm/v1/worker/'")
+    return lambda name: name.endswith(".py") and name.startswith(prefixes)
+
+
+def _touch(entry: Path) -> None:
+    """Mark an entry used now (what eviction reads); a read-only cache simply stays as it is."""
+    try:
+        os.utime(entry / COMPLETE_MARKER)
+    except OSError:
+        pass
+
+
+def check_cache_writable(base: Path, package: str) -> Path:
+    """The cache folder exists and takes a file, checked before a download that would otherwise
+    fail after minutes with a bare FileNotFoundError/PermissionError naming a temp path."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=base))
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        setting = os.environ.get(CACHE_ENV)
+        raise CacheError(f"cannot write the {package} source cache {base} ({why}); set {CACHE_ENV} to a "
+                         f"writable folder" + (f" (it is {setting!r})" if setting else "")) from None
+    return base
+
+
+def _install(package: str, version: str, wheel: Path, wanted: Callable[[str], bool], base: Path) -> None:
+    """Unpack the kept members into a staging folder and rename it into place."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))
+    try:
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                for name in zf.namelist():
+                    inside = not name.startswith("/") and ".." not in Path(name).parts
+                    if inside and not name.endswith("/") and wanted(name):
+                        zf.extract(name, staging)
+        except zipfile.BadZipFile:
+            raise PackageSourceError(f"pip's {package} {version} download {wheel.name} is not a wheel "
+                                     f"(a zip archive)") from None
+        (staging / COMPLETE_MARKER).write_text(wheel.name + "\n", encoding="utf-8")
+        try:
+            os.rename(staging, base / version)
+        except OSError:
+            winner = cached(package, version, base)
+            if winner is not None:          # a concurrent fetch won: its entry is as good
+                _touch(winner)
+                return
+            if (base / version).exists():
+                raise PackageSourceError(f"{base / version} exists but is not a complete cache entry (no "
+                                         f"{COMPLETE_MARKER}); remove it and fetch again") from None
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def evict(base: Path, spare: str | None = None, now: float | None = None) -> list[str]:
+    """Apply the eviction rule (module docstring) to one package's folder; the names removed."""
+    now = time.time() if now is None else now
+    removed, entries = [], []
+    for p in base.iterdir() if base.is_dir() else []:
+        if p.is_symlink() or not p.is_dir():
+            continue
+        if _is_staging(p.name):
+            made = _mtime(p)
+            if made is not None and now - made > STAGING_STALE_S:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p.name)
+        elif is_version_string(p.name):
+            used = _mtime(p / COMPLETE_MARKER)
+            if used is not None:
+                entries.append((used, p))
+    entries.sort(key=lambda e: e[0], reverse=True)
+    for used, p in entries[KEEP_RECENT:]:
+        if p.name != spare and now - used > IDLE_S and _remove_entry(p):
+            removed.append(p.name)
+    return removed
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:          # gone meanwhile (another process), or never there
+        return None
+
+
+def _is_staging(name: str) -> bool:
+    m = re.fullmatch(r"\.(.+?)-[^/]+", name)
+    return bool(m) and is_version_string(m.group(1))
+
+
+def _remove_entry(entry: Path) -> bool:
+    """Moved under a staging name first, so a reader sees the entry whole or not at all."""
+    try:
+        gone = Path(tempfile.mkdtemp(prefix=f".{entry.name}-evicted-", dir=entry.parent))
+    except OSError:
+        return False
+    try:
+        os.rename(entry, gone / entry.name)
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(gone, ignore_errors=True)
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# pip, and what its failures mean.
+
+
+def pip_download(package: str, version: str, dest: Path,
+                 extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``pip download`` of one wheel into ``dest``; ``extra`` names another interpreter's tags."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary=:all:", "-d", str(dest), f"{package}=={version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
+           "--only-binary=:all:", "-d", str(dest), *extra, f"{package}=={version}"]
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 1, "", f"pip download timed out after {PIP_TIMEOUT_S} s")
+
+
+def _download_wheel(package: str, version: str, dest: Path, base: Path, run: Download) -> Path:
+    """The wheel of ``package==version``: for this interpreter, else for a fallback tag."""
+    proc = run(version, dest, ())
     if proc.returncode != 0:
-        listed = re.search(r"from versions: ([^)]*)\)", out)
-        names = [v.strip() for v in listed.group(1).split(",")] if listed else None
-        if names in (None, ["none"]) and "No matching distribution" not in out:
-            raise PackageIndexUnreachable(f"cannot fetch {package} {version}: no package index answered pip "
-                                          f"(offline?); {_last(out)}")
-        if names and names != ["none"] and version not in names:
-            raise UnknownPackageVersion(f"{package} {version} does not exist on the package index (latest "
-                                        f"listed: {', '.join(names[-5:])})")
-        raise PackageSourceError(f"pip could not download a {package} {version} wheel: {_last(out)}")
+        output = proc.stdout + proc.stderr
+        listed = _listed_versions(output)
+        if listed == []:
+            # "(from versions: none)": no index answered (offline, a dead PIP_INDEX_URL). The packages
+            # read here have many releases, so an empty list never means this version is missing.
+            raise PackageIndexUnreachable(
+                f"cannot fetch {package} {version}: pip listed no {package} versions at all, so the package "
+                f"index is unreachable or does not carry {package} ({_network_reason(output)}); "
+                f"{_cached_hint(package, base)}")
+        if listed is None and "No matching distribution" not in output:
+            raise PackageIndexUnreachable(f"pip could not download {package} {version}: "
+                                          f"{_last_line(output)}; {_cached_hint(package, base)}")
+        # pip lists only the versions with a wheel for this interpreter, so a release built for
+        # another Python looks absent until the other tags are tried.
+        for py, platform in FALLBACK_WHEEL_TAGS:
+            proc = run(version, dest, ("--python-version", py, "--platform", platform))
+            if proc.returncode == 0:
+                break
+        else:
+            if listed and version not in listed:
+                raise UnknownPackageVersion(f"{package} {version} does not exist on the package index "
+                                            f"(latest listed: {', '.join(listed[-5:])})")
+            raise PackageSourceError(f"pip could not download a {package} {version} wheel for this Python "
+                                     f"or any fallback tag: {_last_line(proc.stdout + proc.stderr)}")
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
-        raise PackageSourceError(f"pip left no {package} {version} wheel in {dest}")
+        raise PackageSourceError(f"pip reported success but left no {package} {version} wheel in {dest}")
     return wheels[0]
 
 
-def _last(text: str) -> str:
+def _listed_versions(pip_output: str) -> list[str] | None:
+    """The versions pip's "(from versions: ...)" names; [] for "none"; None when it names none."""
+    m = re.search(r"from versions: ([^)]*)\)", pip_output)
+    if not m:
+        return None
+    return [v.strip() for v in m.group(1).split(",") if v.strip() and v.strip() != "none"]
+
+
+_NETWORK_HINTS = ("NewConnectionError", "Connection refused", "Name or service not known",
+                  "Temporary failure in name resolution", "Network is unreachable", "timed out",
+                  "ProxyError", "SSLError")
+
+
+def _network_reason(output: str) -> str:
+    """The line of pip's output that says why no index answered, if pip gave one."""
+    for line in output.splitlines():
+        hint = next((h for h in _NETWORK_HINTS if h in line), None)
+        if hint is not None:
+            m = re.search(r"\[Errno [^\]]*\][^'\")]*", line)
+            return f"pip: {m.group(0).strip() if m else hint}"
+    return "no index answered pip"
+
+
+def _cached_hint(package: str, base: Path) -> str:
+    """Which versions can still be read offline, so the user can pick one."""
+    have = cached_versions(package, base)
+    where = f"cached here: {', '.join(have)}" if have else f"nothing is cached in {base}"
+    return f"{where}; go online once to fetch it"
+
+
+def _last_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "no output"
 
@@ -114,7 +310,8 @@ def released_versions(package: str) -> list[str]:
                            "--disable-pip-version-check"], capture_output=True, text=True, timeout=300)
     m = re.search(r"Available versions: (.*)", proc.stdout)
     if proc.returncode != 0 or not m:
-        raise PackageIndexUnreachable(f"cannot list {package} releases: {_last(proc.stdout + proc.stderr)}")
+        raise PackageIndexUnreachable(f"cannot list {package} releases: "
+                                      f"{_last_line(proc.stdout + proc.stderr)}")
     versions = [v.strip() for v in m.group(1).split(",")]
     final = [v for v in versions if is_version_string(v) and not re.search(r"(a|b|rc|dev)\d", v)]
     return sorted(final, key=version_tuple)

@@ -19,8 +19,8 @@ from .conventions import (
     Engine,
     IdsAt,
     check_num_layers,
+    expect_engine,
     ids_in_config,
-    parse_engine,
     read_draft_config,
 )
 from .sglang import patch as sglang_patch
@@ -29,19 +29,19 @@ from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
 from .vllm import source as vllm_source
 
 
-def resolve(engine: str | Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,
+def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,
             draft: str | Path | dict | None = None, *, source: ss.SglangSource | None = None,
             root: str | Path | None = None, target_config: dict | None = None,
             read_vllm_source: bool = False) -> WiringResult:
     """Resolve a draft's ids to the served layout the way ``engine`` itself would (its family's
-    ``resolve``). An entry point: notebooks and tests name the engine as text, parsed here.
+    ``resolve``).
 
     ``ids`` are passed as given (``ids_source='explicit'``); otherwise they are read from
     ``draft`` with the engine's own rule; with neither, the engine's defaults apply.
     Problems with the wiring go to ``errors``; malformed input raises WiringError.
     """
     num_layers = check_num_layers(num_layers)
-    eng = parse_engine(engine)
+    eng = expect_engine(engine)
     if ids is not None and draft is not None:
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
@@ -95,16 +95,15 @@ def checked_against_vllm_source(result: WiringResult, eng: Engine, arch: str) ->
 
 
 def served_plan(draft: str | Path | dict | Sequence[int] | None, num_layers: int, arch: str,
-                engine: str | Engine = DEFAULT_ENGINE, *, root: str | Path | None = None,
+                engine: Engine = DEFAULT_ENGINE, *, root: str | Path | None = None,
                 strict: bool = False, target_config: dict | None = None) -> CapturePlan:
-    """The layout ``engine`` will feed this draft (a folder, a config dict or explicit ids). An entry
-    point: notebooks and tests name the engine as text, parsed here.
+    """The layout ``engine`` will feed this draft (a folder, a config dict or explicit ids).
 
     Errors travel in the plan unless ``strict``. When no release source can be fetched (offline,
     no cache) the documented rule stands in, and a warning says so once; a version that does not
     exist is the user's to fix and raises.
     """
-    engine = parse_engine(engine)
+    expect_engine(engine)
     ids = list(draft) if isinstance(draft, (list, tuple)) else None
     config = None if ids is not None else draft
     try:
@@ -135,7 +134,7 @@ def rule_plan(engine: Engine, num_layers: int, draft_config: dict, *, arch: str 
 
 def conventions_table(draft_or_ids: str | Path | dict | Sequence[int] | None, num_layers: int,
                       arch: str | Sequence[str] = ("DeepseekV3ForCausalLM", "LlamaForCausalLM"),
-                      engines: Sequence[str] = DEFAULT_ENGINES):
+                      engines: Sequence[Engine] = DEFAULT_ENGINES):
     """One row per engine x architecture: what each would serve for the same draft."""
     import pandas as pd  # heavy, and only the notebooks want a frame
 
@@ -154,11 +153,9 @@ def conventions_table(draft_or_ids: str | Path | dict | Sequence[int] | None, nu
     return pd.DataFrame(rows)
 
 
-def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: str | Engine = DEFAULT_ENGINE,
+def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: Engine = DEFAULT_ENGINE,
                    *, root: str | Path | None = None) -> list[int] | None:
-    """Draft ids that make ``engine`` serve ``layout`` without errors, or None. An entry point: notebooks
-    and tests name the engine as text, parsed here."""
-    engine = parse_engine(engine)
+    """Draft ids that make ``engine`` serve ``layout`` without errors, or None."""
     target = tuple(sorted(layout))
     for candidate in ([b - 1 for b in target], list(target)):
         try:

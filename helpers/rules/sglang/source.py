@@ -6,9 +6,10 @@ from an installed sglang located without importing it. Everything downstream (th
 inspector, the id resolver, the patch) works on a :class:`SglangSource`, so a test can point
 one at a private copy of the files and leave the shared cache alone.
 
-Cache layout: ``$EAGLE3_WORKBOOK_CACHE/sglang/<version>/`` (default
-``~/.cache/eagle3-workbook/sglang/<version>/``) holds the wheel's ``sglang/srt/**/*.py`` and
-its ``*.dist-info`` (whose RECORD carries the sha256 of every pristine file).
+The wheel is fetched through the workbook's one cache (``rules.wheels``: its layout, its eviction):
+``$EAGLE3_WORKBOOK_CACHE/sglang/<version>/`` (default ``~/.cache/eagle3-workbook/sglang/<version>/``)
+holds the wheel's ``sglang/srt/**/*.py`` and its ``*.dist-info`` (whose RECORD carries the sha256 of
+every pristine file).
 """
 from __future__ import annotations
 
@@ -17,38 +18,26 @@ import csv
 import hashlib
 import importlib.util
 import io
-import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from importlib.metadata import version as distribution_version
 from pathlib import Path
 
-from ...errors import CacheError
+from .. import wheels
 from ..conventions import is_version_string
-
-CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
-_EXTRACT_PREFIX = "sglang/srt/"
-_COMPLETE_MARKER = ".complete"
-# Wheels built for one interpreter only (0.5.23 ships cp311 manylinux wheels): when the
-# running Python has no match, these tags are tried before calling the version unknown.
-_FALLBACK_WHEEL_TAGS = (("3.11", "manylinux_2_34_x86_64"), ("3.12", "manylinux_2_34_x86_64"),
-                        ("3.10", "manylinux_2_34_x86_64"))
+from ..wheels import CACHE_ENV  # noqa: F401  (the one cache's setting, named here for callers)
 
 
-class SglangSourceError(RuntimeError):
+class SglangSourceError(wheels.PackageSourceError):
     """The source of an SGLang version could not be obtained or read."""
 
 
-class UnknownVersionError(SglangSourceError):
+class UnknownVersionError(SglangSourceError, wheels.UnknownPackageVersion):
     """The package index has no such sglang version."""
 
 
-class IndexUnreachableError(SglangSourceError):
+class IndexUnreachableError(SglangSourceError, wheels.PackageIndexUnreachable):
     """pip could not reach a package index (offline machine)."""
 
 
@@ -119,9 +108,7 @@ def sha256_bytes(data: bytes) -> str:
 
 def cache_root() -> Path:
     """Base folder of every SGLang version the workbook has fetched."""
-    base = os.environ.get(CACHE_ENV)
-    base_path = Path(base).expanduser() if base else Path.home() / ".cache" / "eagle3-workbook"
-    return base_path / "sglang"
+    return wheels.cache_root("sglang")
 
 
 def check_version_string(version: str) -> str:
@@ -139,149 +126,42 @@ def check_version_string(version: str) -> str:
 def cached_sglang(version: str, cache: Path | str | None = None) -> SglangSource | None:
     """The cached copy of a version, if a complete one is there; never downloads."""
     version = check_version_string(version)
-    folder = (Path(cache) if cache else cache_root()) / version
-    if (folder / _COMPLETE_MARKER).is_file() and (folder / "sglang" / "srt" / "models").is_dir():
+    folder = wheels.cached("sglang", version, cache)
+    if folder is not None and (folder / "sglang" / "srt" / "models").is_dir():
         return SglangSource(version=version, root=folder, origin="cache")
     return None
 
 
 def fetch_sglang(version: str, cache: Path | str | None = None) -> SglangSource:
-    """A version's source, downloading its wheel once (``pip download --no-deps``).
+    """A version's source, its wheel downloaded once into the shared cache (``wheels.fetch``).
 
-    The wheel is unpacked into a temporary folder beside the cache entry and renamed into
-    place only when complete, so an unknown version, a network failure or two processes
-    fetching at once never leave a half-written entry.
+    ``cache``: the folder holding the versions (default ``cache_root()``). The wheel's
+    ``sglang/srt/**/*.py`` and its dist-info are kept.
     """
     version = check_version_string(version)
-    found = cached_sglang(version, cache)
-    if found is not None:
-        return found
-    base = Path(cache) if cache else cache_root()
-    check_cache_writable(base)
-    with tempfile.TemporaryDirectory(prefix="sglang-dl-") as tmp:
-        wheel = _download_wheel(version, Path(tmp), base)
-        base.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))
-        try:
-            _extract_wheel(wheel, staging)
-            (staging / _COMPLETE_MARKER).write_text(wheel.name + "\n", encoding="utf-8")
-            try:
-                os.rename(staging, base / version)
-            except OSError:
-                if cached_sglang(version, base) is None:  # not a concurrent winner: a real failure
-                    raise
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-    found = cached_sglang(version, base)
-    if found is None:
-        raise SglangSourceError(f"sglang {version} was downloaded but its cache entry is incomplete")
-    return found
-
-
-def check_cache_writable(base: Path) -> Path:
-    """The cache folder exists and takes a file, checked before a download that would otherwise
-    fail after minutes with a bare FileNotFoundError/PermissionError naming a temp path."""
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=".write-probe-", dir=base)
-        os.rmdir(probe)
-    except OSError as exc:
-        raise CacheError(f"cannot write the SGLang source cache {base} "
-                         f"({exc.strerror or type(exc).__name__}); set {CACHE_ENV} to a writable folder (it "
-                         f"is {os.environ.get(CACHE_ENV)!r})"
-                         if os.environ.get(CACHE_ENV) else
-                         f"cannot write the SGLang source cache {base} "
-                         f"({exc.strerror or type(exc).__name__}); set {CACHE_ENV} to a writable "
-                         f"folder") from None
-    return base
+        folder = wheels.fetch("sglang", version, _kept, cache=cache, download=_pip_download)
+    except wheels.UnknownPackageVersion as exc:
+        raise UnknownVersionError(str(exc)) from None
+    except wheels.PackageIndexUnreachable as exc:
+        raise IndexUnreachableError(f"{exc}, or point at an sglang tree (--sglang-root / root=)") from None
+    except wheels.PackageSourceError as exc:
+        raise SglangSourceError(str(exc)) from None
+    if not (folder / "sglang" / "srt" / "models").is_dir():
+        raise SglangSourceError(f"the cache entry {folder} holds no sglang/srt/models/; remove it and fetch "
+                                f"sglang {version} again")
+    return SglangSource(version=version, root=folder, origin="cache")
+
+
+def _kept(name: str) -> bool:
+    """The members of an sglang wheel the workbook reads: srt's Python sources and the dist-info."""
+    return ((name.startswith("sglang/srt/") and name.endswith(".py"))
+            or (name.startswith("sglang-") and ".dist-info/" in name))
 
 
 def _pip_download(version: str, dest: Path, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-d", str(dest), *extra, f"sglang=={version}"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-
-
-def _listed_versions(pip_output: str) -> list[str] | None:
-    m = re.search(r"from versions: ([^)]*)\)", pip_output)
-    if not m:
-        return None
-    return [v.strip() for v in m.group(1).split(",") if v.strip() and v.strip() != "none"]
-
-
-def _download_wheel(version: str, dest: Path, cache: Path | None = None) -> Path:
-    proc = _pip_download(version, dest)
-    if proc.returncode != 0:
-        output = proc.stdout + proc.stderr
-        listed = _listed_versions(output)
-        if listed == []:
-            # pip prints "(from versions: none)" when no index answered at all (offline, a dead
-            # PIP_INDEX_URL): sglang has hundreds of releases, so an empty list never means
-            # that this version is missing, only that nothing could be asked.
-            raise IndexUnreachableError(
-                f"cannot fetch sglang {version}: pip listed no sglang versions at all, so the package "
-                f"index is unreachable or does not carry sglang ({_network_reason(output)}); "
-                f"{_cached_hint(cache)}")
-        if listed is None and "No matching distribution" not in output:
-            raise IndexUnreachableError(
-                f"pip could not download sglang {version}: {_last_line(output)}; {_cached_hint(cache)}")
-        # pip lists only the versions with a wheel for this interpreter, so a release built for
-        # another Python (0.5.23 ships cp311 only) looks absent until the other tags are tried.
-        for py, platform in _FALLBACK_WHEEL_TAGS:
-            proc = _pip_download(version, dest, ("--only-binary=:all:", "--python-version", py,
-                                                 "--platform", platform))
-            if proc.returncode == 0:
-                break
-        else:
-            if listed is not None and version not in listed:
-                raise UnknownVersionError(
-                    f"sglang {version} does not exist on the package index "
-                    f"(latest listed: {', '.join(listed[-5:])})")
-            raise UnknownVersionError(f"sglang {version}: no wheel could be downloaded "
-                                      f"({_last_line(proc.stdout + proc.stderr)})")
-    wheels = sorted(dest.glob("sglang-*.whl"))
-    if not wheels:
-        raise SglangSourceError(f"pip reported success but left no sglang {version} wheel in {dest}")
-    return wheels[0]
-
-
-_NETWORK_HINTS = ("NewConnectionError", "Connection refused", "Name or service not known",
-                  "Temporary failure in name resolution", "Network is unreachable", "timed out",
-                  "ProxyError", "SSLError")
-
-
-def _network_reason(output: str) -> str:
-    """The line of pip's output that says why no index answered, if pip gave one."""
-    for line in output.splitlines():
-        hint = next((h for h in _NETWORK_HINTS if h in line), None)
-        if hint is not None:
-            m = re.search(r"\[Errno [^\]]*\][^'\")]*", line)
-            return f"pip: {m.group(0).strip() if m else hint}"
-    return "no index answered pip"
-
-
-def _cached_hint(cache: Path | None = None) -> str:
-    """Which versions can still be read offline, so the user can pick one or pass a tree."""
-    root = Path(cache) if cache else cache_root()
-    have = sorted(p.name for p in root.iterdir() if (p / _COMPLETE_MARKER).is_file()) if root.is_dir() else []
-    cached = f"cached here: {', '.join(have)}" if have else f"nothing is cached in {root}"
-    return f"{cached}; go online once to fetch it, or point at an sglang tree (--sglang-root / root=)"
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "no output"
-
-
-def _extract_wheel(wheel: Path, dest: Path) -> None:
-    """Only the Python sources under sglang/srt and the dist-info: what the workbook reads."""
-    with zipfile.ZipFile(wheel) as zf:
-        for name in zf.namelist():
-            wanted = (name.startswith(_EXTRACT_PREFIX) and name.endswith(".py")) or (
-                ".dist-info/" in name and name.startswith("sglang-"))
-            if wanted and not name.endswith("/") and ".." not in Path(name).parts:
-                zf.extract(name, dest)
+    """``pip download`` of one sglang wheel; tests replace it to play the package index."""
+    return wheels.pip_download("sglang", version, dest, extra)
 
 
 # --------------------------------------------------------------------------------------
