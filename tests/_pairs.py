@@ -16,7 +16,7 @@ ROOT = Path(os.environ.get("WORKBOOK_TEST_PAIRS") or tempfile.mkdtemp(prefix="ea
 @functools.lru_cache(maxsize=None)
 def tiny_default() -> Path:
     """``build-default --tiny``: DeepSeek-V3 target, SGLang-format draft trained on (0, 3, 7)."""
-    from helpers.commands.build import build_default
+    from helpers.investigation.embedded_pair import build_default
 
     out = ROOT / "tiny-kimi"
     if (out / "build.json").is_file():
@@ -28,7 +28,7 @@ def tiny_default() -> Path:
 @functools.lru_cache(maxsize=None)
 def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
     """Another draft on the same tiny target, trained on ``layout``."""
-    from helpers.commands.build import TINY, build_draft
+    from helpers.investigation.embedded_pair import TINY, build_draft
 
     base = tiny_default()
     out = ROOT / f"draft-{'-'.join(map(str, layout))}-{fmt}"
@@ -41,7 +41,7 @@ def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
 @functools.lru_cache(maxsize=None)
 def tiny_llama() -> Path:
     """A second family: Llama target with a speculators-format draft, 8 layers."""
-    from helpers.commands.build import build_default
+    from helpers.investigation.embedded_pair import build_default
 
     out = ROOT / "tiny-llama"
     if (out / "build.json").is_file():

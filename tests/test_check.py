@@ -8,6 +8,7 @@ from their own source, as in use.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -414,3 +415,88 @@ def test_engine_that_sizes_fc_otherwise_than_it_feeds_it_is_blocking_without_wei
     assert "fc-width" in _kinds(r) and r.served_layout == (2, 16, 29)
     assert "fc-width" not in _kinds(check(folder, parse_engine("sglang==0.5.23"), target=target,
                                           across_releases=False))
+
+
+# -- llama.cpp's converted draft: the GGUF decides ----------------------------------------------------
+
+
+def _gguf(path: Path, meta: dict, version: int = 3, cut: int | None = None) -> Path:
+    """A GGUF header as llama.cpp's converter lays it out (magic, version, counts, typed key/values), no
+    tensors: what ``check --gguf`` reads. Ints are written as int32 (gguf-py's type for a Python int),
+    ``np.uint32``-style values through ``("u32", v)``."""
+    def text(s: str) -> bytes:
+        raw = s.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    def typed(v) -> tuple[int, bytes]:
+        if isinstance(v, tuple):
+            return 4, struct.pack("<I", v[1])
+        if isinstance(v, bool):
+            return 7, struct.pack("<?", v)
+        if isinstance(v, int):
+            return 5, struct.pack("<i", v)
+        if isinstance(v, float):
+            return 6, struct.pack("<f", v)
+        if isinstance(v, str):
+            return 8, text(v)
+        kinds = [typed(x) for x in v]
+        inner = kinds[0][0] if kinds else 5
+        return 9, struct.pack("<IQ", inner, len(v)) + b"".join(b for _, b in kinds)
+
+    body = b"".join(text(k) + struct.pack("<I", typed(v)[0]) + typed(v)[1] for k, v in meta.items())
+    raw = b"GGUF" + struct.pack("<IQQ", version, 7, len(meta)) + body
+    path.write_bytes(raw[:cut] if cut is not None else raw)
+    return path
+
+
+DRAFT_META = {"general.architecture": "eagle3", "general.name": "draft", "eagle3.target_hidden_size": H,
+              "eagle3.norm_before_residual": False}
+
+
+def test_the_gguf_reader_reads_every_value_type(tmp_path):
+    from helpers.rules.llamacpp.gguf import read_metadata
+    meta = {"a.str": "x", "a.i32": -3, "a.u32": ("u32", 7), "a.f32": 0.5, "a.bool": True,
+            "a.arr": [1, 15, 28], "a.strs": ["q", "r"], "a.empty": []}
+    got = read_metadata(_gguf(tmp_path / "m.gguf", meta, version=2))
+    assert got == {"a.str": "x", "a.i32": -3, "a.u32": 7, "a.f32": 0.5, "a.bool": True, "a.arr": [1, 15, 28],
+                   "a.strs": ["q", "r"], "a.empty": []}
+
+
+def test_the_gguf_not_the_config_is_what_llamacpp_serves(tmp_path):
+    t = _target(tmp_path, "LlamaForCausalLM", 32)
+    d = _draft(tmp_path, "d", top=[1, 15, 28], record=(1, 15, 28))
+    eng = parse_engine("llamacpp==b11434")
+    same = check(d, eng, target=t, gguf=_gguf(tmp_path / "same.gguf", DRAFT_META | {
+        "eagle3.target_layers": [1, 15, 28]}))
+    assert same.ok and same.served_layout == (1, 15, 28)
+    assert "eagle3.target_layers in same.gguf" in same.served_source
+    assert any(n.startswith("gguf:") and "what llamacpp==b11434's converter writes" in n for n in same.notes)
+    # converted without the ids (a build that ignored them, or an SGLang-format config): the default
+    other = check(d, eng, target=t, gguf=_gguf(tmp_path / "dflt.gguf", DRAFT_META | {
+        "eagle3.target_layers": [2, 16, 29]}))
+    assert other.served_layout == (2, 16, 29) and "layout-mismatch" in _kinds(other) and not other.ok
+    assert any("converted from another config or build" in n for n in other.notes)
+    assert check(d, eng, target=t).ok                      # the config alone predicts (1, 15, 28)
+
+
+def test_check_gguf_command_and_its_bad_input(tmp_path, capsys):
+    t = _target(tmp_path, "LlamaForCausalLM", 32)
+    d = _draft(tmp_path, "d", top=[1, 15, 28], record=(1, 15, 28))
+    good = _gguf(tmp_path / "d.gguf", DRAFT_META | {"eagle3.target_layers": [2, 16, 29]})
+    base = ["check", "--draft", str(d), "--target", str(t)]
+    assert cli(base + ["--engine", "llamacpp==b11434", "--gguf", str(good)]) == 1
+    out = capsys.readouterr().out
+    assert "eagle3.target_layers in d.gguf" in out and "(2, 16, 29)" in out
+    cases = [(["--engine", "sglang==0.5.23", "--gguf", str(good)], "a GGUF draft is llama.cpp's"),
+             (["--engine", "llamacpp", "--gguf", str(tmp_path / "none.gguf")], "cannot read"),
+             (["--engine", "llamacpp", "--gguf", str(d / "config.json")], "is not a GGUF file"),
+             (["--engine", "llamacpp", "--gguf", str(_gguf(tmp_path / "nokey.gguf", DRAFT_META))],
+              "has no eagle3.target_layers"),
+             (["--engine", "llamacpp", "--gguf", str(_gguf(tmp_path / "cut.gguf", DRAFT_META | {
+                 "eagle3.target_layers": [2, 16, 29]}, cut=60))], "truncated"),
+             (["--engine", "llamacpp", "--gguf", str(_gguf(tmp_path / "v9.gguf", DRAFT_META, version=9))],
+              "GGUF version 9")]
+    for extra, said in cases:
+        assert cli(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and said in err[0], (extra, err)

@@ -462,7 +462,7 @@ def test_diagnose_accepts_variants_and_runs_them_as_the_engine_does(tmp_path):
 @pytest.mark.parametrize("variant,k", [("eagle31_mla", 3), ("norm_before_fc", 2)])
 def test_scale_check_runs_variants(variant, k):
     """scale-check writes the variant in its checkpoint layout and scores it in a fresh process."""
-    from helpers.commands.scale_check import scale_check
+    from helpers.investigation.scale import scale_check
 
     out = scale_check(hidden=256, vocab=300, intermediate=256, tokens=24, records=1, variant=variant,
                       num_aux=k)

@@ -287,7 +287,7 @@ def test_dump_cli_refuses_a_nonempty_out_and_bad_boundaries(tmp_path):
 
 def test_scale_check_runs_small():
     """The Kimi-width cost check, at a width that runs in seconds: it measures, it does not assert speed."""
-    from helpers.commands.scale_check import scale_check
+    from helpers.investigation.scale import scale_check
 
     out = scale_check(hidden=128, vocab=500, intermediate=256, tokens=32, records=1)
     assert out["layouts"] == 24 and out["tokens"] == 32 and out["peak_rss_bytes"] > out["baseline_rss_bytes"]

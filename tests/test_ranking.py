@@ -44,7 +44,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
     """The embedded recipe with a sixth of its training steps: a draft that has learned its layout
     only roughly, whose later steps are poor for every layout."""
-    from helpers.commands.build import TINY, build_draft
+    from helpers.investigation.embedded_pair import TINY, build_draft
 
     out = ROOT / f"draft-weak-{'-'.join(map(str, layout))}"
     if not (out / "training.json").is_file():

@@ -38,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--measured", type=Path, default=None,
                    help="a dump written by `capture --backend vllm`: its measured_boundaries are the served "
                         "layout as the engine itself captured it")
+    p.add_argument("--gguf", type=Path, default=None, metavar="FILE",
+                   help="llama.cpp: the draft as converted to GGUF, whose eagle3.target_layers are what the "
+                        "engine serves (run before llama-server; --engine llamacpp[==BUILD])")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: check the recorded rule against the release's own wheel "
                         "(370 MB, fetched once)")
@@ -51,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = cli.engine_value(args.engine) if args.engine is not None else None   # None: stated default
         report = check(args.draft, engine, target=args.target, target_config=args.target_config,
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
-                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured)
+                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured,
+                       gguf=args.gguf)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import struct
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -39,6 +39,7 @@ from ..rules.conventions import (
     read_target,
 )
 from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
+from ..rules.llamacpp.gguf import TARGET_LAYERS_KEY, target_layers
 from ..rules.sglang import source as ss
 from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology
@@ -175,10 +176,13 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
           target_config: str | Path | None = None, trainer: str | None = None,
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
-          across_releases: bool = True, measured: str | Path | None = None) -> CheckReport:
+          across_releases: bool = True, measured: str | Path | None = None,
+          gguf: str | Path | None = None) -> CheckReport:
     """``engine``: whose rules; None assumes ``conventions.DEFAULT_ENGINE`` and the report says so first
     (``assumed_engine``). ``across_releases``: also every release of the engine (committed data, or
-    resolved now); ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures."""
+    resolved now); ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures.
+    ``gguf``: llama.cpp's converted draft file, whose ``eagle3.target_layers`` are what the engine serves
+    (the config beside it then only says what this build's converter would have written)."""
     started = time.perf_counter()
     check_sizes(tp, pp)
     if (target is None) == (target_config is None):
@@ -202,6 +206,9 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
 
     served = resolve(engine, arch, n, draft=cfg, root=root, target_config=spec.config,
                      read_vllm_source=read_vllm_source)
+    converted = None
+    if gguf is not None:      # the file the engine loads decides, not the config it was converted from
+        converted, served = served, _gguf_served(Path(gguf).expanduser(), eng, arch, n, spec)
     ids, where = ids_in_config(cfg)
     # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
     # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
@@ -240,6 +247,8 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
                      if not p.blocking and p.kind != ProblemKind.STUB_PLACEHOLDERS]
     if measured is not None:
         _measured(report, Path(measured))
+    if converted is not None:
+        _converted(report, served, converted, eng)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -273,6 +282,31 @@ def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: 
             f"before the last stage, and {what} ({topo.evidence})", topo.fix))
     elif pp > 1:
         report.notes.append(f"--pp {pp}: {topo.evidence}")
+
+
+def _gguf_served(path: Path, eng: Engine, arch: str, n: int, spec: TargetSpec) -> WiringResult:
+    """What llama.cpp serves from its converted draft: the file's ``eagle3.target_layers``, used as given."""
+    if not eng.rules.serves_from_gguf:
+        raise BadOption(f"--gguf {path}: a GGUF draft is llama.cpp's, but the rules named are {eng}'s; pass "
+                        f"--engine llamacpp[==BUILD]")
+    ids = target_layers(path)
+    served = resolve(eng, arch, n, ids=ids, target_config=spec.config)
+    return replace(served, ids_source=f"{TARGET_LAYERS_KEY} in {path.name}")
+
+
+def _converted(report: CheckReport, served: WiringResult, converted: WiringResult, eng: Engine) -> None:
+    """The GGUF against what this build's converter writes for the config beside it: a difference means
+    the file was converted from another config or by another build, and the file is what runs."""
+    written = (f"{converted.ids_used} ({converted.ids_source})" if converted.ids_used is not None else
+               f"its default {sorted(converted.layers_to_capture)} (no top-level ids in this config)")
+    if tuple(converted.served_layout) == tuple(served.served_layout):
+        report.notes.append(f"gguf: {served.ids_source} = {served.ids_used}, what {eng}'s converter "
+                            f"writes for this config: {written}")
+        return
+    report.notes.append(
+        f"gguf: {served.ids_source} = {served.ids_used}, but {eng}'s converter would write {written}, "
+        f"serving {tuple(converted.served_layout)}: the file was converted from another config or build, "
+        f"and the file is what llama.cpp serves")
 
 
 def _measured(report: CheckReport, dump: Path) -> None:

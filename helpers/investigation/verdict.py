@@ -43,10 +43,15 @@ class WayKind(StrEnum):
 
 # where fix A writes the ids (``engine.rules.fix_ids_at``), then how ``check`` and a verdict name it
 SPECULATIVE_CONFIG = "speculative-config"
+GGUF_CONVERSION = "gguf-conversion"     # llama.cpp: the ids are fixed in the GGUF when the draft is converted
+_RECONVERT = (f"the draft config's top-level {IDS_KEY}, then the draft converted again "
+              f"(convert_hf_to_gguf.py --target-model-dir TARGET)")
 _LISTED_WHERE = {"eagle_config": f"eagle_config.{IDS_KEY}", "top-level": f"top-level {IDS_KEY}",
-                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config"}
+                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config",
+                 GGUF_CONVERSION: _RECONVERT}
 _SHORT_WHERE = {"eagle_config": "eagle_config", "top-level": "the top-level key",
-                SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config"}
+                SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config",
+                GGUF_CONVERSION: _RECONVERT}
 
 
 @dataclass(frozen=True)

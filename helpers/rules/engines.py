@@ -48,6 +48,8 @@ class EngineRules:
     reports_inner_capture: bool = False   # its resolver reports what the inner text model would capture
     patchable: bool = False               # the workbook carries a patch for its capture code
     fix_writes_top_level: bool = False    # ``fixes.with_engine_ids`` writes the ids top-level, as boundaries
+    serves_from_gguf: bool = False        # it loads a converted draft file whose metadata fixes the ids
+    #                                       (llama.cpp's eagle3.target_layers; ``check --gguf`` reads it)
     pp_partition_var: str = "SGLANG_PP_LAYER_PARTITION"   # the variable that sets its PP layer split
     pp_remainder_before_last: bool = False   # its default PP split gives the remainder to the stages before
     #                                          the last (vLLM), not to the last stages (SGLang)
@@ -279,7 +281,8 @@ class LlamacppRules(EngineRules):
     name, title = "llamacpp", "llama.cpp"
     newest_read = f"b{L.LLAMACPP_NEWEST_READ}"
     ids_home = IdsAt.TOP_LEVEL            # the converter's (conversion/llama.py), from b10705
-    # fix_ids_at stays the speculative config: its ids are fixed when the draft is converted to GGUF
+    fix_ids_at = "gguf-conversion"       # its ids are fixed when the draft is converted to GGUF
+    serves_from_gguf = True
 
     def check_version(self, text, version):
         if not L.LLAMACPP_BUILD_RE.match(version):
