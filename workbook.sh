@@ -159,8 +159,14 @@ case "$cmd" in
   sglang)
     setup_sglang
     ;;
+  llamacpp)
+    # llama.cpp's llama-server, built once per machine into the cache (not yet part of run and test:
+    # about 330 translation units on this project's 2 cores). WORKBOOK_LLAMACPP=0 skips it.
+    setup
+    exec "$VENV/bin/python" -m helpers llamacpp-build "$@"
+    ;;
   *)
-    echo "usage: bash workbook.sh run|test|lab|vllm|sglang [options]" >&2
+    echo "usage: bash workbook.sh run|test|lab|vllm|sglang|llamacpp [options]" >&2
     exit 2
     ;;
 esac

