@@ -254,10 +254,6 @@ def _main_vllm(a) -> int:
     return 0 if measured == sorted(predicted) else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _target_windows(a, tspec, text: str):
     """The target (its own forward measures each slot) and the text's windows, fitting its positions."""
     target, tok = load_target(a.target)
@@ -265,3 +261,7 @@ def _target_windows(a, tspec, text: str):
     if a.window > limit:
         raise BadOption(f"--window {a.window} exceeds the target's {limit} positions")
     return target, text_windows(tok, text, a.window, a.records, min_windows=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
