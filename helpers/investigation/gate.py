@@ -297,9 +297,11 @@ def _gguf_served(path: Path, eng: Engine, arch: str, n: int, spec: TargetSpec) -
 def _converted(report: CheckReport, served: WiringResult, converted: WiringResult, eng: Engine) -> None:
     """The GGUF against what this build's converter writes for the config beside it: a difference means
     the file was converted from another config or by another build, and the file is what runs."""
+    would = (list(converted.ids_used) if converted.ids_used is not None else
+             sorted(converted.layers_to_capture))          # the converter's default when none are read
     written = (f"{converted.ids_used} ({converted.ids_source})" if converted.ids_used is not None else
-               f"its default {sorted(converted.layers_to_capture)} (no top-level ids in this config)")
-    if tuple(converted.served_layout) == tuple(served.served_layout):
+               f"its default {would} (no top-level ids in this config)")
+    if sorted(would) == sorted(served.ids_used or []):     # the graph hands out layer inputs in layer order
         report.notes.append(f"gguf: {served.ids_source} = {served.ids_used}, what {eng}'s converter "
                             f"writes for this config: {written}")
         return
