@@ -500,3 +500,19 @@ def test_check_gguf_command_and_its_bad_input(tmp_path, capsys):
         assert cli(base + extra) == 2, extra
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and said in err[0], (extra, err)
+
+
+def test_gguf_ids_are_compared_even_where_the_graph_serves_nothing(tmp_path):
+    """On a graph without layer inputs (DeepSeek-V3's deepseek2) both layouts are empty: the file's ids
+    are still compared with what the converter writes, so a file converted elsewhere is named."""
+    t = _target(tmp_path, "DeepseekV3ForCausalLM", 12)
+    d = _draft(tmp_path, "d", nested=[2, 6, 9], record=(0, 3, 7))
+    eng = parse_engine("llamacpp==b11434")
+    default = check(d, eng, target=t, gguf=_gguf(tmp_path / "a.gguf", DRAFT_META | {
+        "eagle3.target_layers": [2, 6, 9]}))
+    other = check(d, eng, target=t, gguf=_gguf(tmp_path / "b.gguf", DRAFT_META | {
+        "eagle3.target_layers": [1, 5, 8]}))
+    assert default.served_layout == other.served_layout == ()
+    assert any("its default [2, 6, 9]" in n and "what llamacpp==b11434's converter writes" in n
+               for n in default.notes)
+    assert any("converted from another config or build" in n for n in other.notes)
