@@ -91,6 +91,9 @@ def test_the_server_is_built_once_into_the_cache(stand_ins):
     assert lb.find_server() == built
     again = lb.build_server(log=said.append)                    # cached: nothing fetched or run again
     assert again == built and len(fetched) == 1 and len((tmp / "cmake.log").read_text().splitlines()) == 2
+    (built.server.parents[1] / "build.json").write_text("{")     # a torn record: not trusted, built again
+    assert lb.find_server() is None
+    assert lb.build_server(log=said.append).server == built.server and len(fetched) == 2
 
 
 def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, capsys):

@@ -25,7 +25,10 @@ def main(argv=None) -> int:
         if found is None:
             print(f"[llamacpp] no llama-server {BUILD} built here (bash workbook.sh llamacpp builds it)")
             return 1
-        print_json(found.to_dict()) if a.json else print(found.server)
+        if a.json:
+            print_json(found.to_dict())
+        else:
+            print(found.server)
         return 0
     try:
         built = build_server(jobs=a.jobs, log=(lambda s: None) if a.json else print)

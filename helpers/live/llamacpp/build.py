@@ -75,9 +75,12 @@ def find_server(build: str = BUILD) -> ServerBuild | None:
     server = folder / "bin" / SERVER
     if not ((folder / COMPLETE_MARKER).is_file() and record.is_file() and os.access(server, os.X_OK)):
         return None
-    d = json.loads(record.read_text(encoding="utf-8"))
-    return ServerBuild(server, d["build"], d["seconds"], d["size_bytes"], d["jobs"], tuple(d["cmake_args"]),
-                       d["compiler"])
+    try:          # a record that cannot be read is a build that cannot be trusted: built again
+        d = json.loads(record.read_text(encoding="utf-8"))
+        return ServerBuild(server, d["build"], d["seconds"], d["size_bytes"], d["jobs"],
+                           tuple(d["cmake_args"]), d["compiler"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def missing_tools() -> list[str]:
