@@ -1,10 +1,12 @@
 """``python -m helpers bench``: baseline against speculative throughput, and accept length, for one layout.
 
 ``--backend reference`` (the default) runs the workbook's own engine in this process
-(``live.reference.run_bench``); ``--backend vllm|sglang`` runs the real engine from its venv and puts the
-reference engine's figures for the same layout beside it. ``--engine NAME[==VERSION]`` is whose rules
-say what "served" means: left out, a live run takes the installed release's own and the reference engine
-the stated default (said first). ``--guard`` left out is ``EAGLE3_WORKBOOK_GUARD`` when set, else warn.
+(``live.reference.run_bench``); ``--backend vllm|sglang`` runs the real engine from its venv, and
+``--backend llamacpp`` the ``llama-server`` the workbook built (the target and draft converted by
+llama.cpp's own converter); each puts the reference engine's figures for the same layout beside it.
+``--engine NAME[==VERSION]`` is whose rules say what "served" means: left out, a live run takes the
+installed release's own and the reference engine the stated default (said first). ``--guard`` left out
+is ``EAGLE3_WORKBOOK_GUARD`` when set, else warn.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
                          "engine from .venv-vllm, its own process, under its own release's rules) or "
                          "sglang (the real engine from .venv-sglang; --engine defaults to its release, and "
                          "--engine sglang==0.5.9 runs that release's own capture rule on the installed "
-                         "runtime)")
+                         "runtime) or llamacpp (llama-server as `bash workbook.sh llamacpp` built it; "
+                         "the layout is the converted GGUF's eagle3.target_layers)")
     ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
                     help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
                          f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
@@ -158,9 +161,9 @@ def guard_mode(flag: str | None, environ) -> guard.Mode:
 
 
 def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]) -> int:
-    """``--backend vllm|sglang``: the draft the engine loads is the one given, or for another layout a copy
-    whose ids (in the key the engine reads) name that layout; beside it, the reference engine fed the same
-    layout."""
+    """``--backend vllm|sglang|llamacpp``: the draft the engine loads is the one given, or for another
+    layout a copy whose ids (in the key the engine reads) name that layout; beside it, the reference
+    engine fed the same layout."""
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp:
         draft = pair.draft_dir
         if a.layout != "served":

@@ -19,7 +19,7 @@ import torch
 from ..boundaries import check_layout
 from ..errors import BadOption
 from ..model.checkpoint import save_draft
-from ..model.corpus import prompt_chunks, save_hf_tokenizer, stdlib_corpus, train_tokenizer
+from ..model.corpus import prompt_chunks, save_hf_tokenizer, special_ids, stdlib_corpus, train_tokenizer
 from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
 from ..model.target import (
     describe,
@@ -36,7 +36,36 @@ from ..rules.conventions import default_ids
 from ..rules.sglang.rule import sglang_plus_one
 from .draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "data" / "tiny-kimi"
+DATA = Path(__file__).resolve().parents[2] / "data"
+DEFAULT_OUT = DATA / "tiny-kimi"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One embedded pair's story: the target family, its tokenizer, the layout the draft was trained on,
+    and the engine whose reading of the deployed ids ``[2, L//2, L-3]`` the retrained fix B follows."""
+
+    arch: str
+    tokenizer: str
+    out: Path
+    training_boundaries: tuple[int, ...]
+    serving_engine: str
+
+
+FAMILIES = {
+    # the seed's case: trained on (0, 3, 7); SGLang serves the deployed ids one layer later, (3, 7, 10)
+    "kimi": Family("deepseek_v3", "byte-level", DEFAULT_OUT, (0, 3, 7), "sglang"),
+    # a SpecForge draft (trained where SGLang serves [2, 6, 9]: (3, 7, 10)) converted for llama.cpp, whose
+    # converter ignores the nested ids and serves its default [2, 6, 9] as given: (2, 6, 9)
+    "llama": Family("llama", "llama", DATA / "tiny-llama", (3, 7, 10), "llamacpp"),
+}
+
+
+def served_by(family: Family, layers: int) -> tuple[int, ...]:
+    """The layout the story's engine serves for the deployed ids (docs/conventions.md): SGLang adds one to
+    each id; llama.cpp's converter writes its default ``[2, L//2, L-3]``, used as boundaries."""
+    ids = default_ids(layers)
+    return sglang_plus_one(ids) if family.serving_engine == "sglang" else tuple(ids)
 
 
 @dataclass
@@ -62,6 +91,11 @@ class Scale:
 FULL = Scale(corpus_chars=8_000_000, vocab=4096, hidden=256, target_steps=1100, target_batch=8,
              draft_vocab=1024, train_samples=640, val_samples=48, seq_len=256, draft_steps=1400, ttt_steps=5,
              prompts=24)
+# the Llama pair llama.cpp serves: a quarter of the DeepSeek pair's compute, so that build-default --family
+# llama ends in about twenty minutes on two cores
+LLAMA = Scale(corpus_chars=4_000_000, vocab=2048, hidden=128, target_steps=1000, target_batch=8,
+              draft_vocab=768, train_samples=384, val_samples=32, seq_len=256, draft_steps=1200, ttt_steps=5,
+              prompts=24)
 TINY = Scale(corpus_chars=600_000, vocab=1024, hidden=64, target_steps=600, target_batch=8, draft_vocab=384,
              train_samples=160, val_samples=16, seq_len=128, draft_steps=900, ttt_steps=3, prompts=6,
              target_lr=3e-3, regen_fraction=0.25)
@@ -76,18 +110,19 @@ def _round_to(model, dtype=torch.bfloat16):
     return model
 
 
-def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log) -> dict:
+def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log,
+                 tokenizer: str = "byte-level") -> dict:
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
     corpus = stdlib_corpus(max_chars=scale.corpus_chars)
-    tok = train_tokenizer(corpus.train_text, scale.vocab)
+    tok = train_tokenizer(corpus.train_text, scale.vocab, tokenizer)
     log(f"corpus: {len(corpus.train_files)} train files ({len(corpus.train_text):,} chars), "
         f"{len(corpus.heldout_files)} held-out files; tokenizer {tok.get_vocab_size()} tokens")
     train_ids = torch.tensor(tok.encode(corpus.train_text).ids, dtype=torch.long)
     held_ids = torch.tensor(tok.encode(corpus.heldout_text).ids, dtype=torch.long)
     torch.manual_seed(seed)
-    cfg = target_config(arch, tok.get_vocab_size(), layers, scale.hidden)
+    cfg = target_config(arch, tok.get_vocab_size(), layers, scale.hidden, special_ids=special_ids(tok))
     model = AutoModelForCausalLM.from_config(cfg)
     report = train_target(model, train_ids, held_ids, scale.target_steps, batch=scale.target_batch,
                           seq=scale.seq_len if scale is TINY else 256, lr=scale.target_lr, seed=seed,
@@ -103,7 +138,7 @@ def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log
             f.write(json.dumps({"prompt": p}) + "\n")
     (out / "heldout.txt").write_text(corpus.heldout_text[:200_000])
     write_json(out / "corpus.json", corpus.record())
-    info = {"arch": arch, **describe(model), "train": report.to_dict(),
+    info = {"arch": arch, "tokenizer": tokenizer, **describe(model), "train": report.to_dict(),
             "seconds": round(time.perf_counter() - t0, 1)}
     write_json(tdir / "training.json", info)
     log(f"target: val loss {report.val_loss:.3f} in {info['seconds']:.0f}s")
@@ -160,8 +195,13 @@ def build_draft(out_dir: Path, target_dir: Path, training_boundaries, scale: Sca
 
 def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries=(0, 3, 7), seed: int = 0,
                   tiny: bool = False, arch: str = "deepseek_v3", fmt: str = "sglang",
-                  retrained: bool | None = None, log=print, reuse_target: bool = False) -> dict:
-    scale = TINY if tiny else FULL
+                  retrained: bool | None = None, log=print, reuse_target: bool = False,
+                  family: Family | None = None) -> dict:
+    """``family`` (FAMILIES) sets the tokenizer, the scale and the engine fix B follows; without it, the
+    DeepSeek pair's tokenizer and SGLang's reading, on ``arch``."""
+    story = family or Family(arch, "byte-level", Path(out), tuple(training_boundaries), "sglang")
+    arch = story.arch
+    scale = TINY if tiny else (LLAMA if story.tokenizer == "llama" else FULL)
     training_boundaries = check_layout(training_boundaries, layers)   # before anything is written
     if len(training_boundaries) != 3 or len(set(training_boundaries)) != 3:
         # the deployed config carries SGLang's three default ids, so the pair reproduces the
@@ -175,7 +215,8 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     summary = {"scale": "tiny" if tiny else "full", "seed": seed, "arch": arch, "layers": layers,
-               "draft_format": fmt, "deployed_eagle_ids": default_ids(layers)}
+               "tokenizer": story.tokenizer, "draft_format": fmt, "deployed_eagle_ids": default_ids(layers),
+               "serving_engine": story.serving_engine}
     record = out / "target" / "training.json"
     if reuse_target and record.is_file():
         summary["target"] = json.loads(record.read_text())
@@ -185,11 +226,11 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
                              f"{layers}")
         log(f"reusing the target in {out / 'target'}")
     else:
-        summary["target"] = build_target(out, arch, layers, scale, seed, log)
+        summary["target"] = build_target(out, arch, layers, scale, seed, log, story.tokenizer)
     summary["draft"] = build_draft(out / "draft", out / "target", training_boundaries, scale, seed, fmt,
                                    log=log)
     if retrained if retrained is not None else not tiny:
-        served = sglang_plus_one(default_ids(layers))
+        served = served_by(story, layers)
         summary["draft_retrained"] = build_draft(out / "draft-retrained", out / "target", served, scale, seed,
                                                  fmt, log=log)
     summary["seconds"] = round(time.perf_counter() - t0, 1)

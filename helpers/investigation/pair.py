@@ -29,7 +29,8 @@ DEFAULT_DIR = REPO / "data" / "tiny-kimi"
 # step almost never pays; 16 leaves room to show that, while a typo (100000000) would ask the
 # draft KV cache for hundreds of GB before anything ran.
 MAX_STEPS = 16
-BACKENDS = ("reference", "vllm", "sglang")   # the engines a benchmark can run on: bench --backend, ENGINE
+# the engines a benchmark can run on: bench --backend, ENGINE
+BACKENDS = ("reference", "vllm", "sglang", "llamacpp")
 
 
 @dataclass

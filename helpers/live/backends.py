@@ -1,4 +1,4 @@
-"""Which engine measures, and whose rules say what it serves: the reference engine, vLLM or SGLang.
+"""Which engine measures, and whose rules say what it serves: the reference engine, vLLM, SGLang or llama.cpp.
 
 A notebook or command names a backend (``ENGINE``, ``--backend``: which runtime runs) and a release whose
 rules decide "served" (``ENGINE_VERSION``, ``--engine``). ``choose`` turns the two into one ``Backend``:
@@ -13,6 +13,8 @@ and the rules the rows are held to:
   ``None``-residual capture code has no counterpart in 0.5.23, so that half stays shown from the source
   (notebook 05). Only the embedded pair replays that case by default (``conventions.CASE_ENGINE``), and
   says so (``case_replay_line``, ``Backend.label``).
+- llama.cpp: the build the workbook built (``bash workbook.sh llamacpp``) and its own rules; what a draft
+  serves is read from the GGUF its converter wrote.
 
 ``Backend.bench`` runs ``helpers.live.bench.live_bench`` on whichever engine it is.
 """
@@ -24,6 +26,10 @@ from pathlib import Path
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, expect_engine
 from .bench import LiveRow, LiveWiring
 from .guard import Mode
+from .llamacpp import bench as llamacpp_bench
+from .llamacpp.build import BUILD as LLAMACPP_BUILD
+from .llamacpp.build import SKIP_ENV as LLAMACPP_SKIP
+from .llamacpp.build import ServerBuild, find_server
 from .sglang import bench as sglang_bench
 from .sglang.install import EngineUnavailable as SglangUnavailable
 from .sglang.install import SglangInstall, find_sglang
@@ -31,16 +37,16 @@ from .vllm import bench as vllm_bench
 from .vllm.install import EngineUnavailable as VllmUnavailable
 from .vllm.install import VllmInstall, find_vllm
 
-FAMILIES = ("reference", "vllm", "sglang")
+FAMILIES = ("reference", "vllm", "sglang", "llamacpp")
 
 
 @dataclass
 class Backend:
     """What a notebook runs on: a live engine (``install``), or why not (``unavailable``)."""
 
-    family: str                                  # reference | vllm | sglang: what measures
+    family: str                                  # reference | vllm | sglang | llamacpp: what measures
     rules: Engine                                # whose rules decide what 'served' means
-    install: VllmInstall | SglangInstall | None = None
+    install: VllmInstall | SglangInstall | ServerBuild | None = None
     unavailable: str | None = None               # why the named live engine cannot run here
     capture_rule: str | None = None              # SGLang: the release whose setter the runtime runs
 
@@ -53,6 +59,8 @@ class Backend:
         """Which runtime and which rules, in one phrase for every table and headline."""
         if self.install is None:
             return "the reference engine (this workbook's)"
+        if isinstance(self.install, ServerBuild):
+            return f"llama.cpp {self.install.build} (llama-server, cpu)"
         if isinstance(self.install, SglangInstall):
             where = f"({self.install.device}, {self.install.venv.name})"
             if self.capture_rule and str(self.rules) == str(CASE_ENGINE):
@@ -75,6 +83,10 @@ class Backend:
                                            max_new_tokens=max_new_tokens, repeats=repeats,
                                            capture_rule=self.capture_rule, progress=progress, log_dir=log_dir,
                                            guard=guard)
+        if isinstance(self.install, ServerBuild):
+            return llamacpp_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
+                                             max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
+                                             progress=progress, log_dir=log_dir, guard=guard)
         raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
 
     def refuses(self, named: Engine | None) -> str | None:
@@ -86,6 +98,9 @@ class Backend:
             return (f"--engine {named} names another engine's rules, but --backend {self.family} runs "
                     f"{self.rules}; drop --engine (the runtime's own release), or pass the --backend that "
                     f"engine runs on")
+        if named.version and named.version != self.rules.version and isinstance(self.install, ServerBuild):
+            return (f"--engine {named}: the llama-server here is {self.install.build} and runs its own "
+                    f"build's converter and graph; drop --engine, or name llamacpp=={self.install.build}")
         if named.version and named.version != self.rules.version:
             return (f"--engine {named}: the vLLM here is {self.install.version} and runs its own release's "
                     f"rules; drop --engine, or name vllm=={self.install.version}")
@@ -119,13 +134,30 @@ def choose(family: str, rules: Engine | None = None) -> Backend:
         rules_engine = named if named.rules is install.engine.rules and named.version else install.engine
         return Backend("sglang", rules_engine, install,
                        capture_rule=sglang_bench.capture_rule_for(install, rules_engine.version))
+    if family == "llamacpp":
+        server = find_server()
+        if server is None:
+            return Backend("reference", named, None, _llamacpp_missing())
+        return Backend("llamacpp", server.engine, server)
     if family != "reference":
         raise ValueError(f"unknown engine {family!r}; expected one of {', '.join(FAMILIES)}")
     return Backend("reference", named)
 
 
+def _llamacpp_missing() -> str:
+    import os
+
+    if os.environ.get(LLAMACPP_SKIP, "1") == "0":
+        return f"{LLAMACPP_SKIP}=0: llama.cpp is skipped on this host"
+    return (f"llama.cpp {LLAMACPP_BUILD} is not built on this host; build it once with: bash workbook.sh "
+            f"llamacpp (about 9 minutes on 2 cores)")
+
+
 def installed(family: str) -> Engine | None:
     """The release of ``family`` (vllm, sglang) this host runs, as the rules it serves by, or None."""
+    if family == "llamacpp":
+        server = find_server()
+        return None if server is None else server.engine
     find = {"vllm": find_vllm, "sglang": find_sglang}.get(family)
     try:
         return find().engine if find else None

@@ -488,3 +488,45 @@ def profile_expectation(folder: Path) -> str:
     return (f"its {PROFILE_NAME} expects accept length {prof.accept_length:.2f} over {prof.steps} draft "
             f"tokens{layout} at {at} ({prof.source or 'a recorded profile'}); gate on it: python -m helpers "
             f"diagnose --metrics URL --draft {folder} --baseline {prof.path}")
+
+
+def before_llamacpp(*, engine: Engine, draft, target_layers: Sequence[int], num_layers: int,
+                    arch: str | None, gguf: str | Path, how: Mode | None = None,
+                    report: Callable[[dict], None] | None = None) -> GuardVerdict | None:
+    """llama.cpp's guard, run before ``llama-server`` starts (it has no plugin system): the draft GGUF's
+    ``eagle3.target_layers`` (the ids its converter wrote; the engine feeds the input of each listed layer)
+    judged against what ``draft`` (the Hugging Face folder it was converted from) was trained on. The same
+    verdicts, lines and modes as ``at_load``; a draft that cannot be judged starts in ``warn`` and is
+    refused in ``refuse``. Returns the verdict (None when off or unjudged); raises ``GuardRefused``."""
+    how = mode() if how is None else how
+    if how is Mode.OFF:
+        return None
+    started = time.perf_counter()
+    try:
+        folder = local_draft(draft)
+        cfg = read_draft_config(folder)
+        indices = [int(i) for i in target_layers]
+        served, _ = served_layout(indices, num_layers - 1)
+        trainer, train_ids = launch_trainer()
+        evidence = training_evidence(folder, cfg, engine=engine, arch=arch, num_layers=num_layers,
+                                     trainer=trainer, train_ids=train_ids, served=served)
+        verdict = judge(engine=f"llamacpp {engine.version or ''}".strip(), draft=folder, indices=indices,
+                        highest=num_layers - 1, ids=indices, evidence=evidence,
+                        ids_for=lambda layout: list(layout),
+                        ids_key="the top-level eagle_aux_hidden_state_layer_ids, then convert again,",
+                        basis=f"{Path(gguf).name}: eagle3.target_layers = {indices}",
+                        settle=settle_command("llamacpp", folder))
+    except Exception as exc:      # noqa: BLE001 - judged or not, the launch is decided here, in one line
+        line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"
+        line += "; refusing to serve unjudged" if how.refusing else "; starting unjudged"
+        if report is not None:
+            report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
+                    "refused": how.refusing, "seconds": round(time.perf_counter() - started, 6)})
+        sys.stderr.write(line + "\n")
+        if how.refusing:
+            raise GuardRefused(line) from None
+        return None
+    verdict = replace(_with_seconds(verdict, time.perf_counter() - started),
+                      expected=profile_expectation(folder))
+    enforce(verdict, how, report)
+    return verdict

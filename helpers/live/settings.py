@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 # environment variables that set an engine's threads or memory: settings as much as any flag
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
-# what is allowed to differ: speculation itself, and where each process listens
-PER_LAUNCH = ("--speculative", "speculative_config", "--port")
+# what is allowed to differ: speculation itself (SGLang's --speculative-*, vLLM's speculative_config,
+# llama.cpp's --model-draft and --spec-*), and where each process listens
+PER_LAUNCH = ("--speculative", "speculative_config", "--model-draft", "--spec-", "--port")
 
 
 def argv_settings(argv: list[str], env: dict[str, str] | None = None) -> dict[str, str]:

@@ -28,13 +28,15 @@ from ..errors import (
 from ..rules.conventions import architectures
 
 
-def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024):
-    """A small config of the asked family; the numbers keep a 12-layer model CPU-trainable."""
+def target_config(arch: str, vocab_size: int, num_layers: int, hidden: int = 256, max_pos: int = 1024,
+                  special_ids: dict | None = None):
+    """A small config of the asked family; the numbers keep a 12-layer model CPU-trainable.
+    ``special_ids``: the tokenizer's ``bos/eos/pad_token_id`` (default 0, 1, 2)."""
     from transformers import DeepseekV3Config, LlamaConfig
 
     common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=num_layers,
-                  max_position_embeddings=max_pos, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                  tie_word_embeddings=False, rms_norm_eps=1e-6)
+                  max_position_embeddings=max_pos, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                  **(special_ids or {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}))
     if arch == "deepseek_v3":
         return DeepseekV3Config(
             **common, intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,

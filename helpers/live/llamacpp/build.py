@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...errors import CacheError
+from ...rules.conventions import Engine
 from ...rules.wheels import COMPLETE_MARKER, cache_root, check_cache_writable
 
 BUILD = "b11434"
@@ -60,6 +61,11 @@ class ServerBuild:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"server": str(self.server)}
+
+    @property
+    def engine(self) -> Engine:
+        """The rules a live run on this server is held to: this build's own (converter and graph)."""
+        return Engine("llamacpp", self.build, live=True, runtime=self.build)
 
 
 def build_dir(build: str = BUILD) -> Path:
