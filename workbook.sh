@@ -4,6 +4,7 @@
 #   bash workbook.sh test   set up (or reuse) .venv, then lint (ruff) and run the test suite
 #   bash workbook.sh vllm   set up (or reuse) .venv-vllm only: the real engine (vLLM) in a venv of its own
 #   bash workbook.sh sglang set up (or reuse) .venv-sglang only: SGLang, the original case's engine, likewise
+#   bash workbook.sh llamacpp  build (or reuse) llama.cpp's llama-server, once per machine, into the cache
 #   bash workbook.sh lab    set up (or reuse) .venv, then open JupyterLab at the project root on the
 #                           .venv kernel; options after `lab` go to `jupyter lab` (--no-browser --port 8890)
 set -euo pipefail
@@ -129,19 +130,47 @@ setup_sglang() {
   echo "$want" > "$SGLANG_VENV/.requirements.sha256"
 }
 
+# llama.cpp's llama-server, built once per machine into the cache (helpers/live/llamacpp/build.py): about
+# 9 minutes on 2 cores, so `run` and `test` start it in the background while the engines' venvs install
+# (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
+# line and the other engines measure. WORKBOOK_LLAMACPP=0 skips it.
+LLAMACPP_PID=""
+start_llamacpp() {
+  [ "${WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
+  if "$VENV/bin/python" -m helpers llamacpp-build --where > /dev/null 2>&1; then
+    return 0
+  fi
+  echo "[llamacpp] building llama-server in the background (log: $VENV.llamacpp-build.log)"
+  nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
+  LLAMACPP_PID=$!
+}
+wait_llamacpp() {
+  [ -z "$LLAMACPP_PID" ] && return 0
+  if wait "$LLAMACPP_PID"; then
+    tail -n 1 "$VENV.llamacpp-build.log"
+  else
+    echo "[llamacpp] $(tail -n 1 "$VENV.llamacpp-build.log"); llama.cpp's tests skip, the other engines measure" >&2
+  fi
+  LLAMACPP_PID=""
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
   run)
     setup
+    start_llamacpp
     setup_vllm
     setup_sglang
+    wait_llamacpp
     exec "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
     setup
+    start_llamacpp
     setup_vllm
     setup_sglang
+    wait_llamacpp
     # lint first: a stray import or an over-long line fails in a second, not after the suite
     "$VENV/bin/python" -m ruff check --quiet helpers tests
     exec "$VENV/bin/python" -m pytest -q "$@" tests
@@ -160,8 +189,6 @@ case "$cmd" in
     setup_sglang
     ;;
   llamacpp)
-    # llama.cpp's llama-server, built once per machine into the cache (not yet part of run and test:
-    # about 330 translation units on this project's 2 cores). WORKBOOK_LLAMACPP=0 skips it.
     setup
     exec "$VENV/bin/python" -m helpers llamacpp-build "$@"
     ;;

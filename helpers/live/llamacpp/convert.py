@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,12 +23,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import CacheError
 from ...rules.llamacpp.gguf import read_metadata, target_layers
-from ...rules.wheels import COMPLETE_MARKER, cache_root, check_cache_writable
-from .build import BUILD, LlamacppUnavailable, fetch_sdist
+from ...rules.wheels import cache_root
+from .build import (
+    BUILD,
+    CONVERTER_PARTS,
+    LlamacppUnavailable,
+    fetch_sdist,
+    find_converter,
+    install_converter,
+)
 
-CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 TIMEOUT_S = 900
 
@@ -52,45 +56,6 @@ class Converted:
                 "outtype": self.outtype, "architecture": self.architecture,
                 "target_layers": None if self.target_layers is None else list(self.target_layers),
                 "size_bytes": self.gguf.stat().st_size, "cached": self.cached}
-
-
-def converter_dir(build: str = BUILD) -> Path:
-    return cache_root("llama.cpp") / f"{build}-convert"
-
-
-def find_converter(build: str = BUILD) -> Path | None:
-    folder = converter_dir(build)
-    ok = (folder / COMPLETE_MARKER).is_file() and all((folder / p).exists() for p in CONVERTER_PARTS)
-    return folder if ok else None
-
-
-def install_converter(tree: Path, build: str = BUILD) -> Path:
-    """Copy the converter's parts out of an unpacked llama.cpp ``tree`` into the cache (staged, renamed)."""
-    found = find_converter(build)
-    if found is not None:
-        return found
-    base = check_cache_writable(cache_root("llama.cpp"), "llama.cpp")
-    staging = Path(tempfile.mkdtemp(prefix=f".{build}-convert-", dir=base))
-    try:
-        for part in CONVERTER_PARTS:
-            src = tree / part
-            if src.is_dir():
-                shutil.copytree(src, staging / part, ignore=shutil.ignore_patterns("__pycache__", "tests"))
-            elif src.is_file():
-                shutil.copy2(src, staging / part)
-            else:
-                raise LlamacppUnavailable(f"llama.cpp {build}'s source has no {part}; cannot convert to GGUF")
-        (staging / COMPLETE_MARKER).write_text(f"llama.cpp {build} converter\n", encoding="utf-8")
-        dest = converter_dir(build)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.rename(staging, dest)
-    except OSError as exc:
-        raise CacheError(f"cannot install llama.cpp's converter into {converter_dir(build)} "
-                         f"({exc.strerror or exc})") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return converter_dir(build)
 
 
 def ensure_converter(build: str = BUILD, log=print) -> Path:
