@@ -121,3 +121,115 @@ def test_llamas_converter_takes_the_pair_and_writes_its_default_for_nested_ids()
     # the config alone predicts the same: check without the file
     assert cli(["check", "--draft", str(PAIR / "draft"), "--target", str(PAIR / "target"), "--engine",
                 "llamacpp==b11434"]) == 1
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """The committed Llama pair served by llama-server: the deployed draft (nested ids only), fix A (the
+    trained layout as top-level ids, converted again) and a copy whose nested ids name the trained layout
+    (llama.cpp must ignore them); each beside the reference engine fed the layout its GGUF names."""
+    if SERVER is None or not (PAIR / "build.json").is_file():
+        pytest.skip("llama-server or data/tiny-llama missing")
+    import torch
+
+    from helpers.investigation.fixes import with_engine_ids
+    from helpers.investigation.pair import load_pair, plan_for
+    from helpers.live.bench import LiveWiring
+    from helpers.live.llamacpp import bench as lbench
+    from helpers.live.reference import encode_prompts, run_bench
+
+    tmp = tmp_path_factory.mktemp("llamacpp")
+    pair = load_pair(PAIR / "target", PAIR / "draft")
+    fix_a = with_engine_ids(PAIR / "draft", tmp / "fix-a", [3, 7, 10], engine=ENGINE)
+    nested = with_engine_ids(PAIR / "draft", tmp / "nested", [3, 7, 10], engine=parse_engine("sglang"))
+    cfg = json.loads((nested / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)       # nested ids only, as SpecForge writes them
+    (nested / "config.json").write_text(json.dumps(cfg))
+    prompts = [json.loads(x)["prompt"] for x in (PAIR / "prompts.jsonl").read_text().splitlines()[:4]]
+    ids = encode_prompts(pair.tokenizer, prompts)
+    wirings = [LiveWiring("deployed", PAIR / "draft", (2, 6, 9)), LiveWiring("fix A", fix_a, (3, 7, 10)),
+               LiveWiring("nested", nested, (2, 6, 9))]
+    rows = lbench.live_bench(SERVER, PAIR / "target", wirings, [p.tolist() for p in ids], steps=3,
+                             max_new_tokens=48, repeats=2, rules=ENGINE, progress=False, log=lambda *_: None,
+                             log_dir=tmp / "logs")
+    torch.manual_seed(0)
+    ref = {layout: run_bench(pair.target, pair.draft, plan_for(pair, ",".join(map(str, layout)), ENGINE), ids,
+                             3, 48, 1, progress=False).tau
+           for layout in ((2, 6, 9), (3, 7, 10), (4, 8, 11))}
+    return {r.wiring: r for r in rows}, ref
+
+
+@needs_server
+@needs_pair
+def test_llamacpp_serves_the_layout_its_gguf_names_measured_against_the_reference(live):
+    rows, ref = live
+    assert rows["deployed"].served_layout == [2, 6, 9]         # the converter's default: nested ids ignored
+    assert rows["nested"].served_layout == [2, 6, 9]            # even when they name another layout
+    assert rows["fix A"].served_layout == [3, 7, 10]            # top-level ids, used as given (no +1)
+    for name, layout in (("deployed", (2, 6, 9)), ("fix A", (3, 7, 10)), ("nested", (2, 6, 9))):
+        row = rows[name]
+        assert row.lossless, f"{name}: llama-server's greedy output differs from its own baseline"
+        # llama.cpp's own counters give the reference engine's accept length for the file's layout, and
+        # are farther from every other candidate's
+        gap = abs(row.accept_length - ref[layout])
+        assert gap < 0.15, (name, row.accept_length, ref)
+        others = [abs(row.accept_length - t) for lay, t in ref.items() if lay != layout]
+        assert all(gap < o for o in others), (name, row.accept_length, ref)
+    assert rows["fix A"].accept_length > rows["deployed"].accept_length + 0.3
+
+
+@needs_server
+@needs_pair
+def test_each_launch_is_guarded_and_both_sides_share_their_settings(live):
+    rows, _ = live
+    assert rows["deployed"].guard["kind"] == "miswired" and not rows["deployed"].guard["refused"]
+    assert rows["fix A"].guard["kind"] == "match"
+    for r in rows.values():
+        assert r.settings["equal"], r.settings["differ"]
+        assert r.backend == "llamacpp==b11434" and r.drafts > 0
+        assert len(r.accepted_per_position) == 3
+        c = r.costs
+        assert c["decode"] > 0 and c["verify"] > 0 and c["round"] > 0 and c["break_even_tau"] > 1
+        assert len(c["decode_ms"]) == 4 and all(n >= 4 for n in c["verify_tokens"])
+
+
+@needs_server
+@needs_pair
+def test_diagnose_metrics_reads_llamacpps_own_metrics_page(live, tmp_path, capsys):
+    rows, _ = live
+    page = tmp_path / "metrics.txt"
+    page.write_text(rows["deployed"].metrics)
+    code = cli(["diagnose", "--metrics", str(page), "--draft", str(PAIR / "draft"), "--target",
+                str(PAIR / "target"), "--engine", "llamacpp==b11434", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code in (0, 1), out
+    served = out.get("served") or out
+    text = json.dumps(served)
+    assert "llamacpp" in text
+
+
+@needs_server
+@needs_pair
+def test_notebooks_01_and_06_on_llamacpp(tmp_path):
+    """ENGINE="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
+    it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (3, 7, 10), fix B retrained on
+    (2, 6, 9); llama.cpp's accept length beside the reference engine's for each."""
+    from helpers.notebook import reports
+    from helpers.notebook.lab import SMALL
+    from helpers.notebook.runner import run_workbook
+    out = tmp_path / "reports"
+    params = {**SMALL, "ENGINE": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
+              "TARGET": str(PAIR / "target"), "DRAFT": str(PAIR / "draft"),
+              "RETRAINED_DRAFT": str(PAIR / "draft-retrained")}
+    runs = run_workbook(out, params, only=["01_baseline_throughput", "06_rebenchmark"], render=False,
+                        progress=False)
+    assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]
+    base = reports.read_step(out, reports.BaselineStep)
+    assert base.plan["layout"] == [2, 6, 9] and base.live["backend"] == "llamacpp==b11434"
+    live = {r["wiring"]: r for r in reports.read_summary(out).live}
+    assert [live[w]["served_layout"] for w in ("deployed", "fix A", "fix B")] == [[2, 6, 9], [3, 7, 10],
+                                                                                  [2, 6, 9]]
+    for r in live.values():
+        assert r["lossless"] and abs(r["tau_gap"]) <= 0.15, r
+    assert live["deployed"]["accept_length"] < min(live["fix A"]["accept_length"],
+                                                   live["fix B"]["accept_length"])

@@ -196,7 +196,8 @@ def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]
         c = row.costs
         print(f"  costs        {row.backend}: decode {c['decode']:.2f} ms, verify of {a.steps + 1} tokens "
               f"{c['verify']:.2f} ms, draft step {c['draft_step']:.2f} ms (derived), round "
-              f"{c['round']:.2f} ms -> break-even accept length {c['break_even_tau']:.2f}")
+              f"{c['round']:.2f} ms -> break-even accept length {c['break_even_tau']:.2f}"
+              + (f"; noisy: {'; '.join(c['noisy'])}" if c["noisy"] else ""))
         print(f"               reference engine: decode {ref.decode_ms:.2f} ms, verify {ref.verify_ms:.2f} "
               f"ms, draft step {ref.draft_step_ms:.2f} ms -> break-even accept length "
               f"{ref.break_even_tau:.2f}")

@@ -16,6 +16,7 @@ decode. The two sides of every prompt run back to back, the one that goes first 
 """
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -34,6 +35,20 @@ class RoundCosts:
     verify_tokens: tuple[int, ...]       # the batch each verify timing covered (llama.cpp's prompt_n)
     round_ms: tuple[float, ...]
     rounds: tuple[int, ...]
+    load_per_core: float = 0.0           # the load average per core when the measurement started
+
+    @property
+    def noisy(self) -> list[str]:
+        """Why these medians may not be this host's costs: the machine was busy, or one cost's prompts
+        disagree by more than a quarter (its upper quartile over its lower)."""
+        busy = self.load_per_core > 1.0
+        why = [f"load {self.load_per_core:.1f} per core before it started"] if busy else []
+        for name, xs in (("decode", self.decode_ms), ("verify", self.verify_ms), ("round", self.round_ms)):
+            if len(xs) >= 2:
+                q = statistics.quantiles(xs, n=4, method="inclusive")
+                if q[0] > 0 and q[2] / q[0] > 1.25:
+                    why.append(f"{name} varies {q[2] / q[0]:.1f}x between prompts")
+        return why
 
     @staticmethod
     def _mid(xs) -> float:
@@ -70,13 +85,14 @@ class RoundCosts:
             "decode": round(self.decode, 3), "verify": round(self.verify, 3), "round": round(self.round, 3),
             "draft_step": round(self.draft_step, 3), "draft_step_is": "derived: (round - verify) / steps",
             "verify_over_decode": round(self.verify_over_decode, 3),
-            "break_even_tau": round(self.break_even_tau, 3)}
+            "break_even_tau": round(self.break_even_tau, 3), "noisy": self.noisy}
 
     def line(self) -> str:
         return (f"{self.engine}: decode {self.decode:.2f} ms, verify of {self.steps + 1} tokens "
                 f"{self.verify:.2f} ms ({self.verify_over_decode:.2f} decodes), draft step "
                 f"{self.draft_step:.2f} ms (derived), round {self.round:.2f} ms -> break-even accept length "
-                f"{self.break_even_tau:.2f} (median of {len(self.decode_ms)} prompts)")
+                f"{self.break_even_tau:.2f} (median of {len(self.decode_ms)} prompts)"
+                + (f"; noisy: {'; '.join(self.noisy)}" if self.noisy else ""))
 
 
 def _decode_ms(base: LlamacppEngine, prompt: list[int], max_tokens: int) -> float:
@@ -104,7 +120,10 @@ def measure(base: LlamacppEngine, spec: LlamacppEngine, prompt_ids: list[list[in
     """The three costs for each prompt, on a baseline and a speculative server already started (each
     paused while the other works, where it can be)."""
     dec, ver, vtok, rnd, rounds = [], [], [], [], []
+    load = os.getloadavg()[0] / max(1, os.cpu_count() or 1) if hasattr(os, "getloadavg") else 0.0
     for i, p in enumerate(prompt_ids):
+        spec.pause()
+        base.resume()
         extra = base.completion(p, steps + 1)["tokens"][: steps + 1]   # the target's own continuation
 
         def baseline_side():
@@ -129,4 +148,4 @@ def measure(base: LlamacppEngine, spec: LlamacppEngine, prompt_ids: list[list[in
     base.resume()
     spec.resume()
     return RoundCosts(f"llamacpp=={base.version}", steps, tuple(dec), tuple(ver), tuple(vtok), tuple(rnd),
-                      tuple(rounds))
+                      tuple(rounds), round(load, 2))
