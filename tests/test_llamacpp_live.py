@@ -109,13 +109,13 @@ needs_pair = pytest.mark.skipif(not (PAIR / "build.json").is_file(), reason="dat
 @needs_pair
 def test_llamas_converter_takes_the_pair_and_writes_its_default_for_nested_ids():
     """The committed draft is SGLang-format (nested ids only): the converter writes [2, 6, 9], and check
-    --gguf reads that file as llama.cpp's served layout, a mismatch with the trained (3, 7, 10)."""
+    --gguf reads that file as llama.cpp's served layout, a mismatch with the trained (0, 3, 7)."""
     target = lc.convert(PAIR / "target", log=lambda *_: None)
     assert target.architecture == "llama"
     draft = lc.convert(PAIR / "draft", target_dir=PAIR / "target", log=lambda *_: None)
     assert draft.architecture == "eagle3" and draft.target_layers == (2, 6, 9)
     trained = tuple(json.loads((PAIR / "draft" / "training.json").read_text())["training_boundaries"])
-    assert trained == (3, 7, 10)
+    assert trained == (0, 3, 7)
     assert cli(["check", "--draft", str(PAIR / "draft"), "--target", str(PAIR / "target"), "--engine",
                 "llamacpp==b11434", "--gguf", str(draft.gguf)]) == 1
     # the config alone predicts the same: check without the file
@@ -125,9 +125,11 @@ def test_llamas_converter_takes_the_pair_and_writes_its_default_for_nested_ids()
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    """The committed Llama pair served by llama-server: the deployed draft (nested ids only), fix A (the
-    trained layout as top-level ids, converted again) and a copy whose nested ids name the trained layout
-    (llama.cpp must ignore them); each beside the reference engine fed the layout its GGUF names."""
+    """The committed Llama pair (trained on (0, 3, 7)) served by llama-server, four ways: the deployed draft
+    (SGLang format, nested ids [2, 6, 9] only), fix A (``fixes ids --engine llamacpp``: top-level [0, 3, 7],
+    converted again), the same weights in speculators' format (top-level ids, its boundaries) and SGLang's
+    own fix (nested [-1, 2, 6] only, which llama.cpp must ignore); each beside the reference engine fed the
+    layout its GGUF names and the layouts a different rule would have served."""
     if SERVER is None or not (PAIR / "build.json").is_file():
         pytest.skip("llama-server or data/tiny-llama missing")
     import torch
@@ -137,25 +139,28 @@ def live(tmp_path_factory):
     from helpers.live.bench import LiveWiring
     from helpers.live.llamacpp import bench as lbench
     from helpers.live.reference import encode_prompts, run_bench
+    from helpers.model.checkpoint import load_draft, save_draft
 
     tmp = tmp_path_factory.mktemp("llamacpp")
     pair = load_pair(PAIR / "target", PAIR / "draft")
-    fix_a = with_engine_ids(PAIR / "draft", tmp / "fix-a", [3, 7, 10], engine=ENGINE)
-    nested = with_engine_ids(PAIR / "draft", tmp / "nested", [3, 7, 10], engine=parse_engine("sglang"))
-    cfg = json.loads((nested / "config.json").read_text())
-    cfg.pop("eagle_aux_hidden_state_layer_ids", None)       # nested ids only, as SpecForge writes them
-    (nested / "config.json").write_text(json.dumps(cfg))
+    fix_a = with_engine_ids(PAIR / "draft", tmp / "fix-a", [0, 3, 7], engine=ENGINE)
+    sglang_fixed = with_engine_ids(PAIR / "draft", tmp / "sglang-fixed", [-1, 2, 6],
+                                   engine=parse_engine("sglang"))
+    speculators = load_draft(PAIR / "draft", target=pair.target)
+    speculators.cfg.eagle_ids = [0, 3, 7]           # speculators' convention: the boundaries themselves
+    speculators = save_draft(speculators, tmp / "speculators", "speculators")
     prompts = [json.loads(x)["prompt"] for x in (PAIR / "prompts.jsonl").read_text().splitlines()[:4]]
     ids = encode_prompts(pair.tokenizer, prompts)
-    wirings = [LiveWiring("deployed", PAIR / "draft", (2, 6, 9)), LiveWiring("fix A", fix_a, (3, 7, 10)),
-               LiveWiring("nested", nested, (2, 6, 9))]
+    wirings = [LiveWiring("deployed", PAIR / "draft", (2, 6, 9)), LiveWiring("fix A", fix_a, (0, 3, 7)),
+               LiveWiring("speculators", speculators, (0, 3, 7)),
+               LiveWiring("sglang-fixed", sglang_fixed, (2, 6, 9))]
     rows = lbench.live_bench(SERVER, PAIR / "target", wirings, [p.tolist() for p in ids], steps=3,
                              max_new_tokens=48, repeats=2, rules=ENGINE, progress=False, log=lambda *_: None,
                              log_dir=tmp / "logs")
     torch.manual_seed(0)
     ref = {layout: run_bench(pair.target, pair.draft, plan_for(pair, ",".join(map(str, layout)), ENGINE), ids,
                              3, 48, 1, progress=False).tau
-           for layout in ((2, 6, 9), (3, 7, 10), (4, 8, 11))}
+           for layout in ((2, 6, 9), (3, 7, 10), (0, 3, 7), (1, 4, 8))}
     return {r.wiring: r for r in rows}, ref
 
 
@@ -163,18 +168,22 @@ def live(tmp_path_factory):
 @needs_pair
 def test_llamacpp_serves_the_layout_its_gguf_names_measured_against_the_reference(live):
     rows, ref = live
-    assert rows["deployed"].served_layout == [2, 6, 9]         # the converter's default: nested ids ignored
-    assert rows["nested"].served_layout == [2, 6, 9]            # even when they name another layout
-    assert rows["fix A"].served_layout == [3, 7, 10]            # top-level ids, used as given (no +1)
-    for name, layout in (("deployed", (2, 6, 9)), ("fix A", (3, 7, 10)), ("nested", (2, 6, 9))):
+    assert rows["deployed"].served_layout == [2, 6, 9]      # the converter's default: nested ids ignored
+    assert rows["sglang-fixed"].served_layout == [2, 6, 9]  # even nested ids that fix SGLang
+    assert rows["fix A"].served_layout == [0, 3, 7]         # top-level ids, as given: no +1, 0 the embedding
+    assert rows["speculators"].served_layout == [0, 3, 7]
+    for name, layout in (("deployed", (2, 6, 9)), ("fix A", (0, 3, 7)), ("speculators", (0, 3, 7)),
+                         ("sglang-fixed", (2, 6, 9))):
         row = rows[name]
         assert row.lossless, f"{name}: llama-server's greedy output differs from its own baseline"
-        # llama.cpp's own counters give the reference engine's accept length for the file's layout, and
-        # are farther from every other candidate's
-        gap = abs(row.accept_length - ref[layout])
-        assert gap < 0.15, (name, row.accept_length, ref)
-        others = [abs(row.accept_length - t) for lay, t in ref.items() if lay != layout]
-        assert all(gap < o for o in others), (name, row.accept_length, ref)
+        # llama.cpp's own counters give the reference engine's accept length for the file's layout
+        assert abs(row.accept_length - ref[layout]) < 0.15, (name, row.accept_length, ref)
+    # where another reading of the ids would serve a layout the text can tell apart, the engine is not
+    # serving it: no +1 on top-level ids (1, 4, 8), and SGLang's fix read by llama.cpp would be (0, 3, 7)
+    assert ref[(0, 3, 7)] - max(ref[(1, 4, 8)], ref[(2, 6, 9)]) > 0.3, ref
+    for name in ("fix A", "speculators"):
+        assert ref[(0, 3, 7)] - rows[name].accept_length < rows[name].accept_length - ref[(1, 4, 8)]
+    assert ref[(0, 3, 7)] - rows["sglang-fixed"].accept_length > 0.3
     assert rows["fix A"].accept_length > rows["deployed"].accept_length + 0.3
 
 
@@ -183,7 +192,8 @@ def test_llamacpp_serves_the_layout_its_gguf_names_measured_against_the_referenc
 def test_each_launch_is_guarded_and_both_sides_share_their_settings(live):
     rows, _ = live
     assert rows["deployed"].guard["kind"] == "miswired" and not rows["deployed"].guard["refused"]
-    assert rows["fix A"].guard["kind"] == "match"
+    assert rows["sglang-fixed"].guard["kind"] == "miswired"
+    assert rows["fix A"].guard["kind"] == "match" and rows["speculators"].guard["kind"] == "match"
     for r in rows.values():
         assert r.settings["equal"], r.settings["differ"]
         assert r.backend == "llamacpp==b11434" and r.drafts > 0
@@ -195,24 +205,47 @@ def test_each_launch_is_guarded_and_both_sides_share_their_settings(live):
 
 @needs_server
 @needs_pair
-def test_diagnose_metrics_reads_llamacpps_own_metrics_page(live, tmp_path, capsys):
-    rows, _ = live
-    page = tmp_path / "metrics.txt"
-    page.write_text(rows["deployed"].metrics)
-    code = cli(["diagnose", "--metrics", str(page), "--draft", str(PAIR / "draft"), "--target",
+@pytest.mark.parametrize("export", ["metrics", "completion", "log"])
+def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
+    """Every export a llama.cpp deployment has, from the real server: its /metrics page, its /completion
+    responses (timings.draft_n, draft_n_accepted) and its log, read by diagnose --metrics into the same
+    accept length as llama.cpp's own counters."""
+    from helpers.live.llamacpp.engine import LlamacppEngine
+    from helpers.model.target import load_target
+
+    target = lc.convert(PAIR / "target", log=lambda *_: None)
+    draft = lc.convert(PAIR / "draft", target_dir=PAIR / "target", log=lambda *_: None)
+    _, tok = load_target(PAIR / "target")
+    prompts = [json.loads(x)["prompt"] for x in (PAIR / "prompts.jsonl").read_text().splitlines()[:3]]
+    with LlamacppEngine(SERVER, ServerLaunch(target.gguf, draft.gguf, steps=3, threads=2, ctx_size=512),
+                        log_dir=tmp_path) as e:
+        bodies = [e.completion(tok(p)["input_ids"], 48) for p in prompts]
+        page = e.metrics_text()
+        log = e.log_path
+    drafts = sum(b["timings"]["draft_n"] for b in bodies)
+    accepted = sum(b["timings"]["draft_n_accepted"] for b in bodies)
+    src = {"metrics": tmp_path / "metrics.txt", "completion": tmp_path / "responses.json", "log": log}[export]
+    if export == "metrics":
+        src.write_text(page)
+    elif export == "completion":
+        src.write_text(json.dumps(bodies))
+    code = cli(["diagnose", "--metrics", str(src), "--draft", str(PAIR / "draft"), "--target",
                 str(PAIR / "target"), "--engine", "llamacpp==b11434", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code in (0, 1), out
-    served = out.get("served") or out
-    text = json.dumps(served)
-    assert "llamacpp" in text
+    print(export, code, out["explanation"], out["accept_length"], out["level"], out["missing"])
+    assert code in (0, 1, 3) and code == out["exit_code"], out      # 3: undetermined, said
+    assert out["engine"] == "llamacpp" and out["accepted_tokens"] == accepted, out
+    assert drafts > 0
+    if export != "completion":      # a response counts drafted tokens, not rounds: no accept length alone
+        assert out["accept_length"] >= 1.0
+    assert out["served_layout"] == [2, 6, 9] and out["trained_layout"] == [0, 3, 7]
 
 
 @needs_server
 @needs_pair
 def test_notebooks_01_and_06_on_llamacpp(tmp_path):
     """ENGINE="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
-    it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (3, 7, 10), fix B retrained on
+    it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (0, 3, 7), fix B retrained on
     (2, 6, 9); llama.cpp's accept length beside the reference engine's for each."""
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
@@ -227,7 +260,7 @@ def test_notebooks_01_and_06_on_llamacpp(tmp_path):
     base = reports.read_step(out, reports.BaselineStep)
     assert base.plan["layout"] == [2, 6, 9] and base.live["backend"] == "llamacpp==b11434"
     live = {r["wiring"]: r for r in reports.read_summary(out).live}
-    assert [live[w]["served_layout"] for w in ("deployed", "fix A", "fix B")] == [[2, 6, 9], [3, 7, 10],
+    assert [live[w]["served_layout"] for w in ("deployed", "fix A", "fix B")] == [[2, 6, 9], [0, 3, 7],
                                                                                   [2, 6, 9]]
     for r in live.values():
         assert r["lossless"] and abs(r["tau_gap"]) <= 0.15, r

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="default: the family's folder under data/")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--training-boundaries", default=None,
-                    help="default: the family's (kimi 0,3,7; llama 3,7,10)")
+                    help="default: the family's (0,3,7 for both)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="a small pair in a few minutes (tests)")
     ap.add_argument("--arch", default=None, choices=["deepseek_v3", "llama"],

@@ -109,7 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, choices=RUNTIMES,
                     help="the runtime that measures (notebooks 01, 05, 06): sglang (the real engine in "
                          ".venv-sglang), vllm (the real engine in .venv-vllm; bash workbook.sh sets up "
-                         "both), reference (this workbook's); auto (default): SGLang when it is installed, "
+                         "both), llamacpp (llama-server as bash workbook.sh built it; a Llama pair such as "
+                         "data/tiny-llama), reference (this workbook's); auto (default): SGLang when it is "
+                         "installed, "
                          "else vLLM, else reference (said in one line). The reference engine always runs "
                          "beside a live one, fed the layout the rules predict")
     ap.add_argument("--engine", default=None, metavar="NAME[==VERSION]",

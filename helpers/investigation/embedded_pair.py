@@ -55,9 +55,10 @@ class Family:
 FAMILIES = {
     # the seed's case: trained on (0, 3, 7); SGLang serves the deployed ids one layer later, (3, 7, 10)
     "kimi": Family("deepseek_v3", "byte-level", DEFAULT_OUT, (0, 3, 7), "sglang"),
-    # a SpecForge draft (trained where SGLang serves [2, 6, 9]: (3, 7, 10)) converted for llama.cpp, whose
-    # converter ignores the nested ids and serves its default [2, 6, 9] as given: (2, 6, 9)
-    "llama": Family("llama", "llama", DATA / "tiny-llama", (3, 7, 10), "llamacpp"),
+    # the same draft story on a Llama target that llama.cpp serves: trained on (0, 3, 7), deployed with the
+    # nested ids [2, 6, 9]; llama.cpp's converter ignores nested ids and writes its default [2, 6, 9], used
+    # as boundaries: (2, 6, 9). Ids fixed for SGLang ([-1, 2, 6], nested) change nothing there.
+    "llama": Family("llama", "llama", DATA / "tiny-llama", (0, 3, 7), "llamacpp"),
 }
 
 

@@ -282,6 +282,7 @@ class LlamacppRules(EngineRules):
     newest_read = f"b{L.LLAMACPP_NEWEST_READ}"
     ids_home = IdsAt.TOP_LEVEL            # the converter's (conversion/llama.py), from b10705
     fix_ids_at = "gguf-conversion"       # its ids are fixed when the draft is converted to GGUF
+    fix_writes_top_level = True           # the only key its converter reads, used as boundaries
     serves_from_gguf = True
 
     def check_version(self, text, version):

@@ -22,7 +22,7 @@ from ..bench import LiveRow, LiveWiring
 from ..guard import Mode
 from . import costs
 from .build import ServerBuild
-from .convert import Converted, convert, describe
+from .convert import Converted, convert, describe, say
 from .engine import LlamacppEngine, ServerLaunch
 
 
@@ -34,7 +34,7 @@ def host_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def convert_wirings(target: Path, wirings: list[LiveWiring], log=print) -> tuple[Converted,
+def convert_wirings(target: Path, wirings: list[LiveWiring], log=say) -> tuple[Converted,
                                                                                  dict[Path, Converted]]:
     """The target's GGUF and each wiring's draft GGUF (cached while their inputs are unchanged)."""
     tgt = convert(target, log=log)
@@ -48,7 +48,7 @@ def convert_wirings(target: Path, wirings: list[LiveWiring], log=print) -> tuple
 def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
                steps: int = 3, max_new_tokens: int = 64, repeats: int = 2, rules: Engine,
                progress: bool = True, log_dir: Path | None = None, guard: Mode = Mode.WARN,
-               threads: int | None = None, log=print) -> list[LiveRow]:
+               threads: int | None = None, log=say) -> list[LiveRow]:
     """``helpers.live.bench.live_bench`` on ``llama-server``: every wiring's layout is its GGUF's."""
     spec = read_target(target)
     num_layers = int(spec.num_layers)

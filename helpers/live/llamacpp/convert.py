@@ -38,6 +38,11 @@ OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 TIMEOUT_S = 900
 
 
+def say(line: str) -> None:
+    """Progress lines go to stderr: a command's --json output stays the only thing on stdout."""
+    print(line, file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class Converted:
     """One GGUF the converter wrote: where, from what, and (for a draft) the ids it holds."""
@@ -58,7 +63,7 @@ class Converted:
                 "size_bytes": self.gguf.stat().st_size, "cached": self.cached}
 
 
-def ensure_converter(build: str = BUILD, log=print) -> Path:
+def ensure_converter(build: str = BUILD, log=say) -> Path:
     """The cached converter of ``build``, fetched from its sdist the first time."""
     found = find_converter(build)
     if found is not None:
@@ -96,7 +101,7 @@ def _inputs_key(source: Path, target_dir: Path | None, outtype: str, build: str)
 
 
 def convert(source: str | Path, *, target_dir: str | Path | None = None, out: str | Path | None = None,
-            outtype: str = "f32", build: str = BUILD, log=print) -> Converted:
+            outtype: str = "f32", build: str = BUILD, log=say) -> Converted:
     """``source`` (a Hugging Face folder: a target, or an EAGLE-3 draft with ``target_dir``) converted by
     llama.cpp ``build``'s converter. ``out`` None: a file in the cache, reused while the inputs are the
     same. Raises ``LlamacppUnavailable`` with the converter's last line when it refuses."""
