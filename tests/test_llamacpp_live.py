@@ -243,7 +243,7 @@ def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
 
 @needs_server
 @needs_pair
-def test_notebooks_01_and_06_on_llamacpp(tmp_path):
+def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     """ENGINE="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
     it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (0, 3, 7), fix B retrained on
     (2, 6, 9); llama.cpp's accept length beside the reference engine's for each."""
@@ -254,8 +254,8 @@ def test_notebooks_01_and_06_on_llamacpp(tmp_path):
     params = {**SMALL, "ENGINE": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
               "TARGET": str(PAIR / "target"), "DRAFT": str(PAIR / "draft"),
               "RETRAINED_DRAFT": str(PAIR / "draft-retrained")}
-    runs = run_workbook(out, params, only=["01_baseline_throughput", "06_rebenchmark"], render=False,
-                        progress=False)
+    runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
+                        render=False, progress=False)
     assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]
     base = reports.read_step(out, reports.BaselineStep)
     assert base.plan["layout"] == [2, 6, 9] and base.live["backend"] == "llamacpp==b11434"
