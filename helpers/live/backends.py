@@ -20,6 +20,7 @@ and the rules the rows are held to:
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,8 +146,6 @@ def choose(family: str, rules: Engine | None = None) -> Backend:
 
 
 def _llamacpp_missing() -> str:
-    import os
-
     if os.environ.get(LLAMACPP_SKIP, "1") == "0":
         return f"{LLAMACPP_SKIP}=0: llama.cpp is skipped on this host"
     return (f"llama.cpp {LLAMACPP_BUILD} is not built on this host; build it once with: bash workbook.sh "
@@ -154,7 +153,8 @@ def _llamacpp_missing() -> str:
 
 
 def installed(family: str) -> Engine | None:
-    """The release of ``family`` (vllm, sglang) this host runs, as the rules it serves by, or None."""
+    """The release of ``family`` (vllm, sglang, llamacpp) this host runs, as the rules it serves by, or
+    None."""
     if family == "llamacpp":
         server = find_server()
         return None if server is None else server.engine
