@@ -266,3 +266,32 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
         assert r["lossless"] and abs(r["tau_gap"]) <= 0.15, r
     assert live["deployed"]["accept_length"] < min(live["fix A"]["accept_length"],
                                                    live["fix B"]["accept_length"])
+
+
+@needs_server
+@needs_pair
+def test_bench_guard_refuse_stops_the_miswired_draft_before_llama_server_starts(capsys):
+    """``--guard refuse``: the deployed GGUF serves (2, 6, 9), trained (0, 3, 7): exit 2, one line, and no
+    speculative llama-server is left behind."""
+    from helpers.live import stopping
+
+    code = cli(["bench", "--backend", "llamacpp", "--target", str(PAIR / "target"), "--draft",
+                str(PAIR / "draft"), "--guard", "refuse", "--steps", "3", "--num-prompts", "1",
+                "--max-new-tokens", "8", "--repeats", "2"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(err) == 1, err
+    assert "llama-server not started" in err[0] and "(2, 6, 9)" in err[0] and "(0, 3, 7)" in err[0]
+    assert not stopping.live()
+
+
+def test_a_folder_the_converter_refuses_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """The tests' byte-level Llama pair: llama.cpp's converter does not know its pre-tokenizer."""
+    if lc.find_converter() is None:
+        pytest.skip("llama.cpp's converter is not in the cache (bash workbook.sh llamacpp)")
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "target"
+    shutil.copytree(KIMI / "target", folder)       # a DeepSeek-V3 target with a byte-level BPE
+    with pytest.raises(lc.ConversionRefused) as exc:
+        lc.convert(folder, out=tmp_path / "t.gguf", log=lambda *_: None)
+    assert len(str(exc.value).splitlines()) == 1 and str(folder) in str(exc.value)
+    assert not (tmp_path / "t.gguf").exists() and not list(tmp_path.glob(".*.partial"))

@@ -23,7 +23,7 @@ from ..guard import Mode
 from . import costs
 from .build import ServerBuild
 from .convert import Converted, convert, describe, say
-from .engine import LlamacppEngine, ServerLaunch
+from .engine import LlamacppEngine, LlamacppEngineError, ServerLaunch
 
 
 def host_threads() -> int:
@@ -63,9 +63,12 @@ def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prom
         if draft is None:
             return LlamacppEngine(build, ServerLaunch(tgt.gguf, None, steps, threads, ctx), log_dir=log_dir)
         c = drafts[Path(draft)]
-        guard_mod.before_llamacpp(engine=rules, draft=draft, target_layers=c.target_layers,
-                                  num_layers=num_layers, arch=spec.arch, gguf=c.gguf, how=guard,
-                                  report=lambda v: verdicts.__setitem__(Path(draft), v))
+        try:
+            guard_mod.before_llamacpp(engine=rules, draft=draft, target_layers=c.target_layers,
+                                      num_layers=num_layers, arch=spec.arch, gguf=c.gguf, how=guard,
+                                      report=lambda v: verdicts.__setitem__(Path(draft), v))
+        except guard_mod.GuardRefused as exc:     # llama-server never starts: nothing served
+            raise LlamacppEngineError(f"llama-server not started: {exc}") from None
         return LlamacppEngine(build, ServerLaunch(tgt.gguf, c.gguf, steps, threads, ctx), log_dir=log_dir,
                               guard=verdicts.get(Path(draft)))
 

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import InputError
 from ...rules.llamacpp.gguf import read_metadata, target_layers
 from ...rules.wheels import cache_root
 from .build import (
@@ -41,6 +42,11 @@ TIMEOUT_S = 900
 def say(line: str) -> None:
     """Progress lines go to stderr: a command's --json output stays the only thing on stdout."""
     print(line, file=sys.stderr, flush=True)
+
+
+class ConversionRefused(InputError):
+    """llama.cpp's converter would not convert a folder (its tokenizer, its architecture, ...): its own
+    last error line, and the folder; exit 2 at a command's edge."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,8 @@ def convert(source: str | Path, *, target_dir: str | Path | None = None, out: st
         partial.unlink(missing_ok=True)
         lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
         why = next((ln for ln in reversed(lines) if "rror" in ln), lines[-1] if lines else "no output")
-        raise LlamacppUnavailable(f"llama.cpp {build}'s converter refused {source}: {why[:300]}")
+        raise ConversionRefused(f"llama.cpp {build}'s converter refused {source}: {why[:300]}; expected a "
+                                f"folder it converts (a tokenizer it knows, an architecture it registers)")
     os.replace(partial, dest)
     return _read_back(dest, source, target_dir, outtype, cached=False)
 

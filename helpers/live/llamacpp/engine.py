@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import check_loopback
+from ...errors import InputError, check_loopback
 from ...investigation.exports import parse_prometheus
 from ..settings import argv_settings
 from ..stopping import Stoppable, track, untrack
@@ -39,9 +39,9 @@ REQUEST_TIMEOUT_S = 600.0
 PREFIX = "llamacpp:spec_decode_"
 
 
-class LlamacppEngineError(RuntimeError):
-    """llama-server exited, never became healthy, or answered a request with an error; one line, with its
-    log's path."""
+class LlamacppEngineError(InputError):
+    """llama-server exited, never became healthy, answered a request with an error, or was refused by the
+    guard before it started; one line (with its log's path), exit 2 at a command's edge."""
 
 
 @dataclass
@@ -204,10 +204,14 @@ class LlamacppEngine(Stoppable):
             return None
 
     def _counters(self) -> tuple[float, float, float, dict[int, float]]:
-        text = self.metrics_text() or ""
-        s = parse_prometheus(text, "llama-server /metrics")
+        """llama.cpp's draft counters now; an unreadable page is an error, never zero drafts."""
+        text = self.metrics_text()
+        s = None if text is None else parse_prometheus(text, "llama-server /metrics")
         if s is None:
-            return 0.0, 0.0, 0.0, {}
+            raise LlamacppEngineError(f"llama-server's /metrics did not answer with its counters "
+                                      f"(log: {self.log_path})")
+        if s.total(PREFIX + "num_drafts") is None:
+            return 0.0, 0.0, 0.0, {}          # the series not written yet: nothing counted
         return (s.total(PREFIX + "num_drafts") or 0.0, s.total(PREFIX + "num_draft_tokens") or 0.0,
                 s.total(PREFIX + "num_accepted_tokens") or 0.0,
                 s.by_label(PREFIX + "num_accepted_tokens_per_pos", "position"))
