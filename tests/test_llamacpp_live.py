@@ -295,3 +295,24 @@ def test_a_folder_the_converter_refuses_is_one_line_and_exit_2(tmp_path, capsys,
         lc.convert(folder, out=tmp_path / "t.gguf", log=lambda *_: None)
     assert len(str(exc.value).splitlines()) == 1 and str(folder) in str(exc.value)
     assert not (tmp_path / "t.gguf").exists() and not list(tmp_path.glob(".*.partial"))
+
+
+@needs_server
+@needs_pair
+def test_llama_servers_greedy_output_is_the_workbooks_fp32_target():
+    """An f32 GGUF of the bf16-rounded target: llama.cpp's greedy continuation, id for id, is the one the
+    workbook's fp32 Hugging Face target produces."""
+    import torch
+
+    from helpers.live.llamacpp.engine import LlamacppEngine
+    from helpers.model.engine import baseline_generate
+    from helpers.model.target import load_target
+
+    target = lc.convert(PAIR / "target", log=lambda *_: None)
+    model, tok = load_target(PAIR / "target")
+    prompts = [json.loads(x)["prompt"] for x in (PAIR / "prompts.jsonl").read_text().splitlines()[:3]]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    with LlamacppEngine(SERVER, ServerLaunch(target.gguf, None, threads=2, ctx_size=512)) as e:
+        got = e.generate(ids, 48).tokens
+    want = [baseline_generate(model, torch.tensor(i), 48).tokens for i in ids]
+    assert got == want
