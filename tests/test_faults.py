@@ -1211,7 +1211,7 @@ def test_scale_check_names_the_option(args, expected, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("param, expected", [
-    ("ENGINE=123", "ENGINE must be one of reference, vllm, sglang, got 123"),
+    ("ENGINE=123", "ENGINE must be one of reference, vllm, sglang, llamacpp, got 123"),
     ("DRAFT_STEPS=null", "DRAFT_STEPS must be a positive integer, got None"),
 ])
 def test_run_workbook_params_checked_before_any_kernel(param, expected, tmp_path, capsys):

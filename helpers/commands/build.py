@@ -40,8 +40,9 @@ def main(argv=None) -> int:
     family = FAMILIES[a.family] if a.family else None
     story = family or FAMILIES["kimi"]
     arch = a.arch or story.arch
-    out = a.out or story.out
-    boundaries = a.training_boundaries or ",".join(map(str, story.training_boundaries))
+    out = a.out if a.out is not None else story.out
+    boundaries = (a.training_boundaries if a.training_boundaries is not None
+                  else ",".join(map(str, story.training_boundaries)))
     if a.layers < 4:
         ap.error(f"--layers must be at least 4 (the deployed ids [2, L//2, L-3] need it); got {a.layers}")
     try:
