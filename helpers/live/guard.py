@@ -459,15 +459,24 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
                         hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} (live model)",
                         feeds_draft=feeds_draft, settle=settle_command(family, folder))
     except Exception as exc:      # noqa: BLE001 - the engine's start must not die of the guard in warn
-        line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"
-        line += "; refusing to serve unjudged" if how.refusing else "; starting unjudged"
-        if report is not None:
-            report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
-                    "refused": how.refusing, "seconds": round(time.perf_counter() - started, 6)})
-        sys.stderr.write(line + "\n")
-        if how.refusing:
-            raise GuardRefused(line) from None
-        return None
+        return _unjudged(how, draft, exc, started, report)
+    return _decided(verdict, folder, how, started, report)
+
+
+def _unjudged(how: Mode, draft, exc: Exception, started: float, report) -> None:
+    """A draft the guard could not judge: one line; refused in ``refuse`` (fail closed), else started."""
+    line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"
+    line += "; refusing to serve unjudged" if how.refusing else "; starting unjudged"
+    if report is not None:
+        report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
+                "refused": how.refusing, "seconds": round(time.perf_counter() - started, 6)})
+    sys.stderr.write(line + "\n")
+    if how.refusing:
+        raise GuardRefused(line) from None
+    return None
+
+
+def _decided(verdict: GuardVerdict, folder: Path, how: Mode, started: float, report) -> GuardVerdict:
     verdict = replace(_with_seconds(verdict, time.perf_counter() - started),
                       expected=profile_expectation(folder))
     enforce(verdict, how, report)
@@ -515,18 +524,10 @@ def before_llamacpp(*, engine: Engine, draft, target_layers: Sequence[int], num_
                         ids_for=lambda layout: list(layout),
                         ids_key="the top-level eagle_aux_hidden_state_layer_ids, then convert again,",
                         basis=f"{Path(gguf).name}: eagle3.target_layers = {indices}",
-                        settle=settle_command("llamacpp", folder))
+                        settle=(f"python -m helpers bench --backend llamacpp --target TARGET --draft "
+                                f"{folder} (llama.cpp's accept length beside the reference engine's for "
+                                f"the served layout), then python -m helpers diagnose --draft {folder} "
+                                f"--target TARGET"))
     except Exception as exc:      # noqa: BLE001 - judged or not, the launch is decided here, in one line
-        line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"
-        line += "; refusing to serve unjudged" if how.refusing else "; starting unjudged"
-        if report is not None:
-            report({"kind": "unjudged", "mode": str(how), "line": line, "draft": str(draft),
-                    "refused": how.refusing, "seconds": round(time.perf_counter() - started, 6)})
-        sys.stderr.write(line + "\n")
-        if how.refusing:
-            raise GuardRefused(line) from None
-        return None
-    verdict = replace(_with_seconds(verdict, time.perf_counter() - started),
-                      expected=profile_expectation(folder))
-    enforce(verdict, how, report)
-    return verdict
+        return _unjudged(how, draft, exc, started, report)
+    return _decided(verdict, folder, how, started, report)
