@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -82,6 +83,18 @@ def close_progress_bars() -> None:
             bar.close()
         except Exception:  # a half-built bar: nothing of it is on screen
             pass
+
+
+def pickle_refusal(exc: BaseException) -> str:
+    """What a ``weights_only`` load refused, in a few words: torch's own message is a paragraph, and the
+    fact a user needs is the global the pickle asked for (e.g. ``posix.system``)."""
+    # torch 2.13: "Trying to load unsupported GLOBAL posix.system whose module posix is blocked";
+    # earlier releases: "Unsupported global: GLOBAL posix.system was not an allowed global"
+    m = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(exc))
+    if m:
+        return f"it asks for {m.group(1)}, which a weights-only load refuses"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return first if len(first) <= 120 else first[:117].rsplit(" ", 1)[0] + " ..."
 
 
 def say(line: str) -> None:

@@ -24,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..errors import BadConfig, check_finite_weights
+from ..errors import BadConfig, check_finite_weights, pickle_refusal
 from ..record import read_record
 from ..rules.conventions import (
     MLA_DRAFT_ARCH,
@@ -247,7 +247,8 @@ def _read_weight_file(f: Path, as_dtype: torch.dtype | None = None) -> dict[str,
     try:
         obj = torch.load(f, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
-        raise DraftFormatError(f"{f} is not a weights-only PyTorch state dict: {e}") from e
+        raise DraftFormatError(f"{f} is not a weights-only PyTorch state dict ({pickle_refusal(e)}); "
+                               f"expected safetensors or plain tensors") from e
     if not isinstance(obj, dict):
         raise DraftFormatError(f"{f} holds a {type(obj).__name__}; expected a dict of tensor name -> tensor")
     bad = [f"{k!r} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]

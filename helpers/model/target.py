@@ -22,6 +22,7 @@ from ..errors import (
     BadConfig,
     check_architectures,
     check_finite_weights,
+    pickle_refusal,
     read_json_file,
     warn_once,
 )
@@ -176,9 +177,9 @@ def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
         raise BadCheckpoint(_load_failure(path, weights, exc)) from None
     except pickle.UnpicklingError as exc:   # weights_only refused a pickle that would run code: nothing ran
         f = path / (weights[0] if weights else "pytorch_model.bin")
-        raise BadCheckpoint(f"{f} is not a weights-only PyTorch state dict (it would run code when loaded, "
-                            f"and was refused: {str(exc).splitlines()[0][:120]}); expected safetensors or "
-                            f"plain tensors") from None
+        raise BadCheckpoint(f"{f} is not a weights-only PyTorch state dict ({pickle_refusal(exc)}: it "
+                            f"would run code when loaded; nothing ran); expected safetensors or plain "
+                            f"tensors") from None
     except Exception as exc:  # safetensors' SafetensorError derives from Exception only
         if type(exc).__name__ != "SafetensorError":
             raise
