@@ -268,6 +268,9 @@ def test_ids_converted_across_conventions(tmp_path):
     little = diagnose(pair, eval_captures(pair, max_windows=2, window=32), parse_engine(engine),
                       steps=2, progress=False)
     assert little.wiring.mismatch is None and (1, 3, 5) in little.confident_set
+    # the served layout and the writers' reading are the same layout: scored and listed once
+    assert len(set(little.confident_set)) == len(little.confident_set)
+    assert little.search.ranking["layout"].map(tuple).is_unique
     assert little.verdict.startswith("UNDECIDED: served (1, 3, 5) is in the confidence set")
     for said in ("reads its ids as (1, 3, 5), a prior the ranking cannot confirm", "at most",
                  "fixes record --draft", "--windows"):

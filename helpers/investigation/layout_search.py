@@ -196,7 +196,8 @@ def rerank(draft, caps: TargetCaptures, result: SearchResult, top: int = 12, ste
     t0 = time.perf_counter()
     leaders = _leaders(result.ranking, top)
     # e.g. the served layout
-    leaders += [tuple(l) for l in include if l is not None and tuple(l) not in leaders]
+    # (each once: the served layout and the one its config format's writers mean may be the same)
+    leaders = list(dict.fromkeys(leaders + [tuple(l) for l in include if l is not None]))
     sp = SlotProjections(draft, caps)
     scored = sp.score(leaders, steps)
     out = _rank(scored, caps.num_layers, f"{result.mode}+rerank", t0, scored[0]["hit"].numel(), steps)
