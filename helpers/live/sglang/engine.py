@@ -151,6 +151,13 @@ def hook_env(install: SglangInstall, report_path: Path, *, accommodations: bool)
     return env
 
 
+# How long a stopped engine's group gets after SIGTERM before SIGKILL. Nothing is in flight when the workbook
+# closes an engine, and SGLang's own shutdown spends 5 s asleep either way (0.5.23: a graceful drain ends in
+# kill_process_tree after it; a group SIGTERM reads as a crashed scheduler and sleeps "before crash
+# diagnostics"), measured here at 5.5-6.0 s per stop; 1 s lets a quick exit happen and no more.
+STOP_GRACE_S = 1.0
+
+
 class SGLangEngine(Stoppable):
     """One running SGLang server. ``with SGLangEngine(install, spec) as e: e.generate(...)``."""
 
@@ -245,7 +252,7 @@ class SGLangEngine(Stoppable):
                            port=find_free_port(), python=str(self.install.python), steps=spec.steps,
                            topk=spec.topk, extra_args=tuple(args), env=env)
         self.server = SGLangServer(sspec, speculative=spec.draft is not None, log_path=self.log_path,
-                                   startup_timeout=start_timeout, grace_s=10.0)
+                                   startup_timeout=start_timeout, grace_s=STOP_GRACE_S)
         self._settings = argv_settings(build_launch_command(sspec, spec.draft is not None),
                                        {k: env[k] for k in THREAD_ENV if k in env})
         track(self)
