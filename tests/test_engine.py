@@ -11,7 +11,7 @@ from _pairs import tiny_default
 
 from helpers.boundaries import CapturePlan
 from helpers.investigation.pair import load_pair, read_prompts
-from helpers.live.reference import encode_prompts, run_bench
+from helpers.live.reference import BenchResult, encode_prompts, run_bench
 from helpers.model.engine import (
     TargetRunner,
     accept,
@@ -120,6 +120,11 @@ def test_run_bench_reports_paired_speedup_and_lossless(pair, prompts):
     assert d["slower_prompts"] == sum(p["speedup"] < 1.0 for p in d["per_prompt"])
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         run_bench(pair.target, pair.draft, CapturePlan((0, 3, 7), 12), prompts[:1], repeats=0, progress=False)
+    # the record rebuilds the result: notebook 06 reuses notebook 01's deployed row from its JSON, and every
+    # figure, the interval and the verdict included, is computed again from the recorded pairs
+    back = BenchResult.from_dict(json.loads(json.dumps(d)))
+    assert back.to_dict() == d and back.row("deployed") == res.row("deployed")
+    assert back.timing.interval == res.timing.interval and back.timing.verdict == res.timing.verdict
 
 
 def test_bench_cli_json(capsys):

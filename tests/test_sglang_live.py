@@ -274,6 +274,13 @@ def test_notebooks_01_05_06_on_sglang(install, tmp_path):
         assert r["rules"] == f"runtime {install.version}, capture rule 0.5.9"
     fixed = min(live["fix A"]["accept_length"], live["fix B"]["accept_length"])
     assert live["deployed"]["accept_length"] < fixed
+    # notebook 06 used notebook 01's deployed rows (same pair, prompts, settings and engine) instead of
+    # serving the deployed wiring again: the same pairs, so the same figures, recomputed
+    summary = reports.read_summary(out)
+    assert "not measured twice" in summary.headline
+    assert live["deployed"]["timing_detail"]["pairs_measured"] == base.live["timing_detail"]["pairs_measured"]
+    assert live["deployed"]["speedup_interval"] == base.live["speedup_interval"]
+    assert summary.details["deployed"]["speedup"] == base.served["speedup"]
 
 
 def _retrained():

@@ -249,3 +249,27 @@ def test_an_interval_that_touches_or_holds_1_is_neither_faster_nor_slower(monkey
         assert f"({want})" in text
         if want == Direction.UNRESOLVED:
             assert "faster" not in text and "slower" not in text
+
+
+def test_a_live_row_is_rebuilt_from_its_record():
+    """Notebook 06 reuses notebook 01's deployed live row from 01_baseline.json: the row comes back from
+    its JSON with its pairs, so the interval and the verdict are computed again, equal to the original's;
+    a CPU figure that could not be measured (NaN) travels as null and comes back as NaN."""
+    import json
+
+    from helpers.live.bench import LiveRow
+    t = simulate(3, lambda i, rep, n: (i + rep) % 2 == 0)
+    t.machine = MachineSignal(0.4, 0.6, 2.125, 2.25, 2)
+    t.base_cpu_tok_s = [10.0] * (t.pairs - 1) + [float("nan")]
+    t.spec_cpu_tok_s = [12.0] * t.pairs
+    row = LiveRow(wiring="deployed", backend="sglang==0.5.23", rules="runtime 0.5.23, capture rule 0.5.9",
+                  draft="/d", served_layout=[3, 7, 10], steps=3, prompts=6, max_new_tokens=16, repeats=4,
+                  baseline_tok_s=10.0, spec_tok_s=12.0, accept_length=1.6, accept_rate=0.2,
+                  accepted_per_position=[0.5, 0.1, 0.0], drafts=40, lossless=True,
+                  lossless_per_prompt=[True] * 6,
+                  timing=t, metrics="# not kept", settings={"threads": "2"})
+    d = json.loads(json.dumps(row.to_dict(), allow_nan=False))
+    back = LiveRow.from_dict(d)
+    assert back.to_dict() == d and back.metrics is None
+    assert back.timing.interval == t.interval and back.timing.verdict == t.verdict
+    assert math.isnan(back.timing.base_cpu_tok_s[-1]) and back.timing.machine == t.machine

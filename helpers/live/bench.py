@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol
 
@@ -102,6 +102,14 @@ class LiveRow(PairedSpeedup):
             "timing": self.timing_verdict,
             "timing_detail": None if self.timing is None else self.timing.to_dict(),
             "tau_gap": self.tau_gap}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LiveRow":
+        """The row a ``to_dict`` recorded, its timing rebuilt from the recorded pairs (notebook 06 reuses
+        notebook 01's deployed row this way); the /metrics page is not part of the record."""
+        names = {f.name for f in fields(cls)} - {"timing", "metrics"}
+        return cls(**{k: v for k, v in d.items() if k in names},
+                   timing=PairedTiming.from_dict(d.get("timing_detail")))
 
     def row(self) -> dict:
         ref = self.reference or {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from tqdm.auto import tqdm
@@ -98,6 +98,15 @@ class BenchResult(PairedSpeedup):
                  predicted_speedup=round(self.predicted_speedup, 3),
                  break_even_tau=round(self.break_even_tau, 3), slower_prompts=self.slower_prompts)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchResult":
+        """The result a ``to_dict`` recorded (notebook 06 reuses notebook 01's deployed row this way): the
+        recorded fields, the timing rebuilt from its pairs, every derived figure computed again."""
+        names = {f.name for f in fields(cls)} - {"timing"}
+        kept = {k: v for k, v in d.items() if k in names}
+        return cls(**kept | {"layout": tuple(d["layout"])},
+                   timing=PairedTiming.from_dict(d.get("timing_detail")))
 
     def row(self, wiring: str) -> dict:
         """One configuration as a table row, named ``wiring``: notebooks 01 and 06 and summary.json

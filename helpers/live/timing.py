@@ -30,6 +30,7 @@ by ``speed_phrase`` at the edge.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -38,6 +39,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
+
+from ..errors import finite_or_none
 
 CONFIDENCE = 0.95
 # The gate's thresholds, read on this project's machines (docs/timing.md has the figures behind them):
@@ -400,7 +403,31 @@ class PairedTiming:
         if self.base_cpu_tok_s and self.spec_cpu_tok_s:
             out["cpu_tok_s"] = {"baseline": round(statistics.median(self.base_cpu_tok_s), 2),
                                 "speculative": round(statistics.median(self.spec_cpu_tok_s), 2)}
+        # the pairs themselves: the record holds what the figures above were computed from, so a reader
+        # (or a later notebook reusing this measurement: ``from_dict``) recomputes them, never re-parses them
+        machine = None if self.machine is None else list(dataclasses.astuple(self.machine))
+        # (a figure that could not be measured, NaN, is null: strict JSON has no NaN)
+        out["pairs_measured"] = finite_or_none({
+            "base_tok_s": self.base_tok_s, "spec_tok_s": self.spec_tok_s, "prompt_of": list(self.prompt_of),
+            "base_first": list(self.base_first), "base_cpu_tok_s": self.base_cpu_tok_s,
+            "spec_cpu_tok_s": self.spec_cpu_tok_s, "machine": machine})
         return out
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "PairedTiming | None":
+        """The timing a ``to_dict`` recorded, rebuilt from its pairs; None when the record holds none (an
+        older record, or a row without timing)."""
+        raw = (d or {}).get("pairs_measured")
+        if not raw:
+            return None
+        machine = None if not raw.get("machine") else MachineSignal(*raw["machine"])
+        return cls(_floats(raw["base_tok_s"]), _floats(raw["spec_tok_s"]), [int(x) for x in raw["prompt_of"]],
+                   machine, _floats(raw.get("base_cpu_tok_s", [])), _floats(raw.get("spec_cpu_tok_s", [])),
+                   [bool(x) for x in raw.get("base_first", [])])
+
+
+def _floats(xs: list) -> list[float]:
+    return [float("nan") if x is None else float(x) for x in xs]
 
 
 _REASON_TEXT = {

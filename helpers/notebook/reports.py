@@ -13,6 +13,7 @@ of the file when they are None, as the notebooks always did.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import types
@@ -76,6 +77,8 @@ class BaselineStep:
     served: dict | None
     seed_break_even_tau: float
     live: dict | None = _optional()        # the deployed wiring on the real engine (ENGINE="vllm")
+    bench: dict | None = _optional()       # what the measurement depended on (``measurement_key``):
+                                           # notebook 06 reuses it when its own is the same
 
 
 @dataclass
@@ -372,6 +375,21 @@ def read_step(reports_dir, cls: type[Record]) -> Record:
 def read_step_if_any(reports_dir, cls: type[Record]) -> Record | None:
     """The record, or None when its notebook has not run; a malformed one still fails."""
     return read_step(reports_dir, cls) if step_path(reports_dir, cls).is_file() else None
+
+
+def measurement_key(pair, rules, engine: str, layout, prompt_ids, *, steps: int, max_new_tokens: int,
+                    repeats: int, device: str) -> dict:
+    """Everything a benchmark of one wiring depends on: the pair, whose rules, which engine measured
+    (its label names the runtime and release), the layout, the prompts (their token ids, hashed), the
+    draft steps, the tokens, the repeats and the device. Notebook 01 records it beside its measurement of
+    the deployed wiring; notebook 06 uses that measurement instead of repeating it only when its own key
+    is the same, item for item."""
+    ids = json.dumps([[int(t) for t in p] for p in prompt_ids], separators=(",", ":"))
+    return {"target": str(Path(pair.target_dir).resolve()), "draft": str(Path(pair.draft_dir).resolve()),
+            "rules": str(rules), "engine": engine, "layout": [int(b) for b in layout],
+            "prompts": len(prompt_ids), "prompts_sha256": hashlib.sha256(ids.encode()).hexdigest(),
+            "steps": int(steps), "max_new_tokens": int(max_new_tokens), "repeats": int(repeats),
+            "device": str(device)}
 
 
 # --------------------------------------------------------------------------------------
