@@ -130,10 +130,21 @@ setup_sglang() {
   echo "$want" > "$SGLANG_VENV/.requirements.sha256"
 }
 
+# Both engines' venvs at once: each install is one pip process, mostly unpacking wheels on one core, and
+# neither reads the other's venv. Each says its own lines and never fails the caller (a venv that cannot be
+# set up is said in one line and the other engines measure).
+setup_engines() {
+  setup_vllm &
+  local vllm_pid=$!
+  setup_sglang
+  wait "$vllm_pid" || true
+}
+
 # llama.cpp's llama-server, built once per machine into the cache (helpers/live/llamacpp/build.py): about
-# 9 minutes on 2 cores, so `run` and `test` start it in the background while the engines' venvs install
-# (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
-# line and the other engines measure. WORKBOOK_LLAMACPP=0 skips it.
+# 9 minutes on 2 cores, so `test` (and `run` when it is asked to measure on llama.cpp) starts it in the
+# background while the engines' venvs install (mostly downloads), and waits for it before the work that
+# uses it. A host that cannot build it gets one line and the other engines measure. WORKBOOK_LLAMACPP=0
+# skips it.
 LLAMACPP_PID=""
 start_llamacpp() {
   [ "${WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
@@ -159,17 +170,17 @@ shift || true
 case "$cmd" in
   run)
     setup
-    start_llamacpp
-    setup_vllm
-    setup_sglang
+    # llama.cpp measures only when asked (--backend llamacpp, -p ENGINE="llamacpp"): a default run never
+    # waits on its build
+    case " $* " in *llamacpp*) start_llamacpp ;; esac
+    setup_engines
     wait_llamacpp
     exec "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
     setup
     start_llamacpp
-    setup_vllm
-    setup_sglang
+    setup_engines
     wait_llamacpp
     # lint first: a stray import or an over-long line fails in a second, not after the suite
     "$VENV/bin/python" -m ruff check --quiet helpers tests

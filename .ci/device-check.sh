@@ -15,8 +15,10 @@
 #   USE_REGISTRY=1   install from pip's configured index (the default when python3 has no torch)
 #   otherwise        .venv is made over python3's own torch (--system-site-packages) with the workbook
 #                    installed --no-deps; an engine venv that cannot be made is skipped, and its runs say so
-# A venv already present (made before, or carried) is used as it is.
+# A venv already present (made before, or carried) is used as it is. A device reaches no model hub either:
+# every model is a local folder, and transformers is told so (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE).
 set -uo pipefail
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
 cd "$(dirname "$0")/.."
 DRY=0
 case "${1:-}" in
@@ -72,8 +74,14 @@ setup_main() {
     python3 -m venv .venv && .venv/bin/pip install -q "${find_links[@]}" -r requirements.txt torch \
       && .venv/bin/pip install -q --no-deps -e .
   else    # the host's own torch and transformers (a device image), the workbook beside them without deps
-    python3 -m venv --system-site-packages .venv \
-      && .venv/bin/pip install -q --no-index --no-deps --no-build-isolation -e .
+    # --system-site-packages reaches the base interpreter's packages only; where python3 is itself a venv
+    # (a device image's /opt/torch/.venv), a .pth names python3's own site-packages as well
+    python3 -m venv --system-site-packages .venv || return 1
+    local host_site venv_site
+    host_site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    venv_site="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    [ "$host_site" = "$venv_site" ] || echo "$host_site" > "$venv_site/host_python3_site.pth"
+    .venv/bin/pip install -q --no-index --no-deps --no-build-isolation -e .
   fi
 }
 setup_engine() {   # setup_engine vllm|sglang
@@ -89,8 +97,11 @@ step main; step vllm; step sglang
 
 # The reference engine on CUDA: deployed and trained wiring under the rules bench assumes without --engine
 # (it names them in its JSON; the summary's rules column shows them).
-run ref-served .venv/bin/python -m helpers bench --target $T --draft $D --device cuda --steps 3 --repeats 2 --json
-run ref-trained .venv/bin/python -m helpers bench --target $T --draft $D --device cuda --steps 3 --layout trained --repeats 2 --json
+# Two prompts x 32 tokens: on an H200 (2026-12-04) the transformers DeepSeek forward of the tiny target is
+# bound by kernel launches, and the default 6 x 64 x 2 repeats was still in its baseline passes at 140 s.
+REF=(--num-prompts 2 --max-new-tokens 32)
+run ref-served .venv/bin/python -m helpers bench --target $T --draft $D --device cuda --steps 3 --repeats 2 "${REF[@]}" --json
+run ref-trained .venv/bin/python -m helpers bench --target $T --draft $D --device cuda --steps 3 --layout trained --repeats 2 "${REF[@]}" --json
 # vLLM (CUDA): the deployed draft as it reads it, the training layout written where it reads it, fix B.
 run vllm-served .venv/bin/python -m helpers bench --backend vllm --target $T --draft $D --steps 3 --repeats 2 --json
 run vllm-trained .venv/bin/python -m helpers bench --backend vllm --target $T --draft $D --steps 3 --layout trained --repeats 2 --json
