@@ -233,6 +233,11 @@ FAKE_SERVER = textwrap.dedent('''
     port, pid_file, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if "ignore-term" in mode:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "shm" in mode:
+        # what SGLang 0.5.23 leaves when its group is killed: a load-snapshot slot file and a semaphore,
+        # held open until the kill
+        shm = [open(f"/dev/shm/{n}{port}", "w") for n in ("sglang_loads_fake_", "sem.mp-fake")]
+        open(pid_file + ".shm", "w").write(json.dumps([f.name for f in shm]))
     # Like SGLang's scheduler: a worker process in the same process group.
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     open(pid_file, "w").write(json.dumps([worker.pid]))
@@ -348,6 +353,32 @@ def test_sigterm_ignored_escalates_to_kill(fake, tmp_path):
     server.stop()
     server.stop()  # idempotent
     assert time.monotonic() - t0 < 5 and _all_gone(leader, pid_file)
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this host")
+def test_a_killed_server_leaves_nothing_in_dev_shm(fake, tmp_path):
+    """Killed after its grace period, the group runs none of its own unlinks: what it made in /dev/shm is
+    removed once it is gone; what was there before it, and what a live process holds, stay."""
+    spec, pid_file = fake("ignore-term shm")
+    server = _start(spec, tmp_path, grace_s=0.5).start()
+    deadline = time.monotonic() + scaled(5)
+    while not Path(f"{pid_file}.shm").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    made = [Path(p) for p in json.loads(Path(f"{pid_file}.shm").read_text())]
+    # made while the server ran, by a process outside its group that is still alive at the stop
+    kept = Path(f"/dev/shm/sglang_loads_test_kept_{os.getpid()}")
+    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(kept)!r}, 'w'); print(1, flush=True); "
+                               "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "1"
+        assert all(p.exists() for p in made)
+        server.stop()
+        assert not any(p.exists() for p in made), made
+        assert kept.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        kept.unlink(missing_ok=True)
 
 
 def test_early_crash_raises_with_log_tail(tmp_path):

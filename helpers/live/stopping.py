@@ -7,6 +7,7 @@ import atexit
 import os
 import signal
 import weakref
+from pathlib import Path
 
 _LIVE: "weakref.WeakSet" = weakref.WeakSet()
 _installed = {"done": False}
@@ -42,6 +43,58 @@ def live() -> list:
 def stop_all(*_args) -> None:
     for engine in list(_LIVE):
         engine.close()
+
+
+SHM = Path("/dev/shm")
+
+
+def shm_names() -> frozenset[str]:
+    """What /dev/shm holds now (empty where there is none): taken before an engine starts, so that what it
+    leaves there can be told from what was there already."""
+    try:
+        return frozenset(p.name for p in SHM.iterdir())
+    except OSError:
+        return frozenset()
+
+
+def _held_in_shm() -> set[str]:
+    """The /dev/shm names some live process of this user still maps or holds open."""
+    held, uid = set(), os.getuid()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.stat().st_uid != uid:
+                continue
+            for line in (proc / "maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    held.add(line.rsplit("/dev/shm/", 1)[1].split()[0])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:          # the process ended while it was read
+            continue
+    return held
+
+
+def reclaim_shm(before: frozenset[str], prefixes: tuple[str, ...]) -> list[str]:
+    """Unlink what a stopped engine left in /dev/shm: names that were not there before it started, that
+    start with one of the engine's ``prefixes``, belong to this user, and that no live process maps or holds
+    open. An engine's group killed after its grace period runs none of its own unlinks (SGLang 0.5.23
+    leaves a load-snapshot slot file and a multiprocessing semaphore per launch). Returns what it removed."""
+    new = [n for n in shm_names() - before if n.startswith(prefixes)]
+    if not new:
+        return []
+    held, removed = _held_in_shm(), []
+    for name in new:
+        path = SHM / name
+        try:
+            if name in held or path.stat().st_uid != os.getuid():
+                continue
+            path.unlink()
+            removed.append(name)
+        except OSError:
+            continue
+    return removed
 
 
 def _install() -> None:

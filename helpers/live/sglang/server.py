@@ -39,6 +39,7 @@ from typing import Any, NamedTuple, Sequence
 from ...errors import check_loopback
 from ...rules.conventions import IdsAt, ids_in_config, read_draft_config
 from ...rules.sglang.rule import ids_sglang_reads
+from ..stopping import reclaim_shm, shm_names
 
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode
@@ -216,6 +217,11 @@ def _read_tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# What an SGLang group killed before its own cleanup leaves in /dev/shm (0.5.23): the load snapshot's slot
+# file (managers/load_snapshot.py), pid-stamped segments, and Python multiprocessing's semaphores
+SHM_PREFIXES = ("sglang_loads_", "sgl_shm_", "sem.mp-")
+
+
 class SGLangServer:
     """One server process group, stopped on every way out of the ``with`` block.
 
@@ -245,6 +251,7 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path else self._temp_log()
         self.proc: subprocess.Popen | None = None
         self._pgid: int | None = None
+        self._shm_before: frozenset[str] = frozenset()
 
     @staticmethod
     def _temp_log() -> Path:
@@ -265,6 +272,7 @@ class SGLangServer:
             raise RuntimeError("server already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **{k: str(v) for k, v in self.spec.env.items()}}
+        self._shm_before = shm_names()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -319,6 +327,8 @@ class SGLangServer:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+        if not _group_alive(pgid):
+            reclaim_shm(self._shm_before, SHM_PREFIXES)
 
     def __enter__(self) -> "SGLangServer":
         return self.start()
