@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _pairs
 import pytest
 import torch
 from _pairs import ROOT, assert_in_front, tiny_default, tiny_draft, tiny_dump, tiny_llama
@@ -47,10 +48,11 @@ def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
     from helpers.investigation.embedded_pair import TINY, build_draft
 
     out = ROOT / f"draft-weak-{'-'.join(map(str, layout))}"
-    if not (out / "training.json").is_file():
-        build_draft(out, tiny_default() / "target", layout, dataclasses.replace(TINY, draft_steps=150), 0,
-                    "sglang", log=lambda *_: None)
-    return out
+    if _pairs.ready(out, "training.json"):
+        return out
+    build_draft(out, tiny_default() / "target", layout, dataclasses.replace(TINY, draft_steps=150), 0,
+                "sglang", log=lambda *_: None)
+    return _pairs.built(out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,10 +61,11 @@ def llama_dump() -> Path:
     from helpers.investigation.dump_writer import write_from_text
 
     out = ROOT / "dump-llama-0-2-4-6-8"
-    if not out.exists():
-        write_from_text(tiny_llama() / "target", (0, 2, 4, 6, 8), "speculators", out,
-                        text_path=tiny_llama() / "heldout.txt", window=128, records=6)
-    return out
+    if _pairs.ready(out, "."):
+        return out
+    write_from_text(tiny_llama() / "target", (0, 2, 4, 6, 8), "speculators", out,
+                    text_path=tiny_llama() / "heldout.txt", window=128, records=6)
+    return _pairs.built(out)
 
 
 def _record(case: str, path: str, trained, ranking, layout_col: str = "layout") -> dict:
