@@ -273,3 +273,17 @@ def test_a_live_row_is_rebuilt_from_its_record():
     assert back.to_dict() == d and back.metrics is None
     assert back.timing.interval == t.interval and back.timing.verdict == t.verdict
     assert math.isnan(back.timing.base_cpu_tok_s[-1]) and back.timing.machine == t.machine
+
+
+def test_a_ratio_reads_the_same_in_the_sentence_and_the_table(monkeypatch):
+    """The records hold 3 decimals and every text 2: a sentence rounds from the same 3 decimals as the
+    table, so an upper bound of 1.9749 reads 1.98 in both, never 1.97 in one and 1.98 in the other."""
+    from helpers.notebook.reports import table_cells
+
+    t = simulate(0, lambda i, rep, n: baseline_first(i, rep))
+    monkeypatch.setattr(PairedTiming, "interval", property(lambda self: (0.9949, 1.9749)))
+    monkeypatch.setattr(PairedTiming, "speedup", property(lambda self: 1.2949))
+    d = t.to_dict()
+    cell = table_cells({"wiring": "w", "speedup": d["speedup"], "speedup_interval": d["speedup_interval"]})[5]
+    assert cell == "1.29x [0.99, 1.98]" and cell in speed_phrase(t)
+    assert t.direction == Direction.UNRESOLVED      # 0.9949 prints as 0.99: it is not called faster

@@ -328,7 +328,7 @@ class PairedTiming:
     @property
     def direction(self) -> Direction:
         """Faster or slower only when the interval, as printed, lies wholly on one side of 1."""
-        lo, hi = (round(x, 2) for x in self.interval)
+        lo, hi = (float(shown(x)) for x in self.interval)
         return Direction.FASTER if lo > 1 else Direction.SLOWER if hi < 1 else Direction.UNRESOLVED
 
     def spread(self, side: list[float]) -> float:
@@ -446,6 +446,12 @@ def reasons_text(v: TimingVerdict) -> str:
     return "; ".join(_REASON_TEXT[r].format(v=x) for r, x in v.reasons)
 
 
+def shown(x: float) -> str:
+    """A ratio as every sentence and table prints it: the records hold 3 decimals (``to_dict``), the text 2,
+    rounded from those 3, so a sentence never says 1.97 where its table says 1.98."""
+    return f"{round(x, 3):.2f}"
+
+
 def speed_phrase(t: PairedTiming) -> str:
     """The speed ratio as a finding, with its interval, or why there is none: the one sentence every
     headline, table caption and CLI line uses. Faster or slower only when the interval, as printed,
@@ -457,7 +463,7 @@ def speed_phrase(t: PairedTiming) -> str:
                 f"{blo:.1f}-{bhi:.1f} tok/s, speculative {slo:.1f}-{shi:.1f}; rerun on a quiet machine or "
                 f"with more repeats")
     lo, hi = t.interval
-    text = f"{t.speedup:.2f}x [{lo:.2f}, {hi:.2f}] ({t.direction})"
+    text = f"{shown(t.speedup)}x [{shown(lo)}, {shown(hi)}] ({t.direction})"
     if v.kind == Timing.NOISY:
         text += f", timing noisy: {reasons_text(v)}"
     return text
