@@ -184,6 +184,17 @@ def test_the_table_comes_first_and_names_each_rows_engine(tmp_path):
     assert ("| deployed | sglang==0.5.23 (runtime 0.5.23, capture rule 0.5.9) | [3, 7, 10] | 2.10 | "
             "37%, 24% | 1.20x [0.82, 1.76] | ok | 23.1 | 24.2 | yes |") in md
     assert md.index("| deployed | sglang==0.5.23") < md.index("| deployed | reference")
+    # the prose under the table is the notes (what the table cannot say), not every row's figures again
+    noted = dataclasses.replace(summary, live=live, notes="Faster than the baseline, the whole interval "
+                                "above 1: fix A on the reference engine. Break-even accept length: 1.62.")
+    reports.write_summary(tmp_path, noted)
+    md = (tmp_path / "summary.md").read_text()
+    assert noted.notes in md and noted.headline not in md and reports.read_summary(tmp_path) == noted
+    page = index_page(tmp_path, [RunRecord("06_rebenchmark", 1.0, True)], {}).read_text()
+    assert noted.notes in page and noted.headline not in page
+    # names read as text (left), figures down their column (right)
+    assert "<td>sglang==0.5.23 (runtime 0.5.23, capture rule 0.5.9)</td>" in page
+    assert "<td class='n'>1.20x [0.82, 1.76]</td>" in page
 
 
 def test_progress_bars_are_not_painted_as_errors():

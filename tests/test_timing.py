@@ -287,3 +287,20 @@ def test_a_ratio_reads_the_same_in_the_sentence_and_the_table(monkeypatch):
     cell = table_cells({"wiring": "w", "speedup": d["speedup"], "speedup_interval": d["speedup_interval"]})[5]
     assert cell == "1.29x [0.99, 1.98]" and cell in speed_phrase(t)
     assert t.direction == Direction.UNRESOLVED      # 0.9949 prints as 0.99: it is not called faster
+
+
+def test_the_notes_say_what_the_table_cannot(monkeypatch):
+    """Under the table: which rows' intervals lie beyond 1 and which hold it, and why a timing is noisy or
+    gave no ratio, each row named by wiring and engine."""
+    from helpers.live.timing import table_notes
+
+    fast = simulate(0, lambda i, rep, n: baseline_first(i, rep))
+    assert fast.direction == Direction.FASTER and fast.verdict.kind == Timing.OK
+    odd = simulate(0, lambda i, rep, n: baseline_first(i, rep), repeats=3)       # unbalanced: not ok
+    notes = table_notes([("fix A", "sglang==0.5.23", fast), ("fix B", "vllm==0.32.0", odd),
+                         ("deployed", "the reference engine", None)])
+    assert notes[0].startswith("Faster than the baseline, the whole interval above 1: fix A on sglang==")
+    assert any(n.startswith("Fix B on vllm==0.32.0: ") and "order not balanced in 6 prompt(s)" in n
+               for n in notes)
+    assert "Deployed on the reference engine: no speed ratio (not timed)." in notes
+    assert all(n.endswith(".") for n in notes)

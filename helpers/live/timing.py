@@ -469,6 +469,27 @@ def speed_phrase(t: PairedTiming) -> str:
     return text
 
 
+def table_notes(rows: list[tuple[str, str, "PairedTiming | None"]]) -> list[str]:
+    """What a before/after table cannot say of its speed columns, as sentences: which rows' intervals lie
+    wholly above or below 1 and which hold it, and why a row's timing is noisy or gave no ratio. ``rows``:
+    (wiring, engine, its timing or None when it was not timed)."""
+    by: dict[Direction, list[str]] = {d: [] for d in Direction}
+    why = []
+    for wiring, engine, t in rows:
+        name = f"{wiring} on {engine}"
+        if t is None or t.verdict.kind == Timing.UNUSABLE:
+            why.append(f"{name}: no speed ratio ({reasons_text(t.verdict) if t else 'not timed'})")
+            continue
+        by[t.direction].append(name)
+        if t.verdict.kind == Timing.NOISY:
+            why.append(f"{name}: timing noisy ({reasons_text(t.verdict)})")
+    said = {Direction.FASTER: "faster than the baseline, the whole interval above 1",
+            Direction.SLOWER: "slower than the baseline, the whole interval below 1",
+            Direction.UNRESOLVED: "no measurable difference, the interval holds 1"}
+    out = [f"{said[d][0].upper()}{said[d][1:]}: {', '.join(names)}" for d, names in by.items() if names]
+    return [f"{s}." for s in out + [w[0].upper() + w[1:] for w in why]]
+
+
 class PairedSpeedup:
     """What a benchmark row says of its speed, for any row holding ``timing`` (a PairedTiming or None)
     and its pooled ``baseline_tok_s`` / ``spec_tok_s``: the reference engine's and a live engine's alike."""

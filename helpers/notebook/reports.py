@@ -181,6 +181,13 @@ class Summary:
     isolate: dict | None = _optional("02_isolate")
     layouts: dict | None = _optional("03_layouts")
     live: list[dict] | None = _optional()  # each wiring on the real engine, its reference figures beside it
+    # what the table cannot say (which rows are faster beyond their interval, why a timing is noisy, the
+    # break-even, which runs disagree): printed after the table in summary.md and the index page
+    notes: str | None = _optional()
+
+    def after_table(self) -> str:
+        """The prose under the table: the notes, or the headline for a summary written before they were."""
+        return self.notes or self.headline
 
     def table(self) -> list[dict]:
         """The table a person reads first: a row per wiring and engine (the real engine's row, then the
@@ -427,7 +434,7 @@ def write_summary(reports_dir, summary: Summary) -> Path:
     head = "| " + " | ".join(TABLE_HEAD) + " |"
     rule = "|" + "|".join("---" for _ in TABLE_HEAD) + "|"
     body = ["| " + " | ".join(table_cells(r)) + " |" for r in summary.table()]
-    md = ["# EAGLE-3 wiring workbook: summary", "", head, rule, *body, "", summary.headline]
+    md = ["# EAGLE-3 wiring workbook: summary", "", head, rule, *body, "", summary.after_table()]
     (Path(reports_dir) / "summary.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
 

@@ -119,8 +119,8 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
     rules = html.escape(str(params.get("ENGINE_VERSION", str(CASE_ENGINE))))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;line-height:1.45}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-th{{background:#f3f5f8}}td:first-child{{text-align:left}}</style></head><body>
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
+th{{background:#f3f5f8}}.n{{text-align:right}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
@@ -135,11 +135,20 @@ measured it.</p>
 
 def _before_after(s: Summary) -> str:
     """The table a person reads first: a row per wiring and engine, the engine named in each (the same
-    rows as summary.md); the headline after it."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in TABLE_HEAD)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in table_cells(r)) + "</tr>"
-                   for r in s.table())
-    return f"<h2>Before and after</h2><table><tr>{head}</tr>{rows}</table><p>{html.escape(s.headline)}</p>"
+    rows as summary.md); after it, what the table cannot say (``Summary.after_table``)."""
+    head = "".join(f"<th{_align(h)}>{html.escape(h)}</th>" for h in TABLE_HEAD)
+    rows = "".join("<tr>" + "".join(f"<td{_align(h)}>{html.escape(c)}</td>"
+                                    for h, c in zip(TABLE_HEAD, table_cells(r))) + "</tr>" for r in s.table())
+    return (f"<h2>Before and after</h2><table><tr>{head}</tr>{rows}</table>"
+            f"<p>{html.escape(s.after_table())}</p>")
+
+
+# figures read down a column, right-aligned; names and lists read as text
+_FIGURES = {"accept length", "speedup [95%]", "baseline tok/s", "EAGLE-3 tok/s"}
+
+
+def _align(column: str) -> str:
+    return " class='n'" if column in _FIGURES else ""
 
 
 class Runs(list):
