@@ -84,6 +84,7 @@ def ready(out: Path, done: str) -> bool:
     src = COMMITTED / out.name
     if (src / done).exists() and _committed_current():
         shutil.copytree(src, out, dirs_exist_ok=True)
+        built(out)       # stamped like a build of this code, so ``commit`` keeps it beside any new pair
         return True
     return False
 

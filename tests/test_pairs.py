@@ -66,6 +66,11 @@ def test_committed_pairs_are_copied_only_while_current(monkeypatch, tmp_path):
     # the copy is the session's own: changing it leaves the committed pair as it was
     (root / "tiny-x" / "build.json").write_text('{"changed": 1}')
     assert (committed / "tiny-x" / "build.json").read_text() == "{}"
+    # a copied pair is stamped like a build of this code: refreshing keeps it beside a newly built one
+    (root / "draft-new").mkdir()
+    _pairs.built(root / "draft-new")
+    assert _pairs.commit(root) == ["draft-new", "tiny-x"]
+    assert (committed / "fingerprint.txt").read_text().strip() == "current"
 
 
 def test_the_build_runs_end_to_end_on_a_micro_scale(monkeypatch, tmp_path):
