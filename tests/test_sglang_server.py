@@ -360,24 +360,26 @@ def test_a_killed_server_leaves_nothing_in_dev_shm(fake, tmp_path):
     """Killed after its grace period, the group runs none of its own unlinks: what it made in /dev/shm is
     removed once it is gone; what was there before it, and what a live process holds, stay."""
     spec, pid_file = fake("ignore-term shm")
-    server = _start(spec, tmp_path, grace_s=0.5).start()
-    deadline = time.monotonic() + scaled(5)
-    while not Path(f"{pid_file}.shm").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    made = [Path(p) for p in json.loads(Path(f"{pid_file}.shm").read_text())]
-    # made while the server ran, by a process outside its group that is still alive at the stop
     kept = Path(f"/dev/shm/sglang_loads_test_kept_{os.getpid()}")
-    holder = subprocess.Popen([sys.executable, "-c", f"f = open({str(kept)!r}, 'w'); print(1, flush=True); "
-                               "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
-    try:
+    server, holder = _start(spec, tmp_path, grace_s=0.5).start(), None
+    try:                                  # the server and the holder are stopped on every path
+        deadline = time.monotonic() + scaled(5)
+        while not Path(f"{pid_file}.shm").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        made = [Path(p) for p in json.loads(Path(f"{pid_file}.shm").read_text())]
+        # made while the server ran, by a process outside its group that is still alive at the stop
+        hold = f"f = open({str(kept)!r}, 'w'); print(1, flush=True); import time; time.sleep(60)"
+        holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
         assert holder.stdout.readline().strip() == "1"
         assert all(p.exists() for p in made)
         server.stop()
         assert not any(p.exists() for p in made), made
         assert kept.exists()
     finally:
-        holder.kill()
-        holder.wait()
+        server.stop()
+        if holder is not None:
+            holder.kill()
+            holder.wait()
         kept.unlink(missing_ok=True)
 
 
