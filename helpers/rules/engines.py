@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..boundaries import Layout, WiringResult
-from ..errors import BadOption
+from ..boundaries import Layout, ProblemKind, WiringResult, warning
+from ..errors import BadOption, CacheError, one_line
 from . import conventions as C
 from . import flags as F
 from .conventions import IDS_KEY, DraftIds, Engine, IdsAt
@@ -21,7 +21,9 @@ from .matrix import llamacpp_across_builds, sglang_across_releases, vllm_across_
 from .sglang import rule as S
 from .topology import sglang_carried, vllm_carried
 from .trtllm import rule as T
+from .vllm import own as vllm_own
 from .vllm import rule as V
+from .wheels import PackageSourceError
 from .wiring import checked_against_vllm_source, ids_for_layout, resolve_sglang_release
 
 
@@ -215,11 +217,26 @@ class VllmRules(EngineRules):
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
         return V.ids_vllm_reads(cfg, engine.version, arch, engine.runner)
 
-    def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, **source):
-        result = V.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner)
+    def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, target_config=None,
+                **source):
+        run, why = self.run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
+        result = V.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
+        if why:
+            result.problems.append(warning(ProblemKind.RULE_NOT_RUN, why))
         if read_vllm_source:
             return checked_against_vllm_source(result, engine, arch)
         return result
+
+    def run_rule(self, engine, arch, num_layers, cfg, target_config=None):
+        """(the release's own functions run on ``cfg``, or None; why not, or "")."""
+        version = self.effective_version(engine.version)
+        try:
+            run = vllm_own.executed(version, cfg or {}, arch=arch, num_layers=num_layers,
+                                    target_config=target_config, runner=engine.runner,
+                                    default_runner=lambda: "v2" if V.vllm_on_v2(version, arch) else "v1")
+        except (vllm_own.ReleaseCodeError, PackageSourceError, CacheError, OSError) as exc:
+            return None, f"vLLM {version}'s own code could not be run ({one_line(exc)[:300]})"
+        return run, ""
 
     def documented_layout(self, engine, arch, num_layers, ids, where):
         if ids is None:

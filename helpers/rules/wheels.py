@@ -22,6 +22,8 @@ Eviction, done after each download (a cache miss) of a package, inside ``<cache>
 """
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
@@ -29,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -85,13 +89,16 @@ def cached_versions(package: str, cache: Path | str | None = None) -> list[str]:
 
 
 def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = None,
-          download: Download | None = None) -> Path:
+          download: Download | None = None, whole: bool = True) -> Path:
     """The folder holding ``package==version``'s kept files, its wheel downloaded once.
 
     ``keep``: folder prefixes whose ``.py`` files are kept (e.g. ``["speculators/"]``), or a predicate
     on the wheel's member names. ``cache``: the folder holding the versions (default
     ``cache_root(package)``). ``download(version, dest, extra_pip_args)`` stands in for
     ``pip download`` (tests). One package has one selection: an entry holds what its first fetch kept.
+    The kept members are read by ranges from the index's copy where it serves them (``RangedFile``); else the
+    whole wheel is downloaded, unless ``whole`` is False (a caller with a recorded fallback), which then
+    raises ``PackageSourceError``.
     """
     if not is_version_string(version):
         raise UnknownPackageVersion(f"{package} {version!r} is not a version number (expected e.g. 0.4.0)")
@@ -102,6 +109,12 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
         _touch(found)
         return found
     check_cache_writable(base, package)
+    if download is None and _install_ranged(package, version, wanted, base):
+        evict(base, spare=version)
+        return base / version
+    if not whole and download is None:
+        raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from {index_url()} "
+                                 f"(offline, or an index without a JSON listing)")
     run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
     with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
         wheel = _download_wheel(package, version, Path(tmp), base, run)
@@ -141,8 +154,10 @@ def check_cache_writable(base: Path, package: str) -> Path:
     return base
 
 
-def _install(package: str, version: str, wheel: Path, wanted: Callable[[str], bool], base: Path) -> None:
-    """Unpack the kept members into a staging folder and rename it into place."""
+def _install(package: str, version: str, wheel: Path | RangedFile, wanted: Callable[[str], bool],
+             base: Path) -> None:
+    """Unpack the kept members into a staging folder and rename it into place. ``wheel``: the downloaded
+    file, or the index's copy read by ranges (``RangedFile``)."""
     staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=base))
     try:
         try:
@@ -218,6 +233,112 @@ def _remove_entry(entry: Path) -> bool:
     finally:
         shutil.rmtree(gone, ignore_errors=True)
     return True
+
+
+# --------------------------------------------------------------------------------------
+# A wheel read by ranges: only its central directory and the kept members cross the network.
+
+INDEX_ENV = "EAGLE3_WORKBOOK_INDEX_URL"      # else PIP_INDEX_URL, else PyPI's simple index
+RANGED_ENV = "EAGLE3_WORKBOOK_RANGED"        # "0" turns ranged reads off (pip downloads the whole wheel)
+RANGE_BLOCK = 1 << 18                        # bytes per request beyond what zipfile asks for
+RANGED_TIMEOUT_S = 60
+
+
+class RangedFile(io.RawIOBase):
+    """A remote file read by HTTP ranges, seekable, for ``zipfile``: a 240 MB vLLM wheel whose rule and hook
+    files are wanted costs its central directory (about 1 MB) and those members, not the download."""
+
+    def __init__(self, url: str, size: int, name: str):
+        super().__init__()
+        self.url, self.size, self.name, self._pos = url, size, name, 0
+        self._blocks: dict[int, bytes] = {}
+        self.requests = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _get(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) from the server, in one request."""
+        req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{end - 1}"})
+        self.requests += 1
+        with urllib.request.urlopen(req, timeout=RANGED_TIMEOUT_S) as resp:
+            if resp.status != 206:
+                raise PackageSourceError(f"{self.url} ignores byte ranges (HTTP {resp.status})")
+            return resp.read()
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        first, last = self._pos // RANGE_BLOCK, (end - 1) // RANGE_BLOCK
+        missing = [b for b in range(first, last + 1) if b not in self._blocks]
+        if missing:
+            lo, hi = missing[0] * RANGE_BLOCK, min(self.size, (missing[-1] + 1) * RANGE_BLOCK)
+            data = self._get(lo, hi)
+            for b in range(missing[0], missing[-1] + 1):
+                off = (b - missing[0]) * RANGE_BLOCK
+                self._blocks[b] = data[off:off + RANGE_BLOCK]
+        out = b"".join(self._blocks[b] for b in range(first, last + 1))
+        skip = self._pos - first * RANGE_BLOCK
+        out = out[skip:skip + (end - self._pos)]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def index_url() -> str:
+    return (os.environ.get(INDEX_ENV) or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
+
+
+def remote_wheel(package: str, version: str) -> RangedFile | None:
+    """The release's wheel on the index, as a ranged file (any platform's: only Python files are read), or
+    None where the index has no JSON listing, no such wheel, or does not serve ranges."""
+    url = f"{index_url()}/{re.sub(r'[-_.]+', '-', package).lower()}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=RANGED_TIMEOUT_S) as resp:
+            listing = json.load(resp)
+    except (OSError, ValueError):
+        return None
+    stem = f"{re.sub(r'[-_.]+', '_', package)}-{version}-".lower()
+    wheels = [f for f in listing.get("files", []) if isinstance(f, dict)
+              and str(f.get("filename", "")).lower().startswith(stem) and f["filename"].endswith(".whl")
+              and isinstance(f.get("size"), int) and not f.get("yanked")]
+    if not wheels:
+        return None
+    wheels.sort(key=lambda f: ("x86_64" not in f["filename"], "any" not in f["filename"]))
+    chosen = wheels[0]
+    return RangedFile(urllib.parse.urljoin(url, chosen["url"]), chosen["size"], chosen["filename"])
+
+
+def _install_ranged(package: str, version: str, wanted: Callable[[str], bool], base: Path) -> bool:
+    """The kept members read by ranges into the cache; False (nothing written) where that cannot be done,
+    and the whole wheel is then downloaded by pip."""
+    if os.environ.get(RANGED_ENV, "1") == "0":
+        return False
+    try:
+        remote = remote_wheel(package, version)
+        if remote is None:
+            return False
+        _install(package, version, remote, wanted, base)
+    except (OSError, PackageSourceError, zipfile.BadZipFile, EOFError):
+        return False
+    return cached(package, version, base) is not None
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ from ..conventions import (
     version_tuple,
 )
 
+from .own import RunRule
+
 K = ProblemKind
 
 
@@ -167,9 +169,36 @@ def vllm_on_v2(version: str | None, arch: str, runner: str | None = None) -> boo
     return v2 is None or arch in v2
 
 
+def ids_run(run: RunRule, cfg: dict) -> DraftIds:
+    """The ids the release's own function returned, and the key they sit under in the config (compared, not
+    assumed: V2 also reads DFlash/DSpark keys, shifted)."""
+    nested, inner, top = config_ids(cfg)
+    said: list[Problem] = []
+    reader = next((str(s) for s in run.sites if "layers_from_config" in s.name), "code")
+    if not run.ids:
+        skipped = [f"{where} {got}" for where, got in (("top-level", top), ("eagle_config", inner)) if got]
+        if skipped:
+            said.append(warning(K.IDS_IGNORED,
+                                f"vLLM {run.version}'s {run.runner.upper()} runner ignores the draft's "
+                                f"{' and '.join(skipped)} ids (its own {reader} returned none) and serves the target's default {list(run.default or ())}, "
+                                f"without a warning"))
+        return DraftIds(None, IdsAt.NONE, said)
+    got = list(run.ids)
+    if top and got == list(top):
+        return DraftIds(got, IdsAt.TOP_LEVEL, said)
+    if inner and got == list(inner):
+        return DraftIds(got, IdsAt.EAGLE_CONFIG, said + [warning(
+            K.IDS_READ, f"vLLM {run.version}'s {run.runner.upper()} runner reads eagle_config's ids here")])
+    return DraftIds(got, IdsAt.EAGLE_CONFIG if nested else IdsAt.TOP_LEVEL, said + [warning(
+        K.IDS_READ, f"vLLM {run.version}'s {run.runner.upper()} runner reads ids {got} from another key of "
+                    f"the draft config (its own get_eagle3_aux_layers_from_config's chain)")])
+
+
 def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[int] | None,
-                 cfg: dict | None, runner: str | None = None) -> WiringResult:
-    """What a vLLM release serves: its rules as read from its wheels (VLLM_* above), not run here."""
+                 cfg: dict | None, runner: str | None = None, run: RunRule | None = None) -> WiringResult:
+    """What a vLLM release serves: ``run``, the release's own functions run on this config
+    (``rules.vllm.own``), where they could be run; else its rules as recorded from its wheels (VLLM_* above),
+    and a warning says so."""
     v = _vllm_version(version)
     warnings: list[Problem] = []
     errors: list[Problem] = []
@@ -178,18 +207,36 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
         warnings.append(warning(K.RULE_ASSUMED, assumed))
     if not at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
-    if version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
+    if run is None and version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
         warnings.append(warning(K.NEWER_THAN_READ, f"vLLM {v} is newer than the releases read "
                                 f"({VLLM_NEWEST_READ}); their rule is assumed"))
+    if run is not None:
+        runner = run.runner
+        warnings += [warning(K.IDS_READ, n) for n in run.notes]
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
+    elif cfg is not None and run is not None:
+        chosen = ids_run(run, cfg)
+        chosen.ids = check_ids(chosen.ids, num_layers)
     elif cfg is not None:
         chosen = ids_vllm_reads(cfg, v, arch, runner)
         chosen.ids = check_ids(chosen.ids, num_layers)
     else:
         chosen = DraftIds(None, IdsAt.NONE)
     warnings += chosen.problems
-    used = chosen.ids if chosen.ids is not None else default_ids(num_layers)
+    if run is not None and not run.uses_aux:
+        site = next((s for s in run.sites if "aux" in s.name and "layers" not in s.name), None)
+        errors.append(error(K.AUX_OFF, f"vLLM {v} captures no aux hidden states for this draft (eagle_config."
+                            f"use_aux_hidden_state is false; {site or 'its own switch'}): the draft is fed the "
+                            f"target's last hidden state alone, never the layout its fc was trained on",
+                            fix="remove eagle_config.use_aux_hidden_state (or set it true) when the draft was "
+                                "trained on aux hidden states"))
+        return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
+                            num_layers=num_layers, served_layout=(), layers_to_capture=[],
+                            ids_used=chosen.ids, ids_source=chosen.source, problems=errors + warnings,
+                            source_lines=run.cited())
+    fallback = list(run.default) if run is not None and run.default else default_ids(num_layers)
+    used = chosen.ids if chosen.ids is not None else fallback
     first, final_from, zero_crashes = VLLM_CAPTURE.get(arch, ("0.8.5", "0.18.0", False))
     if arch not in VLLM_CAPTURE:
         warnings.append(warning(K.RULE_ASSUMED, f"{arch} is not among the classes read from vLLM's "
@@ -219,10 +266,13 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if len(set(used)) != len(used):
         errors.append(error(K.REPEATED, f"ids {used} repeat a boundary; the draft's fc would get "
                             f"fewer features than slots"))
+    if run is None:
+        warnings.append(warning(K.RULE_NOT_RUN, f"vLLM {v}'s own code was not run here: the recorded rule "
+                                f"(a cache of what its code did when read) is applied"))
     return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                         num_layers=num_layers, served_layout=tuple(sorted(captured)),
                         layers_to_capture=sorted(used), ids_used=chosen.ids, ids_source=chosen.source,
-                        problems=errors + warnings)
+                        problems=errors + warnings, source_lines=run.cited() if run is not None else [])
 
 
 # vLLM maps a speculators-format config onto its own (speculators/algos.py); a flag it does not copy
