@@ -113,8 +113,8 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
         evict(base, spare=version)
         return base / version
     if not whole and download is None:
-        raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from {index_url()} "
-                                 f"(offline, or an index without a JSON listing)")
+        raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
+                                 f"{index_url()} (offline, or an index without a JSON listing)")
     run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
     with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
         wheel = _download_wheel(package, version, Path(tmp), base, run)

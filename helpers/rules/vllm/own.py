@@ -56,8 +56,8 @@ class ReleaseCodeError(RuntimeError):
 
 
 def release_files(version: str, whole: bool = False) -> Path:
-    """The folder holding ``vllm==version``'s kept files (fetched once by ranges, then cached; ``whole``: where
-    ranges cannot be read, pip downloads the wheel, 240-370 MB)."""
+    """The folder holding ``vllm==version``'s kept files (fetched once by ranges, then cached; ``whole``:
+    where ranges cannot be read, pip downloads the wheel, 240-370 MB)."""
     return wheels.fetch(PACKAGE, version, lambda n: n.endswith(".py") and n.startswith(KEEP),
                         cache=wheels.cache_root(CACHE_NAME), whole=whole)
 
@@ -146,8 +146,8 @@ def _call(lifted: tuple[Callable, Site], *args) -> Any:
 
 
 def hf_config(root: Path, cfg: dict) -> tuple[SimpleNamespace, Site | None]:
-    """The draft config as vLLM's ``hf_config`` carries it: the keys as attributes; a speculators-format config
-    converted by the release's own updater for its ``speculators_model_type`` (algos.py)."""
+    """The draft config as vLLM's ``hf_config`` carries it: the keys as attributes; a speculators-format
+    config converted by the release's own updater for its ``speculators_model_type`` (algos.py)."""
     kind = cfg.get("speculators_model_type")
     if not kind:
         return SimpleNamespace(**cfg), None
@@ -183,7 +183,8 @@ class _Model:
     """A target as the default function reads it: ``model.layers``, its config, its language model."""
 
     def __init__(self, num_layers: int, target_cfg: dict, default: Callable | None):
-        text = target_cfg.get("text_config") if isinstance(target_cfg.get("text_config"), dict) else target_cfg
+        text = target_cfg.get("text_config")
+        text = text if isinstance(text, dict) else target_cfg
         self.config = SimpleNamespace(**{**target_cfg, "num_hidden_layers": num_layers})
         self.text_config = SimpleNamespace(**{**text, "num_hidden_layers": num_layers})
         self.model = _Decoder(num_layers, self.text_config)

@@ -23,7 +23,6 @@ from ..conventions import (
     rules_of,
     version_tuple,
 )
-
 from .own import RunRule
 
 K = ProblemKind
@@ -180,8 +179,8 @@ def ids_run(run: RunRule, cfg: dict) -> DraftIds:
         if skipped:
             said.append(warning(K.IDS_IGNORED,
                                 f"vLLM {run.version}'s {run.runner.upper()} runner ignores the draft's "
-                                f"{' and '.join(skipped)} ids (its own {reader} returned none) and serves the target's default {list(run.default or ())}, "
-                                f"without a warning"))
+                                f"{' and '.join(skipped)} ids (its own {reader} returned none) and "
+                                f"serves the target's default {list(run.default or ())}, without a warning"))
         return DraftIds(None, IdsAt.NONE, said)
     got = list(run.ids)
     if top and got == list(top):
@@ -226,11 +225,12 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     warnings += chosen.problems
     if run is not None and not run.uses_aux:
         site = next((s for s in run.sites if "aux" in s.name and "layers" not in s.name), None)
-        errors.append(error(K.AUX_OFF, f"vLLM {v} captures no aux hidden states for this draft (eagle_config."
-                            f"use_aux_hidden_state is false; {site or 'its own switch'}): the draft is fed the "
-                            f"target's last hidden state alone, never the layout its fc was trained on",
-                            fix="remove eagle_config.use_aux_hidden_state (or set it true) when the draft was "
-                                "trained on aux hidden states"))
+        errors.append(error(K.AUX_OFF,
+                            f"vLLM {v} captures no aux hidden states for this draft (eagle_config."
+                            f"use_aux_hidden_state is false; {site or 'its own switch'}): the draft is fed "
+                            f"the target's last hidden state alone, never the layout its fc was trained on",
+                            fix="remove eagle_config.use_aux_hidden_state (or set it true) when the draft "
+                                "was trained on aux hidden states"))
         return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
                             num_layers=num_layers, served_layout=(), layers_to_capture=[],
                             ids_used=chosen.ids, ids_source=chosen.source, problems=errors + warnings,
