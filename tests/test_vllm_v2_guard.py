@@ -31,9 +31,12 @@ def vllm_python() -> Path:
         pytest.skip(f"no .venv-vllm to run vLLM's V2 runner code in: {exc}")
 
 
-def _run(python: Path, out: Path, cases: dict[str, tuple], mode: str = "refuse"):
+def _run(python: Path, out: Path, cases: dict[str, tuple], mode: str = "refuse", release: Path | None = None):
+    """The probe in .venv-vllm; ``release``: another vLLM release's Python put first on the path."""
     args = [f"{name}:{target}:{draft}:{arch}:{ranks}" for name, (target, draft, arch, ranks) in cases.items()]
     env = {**os.environ, "EAGLE3_WORKBOOK_GUARD": mode, "OMP_NUM_THREADS": "1"}
+    if release is not None:
+        env.update(PYTHONPATH=str(release), VLLM_TARGET_DEVICE="cpu")
     env.pop("EAGLE3_WORKBOOK_VLLM_REPORT", None)
     proc = subprocess.run([str(python), str(PROBE), str(out), *args], env=env, capture_output=True, text=True,
                           timeout=scaled(300), cwd=REPO)
@@ -72,7 +75,9 @@ def test_the_guard_judges_on_vllms_own_v2_runner_code(vllm_python, tmp_path):
     # vLLM's loader ran the workbook's entry point; both runners hooked, V2's name rebound where it is called
     assert install["install"]["state"] == "installed" and install["install"]["runners"] == ["V1", "V2"]
     assert install["runner_binds_wrapper"]
-    assert err.count("eagle3-workbook guard (vllm, refuse): installed on V1+V2 runners") == 1
+    marker = [ln for ln in err.splitlines() if "installed on" in ln]
+    assert len(marker) == 1 and marker[0].startswith("eagle3-workbook guard (vllm 0.32.0")
+    assert "refuse): installed on V1+V2 runners (V1: GPUModelRunner._setup_eagle3" in marker[0]
 
     # the deployed draft: trained on (0, 3, 7); V2 reads no ids from eagle_config (only V1 does), so the
     # model's default (2, L/2, L-3) = (2, 6, 9) is served: refused before load_model goes on
@@ -128,5 +133,62 @@ def test_a_release_without_the_v2_setter_stops_a_refusing_launch_and_warns_other
     assert refuse["install"]["state"] == "partial" and list(refuse["install"]["failed"]) == ["V2"]
     assert refuse["raised"] and "refusing to serve unguarded" in refuse["raised"]
     assert warn["raised"] is None and warn["install"]["runners"] == ["V1"]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("eagle3-workbook guard (vllm, warn)")]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("eagle3-workbook guard (vllm")
+             and ", warn)" in ln]
     assert len(lines) == 1 and "not installed on V2" in lines[0] and "installed on V1 runners" in lines[0]
+
+
+@pytest.fixture(scope="module")
+def vllm_034() -> Path:
+    """vLLM 0.34.0's own Python (no V1 runner; the CPU runner subclasses V2), read by ranges from the index."""
+    from helpers.rules.vllm.own import release_package
+    from helpers.rules.wheels import PackageSourceError
+
+    try:
+        return release_package("0.34.0")
+    except PackageSourceError as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"vLLM 0.34.0's Python cannot be read here: {exc}")
+
+
+def _cases(tmp_path: Path) -> dict[str, tuple]:
+    fix_b = with_engine_ids(DATA / "draft-retrained", tmp_path / "fix-b", [3, 7, 10],
+                            engine=parse_engine("vllm==0.32.0"))
+    llama = tmp_path / "llama"
+    cfg = target_config("llama", 4096, 12, hidden=256)
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(llama)
+    target, deployed, retrained = DATA / "target", DATA / "draft", DATA / "draft-retrained"
+    return {"deployed": (target, deployed, "deepseek", "0/1"), "retrained": (target, retrained, "deepseek", "0/1"),
+            "fix-b": (target, fix_b, "deepseek", "0/1"),
+            "plamo3-deployed": (llama, deployed, "plamo3", "0/1"), "plamo3-fix-b": (llama, fix_b, "plamo3", "0/1"),
+            "hf-deployed": (llama, deployed, "transformers", "0/1"),
+            "hf-fix-b": (llama, fix_b, "transformers", "0/1")}
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.34.0"])
+def test_the_guard_finds_what_the_setter_wrote_on_each_release(vllm_python, vllm_034, tmp_path, release):
+    """vLLM 0.34.0 deleted the V1 runner: the guard installs on V2 alone, names the release and its hook site,
+    and calls V1 absent, not failed. On both releases the holder is what the release's own setter wrote:
+    Plamo3's decoder (not Plamo3Model's class default), the Transformers backend's recorded outputs."""
+    install, results, rows, err = _run(vllm_python, tmp_path, _cases(tmp_path),
+                                       release=vllm_034 if release == "0.34.0" else None)
+    rec = install["install"]
+    assert rec["state"] == "installed" and rec["release"].startswith(f"vllm {release}") and not rec["failed"]
+    assert rec["runners"] == (["V2"] if release == "0.34.0" else ["V1", "V2"])
+    assert rec["absent"] == (["V1"] if release == "0.34.0" else [])
+    marker = [ln for ln in err.splitlines() if "installed on" in ln]
+    assert len(marker) == 1 and f"(vllm {release}" in marker[0]
+    assert ("no V1 runner in this release" in marker[0]) == (release == "0.34.0")
+    expect = {"deployed": ("miswired", [2, 6, 9], True), "retrained": ("miswired", [2, 6, 9], True),
+              "fix-b": ("match", [3, 7, 10], False),
+              "plamo3-deployed": ("miswired", [2, 6, 9], True), "plamo3-fix-b": ("match", [3, 7, 10], False),
+              "hf-deployed": ("miswired", [2, 6, 9], True), "hf-fix-b": ("match", [3, 7, 10], False)}
+    for name, (kind, served, refused) in expect.items():
+        v = _verdict(rows[name])
+        assert (v["kind"], v["served"], v["refused"]) == (kind, served, refused), (name, v["line"])
+        assert v["engine"].startswith(f"vllm {release}")
+        assert (results[name]["raised"] == "GuardRefused") == refused, results[name]
+    assert _verdict(rows["plamo3-fix-b"])["basis"].startswith("Plamo3Decoder.aux_hidden_state_layers")
+    assert "RecordedCapture" in _verdict(rows["hf-fix-b"])["basis"]

@@ -12,7 +12,9 @@ forward sources the guard reads) built without weights: ``layers`` holds one ide
 A pipeline rank is vLLM's own ``GroupCoordinator`` class given a rank and its group's ranks.
 
 Usage: python tests/vllm_v2_guard_probe.py OUT_DIR CASE ...; each CASE is
-NAME:TARGET_DIR:DRAFT_DIR:ARCH:RANK/STAGES (ARCH deepseek or llama; 0/1 for one stage). Each case's plugin
+NAME:TARGET_DIR:DRAFT_DIR:ARCH:RANK/STAGES (ARCH deepseek, llama, plamo3 or transformers; 0/1 for one
+stage). With vLLM 0.34's Python on ``PYTHONPATH`` (``rules.vllm.own.release_package``) the same probe runs that
+release's V2 runner. Each case's plugin
 report is OUT_DIR/NAME.jsonl; one JSON line per case on stdout says how load_model ended.
 python tests/vllm_v2_guard_probe.py --hook-failure: the install on a release without V2's setter name.
 """
@@ -39,6 +41,45 @@ def pp_groups(rank: int, stages: int) -> None:
     ps._PP = group(rank, range(stages)) if stages > 1 else group(0, [0])
 
 
+def plamo3_model(cfg, n: int):
+    """Plamo3: the setter writes ``Plamo3Decoder`` (``Plamo3Model.layers``), while ``Plamo3Model`` keeps the
+    mixin's class default: the holder is what the setter wrote, not the first module with the attribute."""
+    import torch.nn as nn
+    from vllm.model_executor.models.plamo3 import Plamo3Decoder, Plamo3ForCausalLM, Plamo3Model
+
+    dec = Plamo3Decoder.__new__(Plamo3Decoder)
+    nn.Module.__init__(dec)
+    dec.layers = nn.ModuleList(nn.Identity() for _ in range(n))
+    dec.start_layer, dec.end_layer = 0, n
+    inner = Plamo3Model.__new__(Plamo3Model)
+    nn.Module.__init__(inner)
+    inner.config, inner.layers = cfg, dec
+    model = Plamo3ForCausalLM.__new__(Plamo3ForCausalLM)
+    nn.Module.__init__(model)
+    model.config, model.model = cfg, inner
+    return model, dec
+
+
+def transformers_model(cfg, n: int):
+    """The Transformers modeling backend (``--model-impl transformers``): vLLM's own ``TransformersForCausalLM``
+    around a real (tiny, randomly initialised) Hugging Face Llama of ``n`` layers; its setter records outputs
+    in ``_output_aux_hidden_states_kwargs`` (no ``aux_hidden_state_layers`` anywhere)."""
+    import torch.nn as nn
+    from transformers import LlamaConfig, LlamaModel
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from vllm.model_executor.models.transformers import TransformersForCausalLM
+
+    small = LlamaConfig(num_hidden_layers=n, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                        num_key_value_heads=2, vocab_size=32)
+    model = TransformersForCausalLM.__new__(TransformersForCausalLM)
+    nn.Module.__init__(model)
+    model.config = model.text_config = cfg
+    model.model = LlamaModel(small)
+    model._target_class, model._layer_names = LlamaDecoderLayer, {i: f"layers.{i}" for i in range(n)}
+    model._output_aux_hidden_states_kwargs = {}
+    return model, model
+
+
 def target_model(target: Path, arch: str, rank: int, stages: int):
     import torch.nn as nn
     from transformers import AutoConfig
@@ -46,6 +87,10 @@ def target_model(target: Path, arch: str, rank: int, stages: int):
 
     cfg = AutoConfig.from_pretrained(target)
     n = int(cfg.num_hidden_layers)
+    if arch == "plamo3":
+        return plamo3_model(cfg, n)
+    if arch == "transformers":
+        return transformers_model(cfg, n)
     if arch == "deepseek":
         from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
         from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as Outer
@@ -161,7 +206,8 @@ def main() -> int:
             result["raised"] = type(exc).__name__
             result["stopped_in"] = traceback.extract_tb(exc.__traceback__)[-1].name
             result["message"] = f"{type(exc).__name__}: {exc}"
-        result["aux_hidden_state_layers"] = list(holder.aux_hidden_state_layers)
+        result["aux_hidden_state_layers"] = list(getattr(holder, "aux_hidden_state_layers", None) or ()) or \
+            sorted(getattr(holder, "_output_aux_hidden_states_kwargs", None) or ())
         result["relay"] = [getattr(holder, "_aux_slot_base_cached", None),
                            getattr(holder, "_aux_upstream_total_cached", None)]
         print(json.dumps(result), flush=True)

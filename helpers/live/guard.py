@@ -463,6 +463,25 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
     return _decided(verdict, folder, how, started, report)
 
 
+def cannot_judge(how: Mode, draft, exc: Exception, report: Callable[[dict], None] | None = None, *,
+                 engine: str = "") -> None:
+    """The one unjudged path, for a caller (an engine's hook) that could not even reach ``at_load``: one line;
+    ``refuse``/``strict`` raise ``GuardRefused``, ``warn`` lets the engine start. Off: nothing."""
+    if how is Mode.OFF:
+        return None
+    where = f"{engine}: " if engine else ""
+    return _unjudged(how, draft if draft is not None else "the draft",
+                     type(exc)(f"{where}{exc}") if _retypable(exc) else exc, time.perf_counter(), report)
+
+
+def _retypable(exc: Exception) -> bool:
+    try:
+        type(exc)("x")
+    except Exception:     # noqa: BLE001 - an exception class with another signature keeps its message
+        return False
+    return True
+
+
 def _unjudged(how: Mode, draft, exc: Exception, started: float, report) -> None:
     """A draft the guard could not judge: one line; refused in ``refuse`` (fail closed), else started."""
     line = f"{PREFIX} ({how}): cannot judge {draft}: {type(exc).__name__}: {exc}"

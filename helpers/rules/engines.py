@@ -219,7 +219,7 @@ class VllmRules(EngineRules):
 
     def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, target_config=None,
                 **source):
-        run, why = self.run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
+        run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
         result = V.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
         if why:
             result.problems.append(warning(ProblemKind.RULE_NOT_RUN, why))
@@ -227,7 +227,7 @@ class VllmRules(EngineRules):
             return checked_against_vllm_source(result, engine, arch)
         return result
 
-    def run_rule(self, engine, arch, num_layers, cfg, target_config=None):
+    def _run_rule(self, engine, arch, num_layers, cfg, target_config=None):
         """(the release's own functions run on ``cfg``, or None; why not, or "")."""
         version = self.effective_version(engine.version)
         try:

@@ -230,11 +230,70 @@ def _fix_boundary0() -> dict:
 # The guard: judge the capture vLLM set up, on the live model, before the first token.
 
 
-def _capture_holder(model):
+CAPTURE_ATTR = "aux_hidden_state_layers"           # the decoder's capture ids (EagleModelMixin and its kin)
+RECORDED_ATTR = "_output_aux_hidden_states_kwargs"  # the Transformers modeling backend's (transformers/)
+RECORDED_KEY = "output_aux_hidden_state_"
+
+
+def _capture_snapshot(model) -> dict[int, tuple]:
+    """{id(module): (module, its capture values)} for every module holding capture state in its own dict:
+    what the release's setter may write. Compared before and after the setter, it names the holder the
+    setter really wrote (Plamo3Decoder, not Plamo3Model's class default), whatever the model's shape."""
+    out = {}
     for module in model.modules():
-        if hasattr(module, "aux_hidden_state_layers") and hasattr(module, "layers"):
-            return module
-    return None
+        own = vars(module)
+        found = {k: (dict(own[k]) if isinstance(own[k], dict) else tuple(own[k]))
+                 for k in (CAPTURE_ATTR, RECORDED_ATTR) if k in own and own[k] is not None}
+        if found:
+            out[id(module)] = (module, found)
+    return out
+
+
+def _written(before: dict[int, tuple], after: dict[int, tuple]) -> list[tuple]:
+    """(module, attr) the setter wrote: new or changed capture values; where it wrote the same value again,
+    the modules holding a non-empty one (the setter's holder, already set)."""
+    changed = [(m, k) for i, (m, vals) in after.items() for k, v in vals.items()
+               if before.get(i, (None, {}))[1].get(k) != v]
+    if changed:
+        return changed
+    return [(m, k) for m, vals in after.values() for k, v in vals.items() if v]
+
+
+class RecordedCapture:
+    """The Transformers modeling backend's capture, read as boundaries: its setter records, for id ``l``, the
+    output of layer ``l - 1`` (``_layer_names[layer - 1]``), which is boundary ``l`` (id 0 asks for
+    ``_layer_names[-1]``, a dict key that does not exist: the setter raises). Setting ``aux_hidden_state_layers`` restores what the release's
+    setter wrote at launch (the guard's probes go through the setter itself)."""
+
+    def __init__(self, model, num_layers: int):
+        self._model, self.layers = model, [None] * num_layers
+        self._saved = _aux_state(model)
+        inner = getattr(model, "model", None)
+        recs = getattr(inner, "_can_record_outputs", None)
+        self._records = dict(recs) if isinstance(recs, dict) else None
+
+    @property
+    def aux_hidden_state_layers(self) -> tuple[int, ...]:
+        kwargs = getattr(self._model, RECORDED_ATTR, None) or {}
+        ids = [int(k[len(RECORDED_KEY):]) for k, on in kwargs.items() if on and k.startswith(RECORDED_KEY)]
+        return tuple(ids)
+
+    @aux_hidden_state_layers.setter
+    def aux_hidden_state_layers(self, _value) -> None:
+        _restore_aux_state(self._model, self._saved)
+        inner = getattr(self._model, "model", None)
+        if self._records is not None and inner is not None:
+            inner._can_record_outputs = dict(self._records)
+
+
+def _num_layers(model) -> int | None:
+    for module in model.modules():
+        layers = vars(module).get("_modules", {}).get("layers")
+        if layers is not None:
+            return len(layers)
+    text = getattr(model, "text_config", None) or getattr(model, "config", None)
+    n = getattr(text, "num_hidden_layers", None)
+    return int(n) if n is not None else None
 
 
 def _highest_index(holder) -> int:
@@ -304,43 +363,81 @@ def _restore_aux_state(holder, saved: dict) -> None:
         setattr(holder, k, v)
 
 
-def _judge(model, spec, ids, runner: str) -> None:
-    """The guard on the model vLLM's own code has just given its capture layers (either runner)."""
+def _judge(model, spec, ids, runner: str, before: dict[int, tuple]) -> None:
+    """The guard on the model vLLM's own code has just given its capture layers (either runner): the holder
+    is what the setter wrote (``before``: the capture state before it ran). Every way it cannot judge goes
+    through the guard's one unjudged path: ``refuse`` stops the launch with one line, ``warn`` starts."""
     from helpers.live import guard
 
-    draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
-    holder = _capture_holder(model) if model is not None else None
-    if getattr(spec, "method", None) != "eagle3" or draft is None or holder is None:
+    if guard.mode() is guard.Mode.OFF or getattr(spec, "method", None) != "eagle3":
         return
     import vllm
 
-    saved = _aux_state(holder)
+    draft = getattr(getattr(spec, "draft_model_config", None), "model", None)
+
+    def report(row: dict) -> None:
+        _report({"guard": row, "runner": runner})
+
+    try:
+        if model is None or draft is None:
+            missing = "model" if model is None else "draft path"
+            raise RuntimeError(f"the {runner.upper()} runner gave the guard no {missing}")
+        written = _written(before, _capture_snapshot(model))
+        if not written:
+            raise RuntimeError(f"vLLM's setter wrote no capture state the guard can read ({CAPTURE_ATTR} or "
+                               f"{RECORDED_ATTR}) on any module of {type(model).__name__}")
+        holder, attr = written[0]
+        if attr == RECORDED_ATTR:
+            n = _num_layers(model)
+            if n is None:
+                raise RuntimeError(f"{type(model).__name__}'s depth cannot be read")
+            holder, highest, hazards = RecordedCapture(model, n), n, {}
+        else:
+            highest, hazards = _highest_index(holder), _boundary0_hazard(holder)
+        feeds = _feeds_draft()
+    except Exception as exc:      # noqa: BLE001 - one path for every way the guard cannot judge
+        guard.cannot_judge(guard.mode(), draft, exc, report, engine=f"vllm {vllm.__version__}")
+        return
+    saved = _aux_state(holder) if not isinstance(holder, RecordedCapture) else None
     try:
         guard.at_load(family="vllm", version=vllm.__version__, draft=draft, holder=holder,
-                      attr="aux_hidden_state_layers", highest=_highest_index(holder), ids=ids,
-                      hazards=_boundary0_hazard(holder), feeds_draft=_feeds_draft(),
+                      attr=CAPTURE_ATTR, highest=highest, ids=ids, hazards=hazards, feeds_draft=feeds,
                       set_ids=lambda layers: model.set_aux_hidden_state_layers(tuple(layers)),
-                      report=lambda row: _report({"guard": row, "runner": runner}))
+                      report=report)
     finally:
-        _restore_aux_state(holder, saved)
+        if saved is not None:
+            _restore_aux_state(holder, saved)
+        else:
+            holder.aux_hidden_state_layers = None      # what the release's setter wrote at launch
 
 
-def _hook_v1() -> str:
-    """V1 (``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner subclasses): its own method that sets
-    the capture layers, judged after it ran."""
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+
+
+def _hook_v1() -> str | None:
+    """V1 (``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner subclasses up to 0.33): its own method
+    that sets the capture layers, judged after it ran. None when this release has no V1 runner (0.34 on)."""
+    import importlib.util
+
+    if importlib.util.find_spec(V1_RUNNER) is None:
+        return None
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     setup = "_setup_eagle3_aux_hidden_state_outputs"     # its own method from 0.2x; inside load_model before
     name = setup if hasattr(GPUModelRunner, setup) else "load_model"
     original = getattr(GPUModelRunner, name)
 
+    import torch
+
     def judged(self, *args, **kwargs):
+        model = getattr(self, "model", None)
+        before = _capture_snapshot(model) if isinstance(model, torch.nn.Module) else {}
         out = original(self, *args, **kwargs)
         if getattr(self, "use_aux_hidden_state_outputs", False):
             model = self.get_model() if hasattr(self, "get_model") else getattr(self, "model", None)
             from_config = getattr(self, "_get_eagle3_aux_layers_from_config", None)
             ids = from_config() if from_config else None
-            _judge(model, getattr(self, "speculative_config", None), ids, "v1")
+            _judge(model, getattr(self, "speculative_config", None), ids, "v1", before)
         return out
 
     setattr(GPUModelRunner, name, judged)
@@ -385,8 +482,9 @@ def _hook_v2() -> str | None:
         raise RuntimeError(f"{V2_RUNNER} does not bind {V2_UTILS}.{V2_SETTER}")
 
     def judged(model, spec_config, *args, **kwargs):
+        before = _capture_snapshot(model)
         out = original(model, spec_config, *args, **kwargs)
-        _judge(model, spec_config, utils.get_eagle3_aux_layers_from_config(spec_config), "v2")
+        _judge(model, spec_config, utils.get_eagle3_aux_layers_from_config(spec_config), "v2", before)
         return out
 
     judged.__wrapped__ = original
@@ -397,16 +495,24 @@ def _hook_v2() -> str | None:
 
 
 def _install_guard() -> None:
-    """Hook every model runner this release has; one marker line on stderr says where (nothing when off).
-    A runner the release has but the plugin cannot hook: ``refuse``/``strict`` raise ``GuardNotInstalled``,
-    ``warn`` says so and the engine starts (unjudged on that runner)."""
+    """Hook every model runner this release has; one marker line on stderr names the release, the hook sites
+    and the runners it does not have (nothing when off). A runner the release does not have is absent, not
+    a failure (0.34 deleted V1). A runner it has but the plugin cannot hook, or no runner at all:
+    ``refuse``/``strict`` raise ``GuardNotInstalled``, ``warn`` says so and the engine starts unjudged."""
     from helpers.live import guard
 
     how = guard.mode()
     if how is guard.Mode.OFF or "guard" in _applied:
         return
+    try:
+        import vllm
+
+        release = f"vllm {vllm.__version__}"
+    except Exception:          # noqa: BLE001 - the marker names what it can
+        release = "vllm"
     hooked: dict[str, str] = {}
     failed: dict[str, str] = {}
+    absent: list[str] = []
     for label, hook in (("V1", _hook_v1), ("V2", _hook_v2)):
         try:
             where = hook()
@@ -415,24 +521,30 @@ def _install_guard() -> None:
             continue
         if where:
             hooked[label] = where
+        else:
+            absent.append(label)
     if not hooked and not failed:
         failed["any"] = "no model runner found"
     runners = "+".join(hooked)
     record = {"state": "installed" if not failed else ("partial" if hooked else "failed"), "mode": str(how),
-              "runners": list(hooked), "hooks": hooked, "failed": failed}
+              "release": release, "runners": list(hooked), "hooks": hooked, "failed": failed,
+              "absent": absent}
     _applied["guard"] = record
     _report({"guard_install": record})
+    sites = "; ".join(f"{k}: {v}" for k, v in hooked.items())
+    tail = f" ({sites})" if sites else ""
+    tail += f"; no {'/'.join(absent)} runner in this release" if absent else ""
     if failed:
         why = "; ".join(f"{k}: {v}" for k, v in failed.items())
-        line = f"{guard.PREFIX} (vllm, {how}): not installed on {'+'.join(failed)} ({why})"
+        line = f"{guard.PREFIX} ({release}, {how}): not installed on {'+'.join(failed)} ({why})"
         if how.refusing:
             sys.stderr.write(line + "; refusing to serve unguarded\n")
             sys.stderr.flush()
             raise GuardNotInstalled(line + "; refusing to serve unguarded")
-        line += f"; installed on {runners} runners" if hooked else ""
+        line += f"; installed on {runners} runners{tail}" if hooked else ""
         sys.stderr.write(line + "; a launch there starts unjudged\n")
     else:
-        sys.stderr.write(f"{guard.PREFIX} (vllm, {how}): installed on {runners} runners\n")
+        sys.stderr.write(f"{guard.PREFIX} ({release}, {how}): installed on {runners} runners{tail}\n")
     sys.stderr.flush()
 
 

@@ -62,6 +62,14 @@ def release_files(version: str, whole: bool = False) -> Path:
                         cache=wheels.cache_root(CACHE_NAME), whole=whole)
 
 
+def release_package(version: str) -> Path:
+    """All of ``vllm==version``'s Python (about 2,400 files, read by ranges in a few seconds), for running
+    that release's code on stubs in an interpreter with another vLLM installed: the folder to put first on
+    ``PYTHONPATH`` (with ``VLLM_TARGET_DEVICE=cpu``: the installed build's compiled ops stay unused)."""
+    return wheels.fetch(PACKAGE, version, lambda n: n.startswith("vllm/") and n.endswith((".py", ".json")),
+                        cache=wheels.cache_root("vllm-py"))
+
+
 def cached_release_files(version: str) -> Path | None:
     return wheels.cached(PACKAGE, version, wheels.cache_root(CACHE_NAME))
 
