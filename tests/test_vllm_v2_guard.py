@@ -140,7 +140,7 @@ def test_a_release_without_the_v2_setter_stops_a_refusing_launch_and_warns_other
 
 @pytest.fixture(scope="module")
 def vllm_034() -> Path:
-    """vLLM 0.34.0's own Python (no V1 runner; the CPU runner subclasses V2), read by ranges from the index."""
+    """vLLM 0.34.0's own Python (no V1 runner; the CPU runner subclasses V2), read by ranges."""
     from helpers.rules.vllm.own import release_package
     from helpers.rules.wheels import PackageSourceError
 
@@ -160,9 +160,11 @@ def _cases(tmp_path: Path) -> dict[str, tuple]:
     cfg.architectures = ["LlamaForCausalLM"]
     cfg.save_pretrained(llama)
     target, deployed, retrained = DATA / "target", DATA / "draft", DATA / "draft-retrained"
-    return {"deployed": (target, deployed, "deepseek", "0/1"), "retrained": (target, retrained, "deepseek", "0/1"),
+    return {"deployed": (target, deployed, "deepseek", "0/1"),
+            "retrained": (target, retrained, "deepseek", "0/1"),
             "fix-b": (target, fix_b, "deepseek", "0/1"),
-            "plamo3-deployed": (llama, deployed, "plamo3", "0/1"), "plamo3-fix-b": (llama, fix_b, "plamo3", "0/1"),
+            "plamo3-deployed": (llama, deployed, "plamo3", "0/1"),
+            "plamo3-fix-b": (llama, fix_b, "plamo3", "0/1"),
             "hf-deployed": (llama, deployed, "transformers", "0/1"),
             "hf-fix-b": (llama, fix_b, "transformers", "0/1")}
 

@@ -13,8 +13,8 @@ A pipeline rank is vLLM's own ``GroupCoordinator`` class given a rank and its gr
 
 Usage: python tests/vllm_v2_guard_probe.py OUT_DIR CASE ...; each CASE is
 NAME:TARGET_DIR:DRAFT_DIR:ARCH:RANK/STAGES (ARCH deepseek, llama, plamo3 or transformers; 0/1 for one
-stage). With vLLM 0.34's Python on ``PYTHONPATH`` (``rules.vllm.own.release_package``) the same probe runs that
-release's V2 runner. Each case's plugin
+stage). With vLLM 0.34's Python on ``PYTHONPATH`` (``rules.vllm.own.release_package``) the same probe
+runs that release's V2 runner. Each case's plugin
 report is OUT_DIR/NAME.jsonl; one JSON line per case on stdout says how load_model ended.
 python tests/vllm_v2_guard_probe.py --hook-failure: the install on a release without V2's setter name.
 """
@@ -61,8 +61,8 @@ def plamo3_model(cfg, n: int):
 
 
 def transformers_model(cfg, n: int):
-    """The Transformers modeling backend (``--model-impl transformers``): vLLM's own ``TransformersForCausalLM``
-    around a real (tiny, randomly initialised) Hugging Face Llama of ``n`` layers; its setter records outputs
+    """The Transformers modeling backend (``--model-impl transformers``): vLLM's own
+    ``TransformersForCausalLM`` around a real (tiny, randomly initialised) Hugging Face Llama of ``n`` layers; its setter records outputs
     in ``_output_aux_hidden_states_kwargs`` (no ``aux_hidden_state_layers`` anywhere)."""
     import torch.nn as nn
     from transformers import LlamaConfig, LlamaModel

@@ -262,7 +262,8 @@ def _written(before: dict[int, tuple], after: dict[int, tuple]) -> list[tuple]:
 class RecordedCapture:
     """The Transformers modeling backend's capture, read as boundaries: its setter records, for id ``l``, the
     output of layer ``l - 1`` (``_layer_names[layer - 1]``), which is boundary ``l`` (id 0 asks for
-    ``_layer_names[-1]``, a dict key that does not exist: the setter raises). Setting ``aux_hidden_state_layers`` restores what the release's
+    ``_layer_names[-1]``, a dict key that does not exist: the setter raises). Setting
+    ``aux_hidden_state_layers`` restores what the release's
     setter wrote at launch (the guard's probes go through the setter itself)."""
 
     def __init__(self, model, num_layers: int):
