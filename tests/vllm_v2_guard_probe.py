@@ -62,8 +62,9 @@ def plamo3_model(cfg, n: int):
 
 def transformers_model(cfg, n: int):
     """The Transformers modeling backend (``--model-impl transformers``): vLLM's own
-    ``TransformersForCausalLM`` around a real (tiny, randomly initialised) Hugging Face Llama of ``n`` layers; its setter records outputs
-    in ``_output_aux_hidden_states_kwargs`` (no ``aux_hidden_state_layers`` anywhere)."""
+    ``TransformersForCausalLM`` around a real (tiny, randomly initialised) Hugging Face Llama of ``n``
+    layers; its setter records outputs in ``_output_aux_hidden_states_kwargs`` (no
+    ``aux_hidden_state_layers`` anywhere)."""
     import torch.nn as nn
     from transformers import LlamaConfig, LlamaModel
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
