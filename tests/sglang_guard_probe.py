@@ -20,6 +20,7 @@ from sglang.srt.plugins import load_plugins  # noqa: E402
 
 load_plugins()
 
+from sglang.srt import runtime_context  # noqa: E402
 from sglang.srt.models import registry  # noqa: E402
 from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM  # noqa: E402
 from torch import nn  # noqa: E402
@@ -34,6 +35,19 @@ class StubModel(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([nn.Identity() for _ in range(n)])
         self.layers_to_capture = []
+
+
+class MovedCapture(StubModel):
+    """A release that keeps the capture under another name: what the setter writes is not readable as
+    ``layers_to_capture`` afterwards (SGLang's main branch moves aux state into a ``spec_aux_config``)."""
+
+    @property
+    def layers_to_capture(self):
+        raise AttributeError("layers_to_capture")
+
+    @layers_to_capture.setter
+    def layers_to_capture(self, value):
+        self.__dict__["spec_aux_layers"] = value
 
 
 class StubDeepseekForCausalLM(nn.Module):
@@ -53,8 +67,12 @@ cls, _ = registry.ModelRegistry.resolve_model_cls(["StubDeepseekForCausalLM"])
 
 
 def load(case):
-    server_args = types.SimpleNamespace(speculative_draft_model_path=case["draft"])  # noqa: F841 - read by the hook
+    # the launch's server args where SGLang publishes them (runtime_context, 0.5.23): the guard reads the draft
+    args = types.SimpleNamespace(speculative_draft_model_path=case["draft"])
+    runtime_context._CONTEXT._server_args = None if case.get("no_server_args") else args
     model = cls(12, case["last"])
+    if case.get("capture_elsewhere"):
+        model.model = MovedCapture(12)
     model.set_eagle3_layers_to_capture(case["ids"])
     return model
 
@@ -63,7 +81,8 @@ out = {"sgl_kernel": getattr(importlib.util.find_spec("sgl_kernel"), "origin", N
 for case in json.loads(sys.argv[1]):
     try:
         model = load(case)
-        out["cases"].append({"served": True, "layers_to_capture": list(model.model.layers_to_capture)})
+        out["cases"].append({"served": True,
+                             "layers_to_capture": list(getattr(model.model, "layers_to_capture", None) or [])})
     except GuardRefused:
         out["cases"].append({"served": False})
 print("PROBE " + json.dumps(out))

@@ -110,6 +110,22 @@ def test_strict_refuses_what_it_cannot_prove_and_a_named_trainer_settles_it(inst
     assert v["trained"] == [3, 7, 10] and "named at launch" in v["line"]
 
 
+@pytest.mark.parametrize("mode", ["refuse", "warn"])
+def test_what_the_guard_cannot_find_goes_through_the_one_unjudged_path(install, tmp_path, mode):
+    """No server args where SGLang publishes them, or a setter that leaves no ``layers_to_capture`` (a release
+    that moved the capture): never a silent skip. ``refuse`` stops with one line, ``warn`` starts."""
+    cases = [{"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": True, "no_server_args": True},
+             {"draft": str(DATA / "draft"), "ids": [2, 6, 9], "last": True, "capture_elsewhere": True}]
+    out, rows, err = _probe(install, tmp_path, cases, mode=mode)
+    assert [c["served"] for c in out["cases"]] == [mode == "warn"] * 2
+    verdicts = [r["verdict"] for r in rows if r.get("event") == "guard"]
+    assert [v["kind"] for v in verdicts] == ["unjudged", "unjudged"]
+    assert "exposes no server args" in verdicts[0]["line"] and "runtime_context" in verdicts[0]["line"]
+    assert "left no layers_to_capture" in verdicts[1]["line"]
+    end = "refusing to serve unjudged" if mode == "refuse" else "starting unjudged"
+    assert all(v["line"].endswith(end) and "\n" not in v["line"] for v in verdicts)
+
+
 def test_a_typo_in_the_mode_stops_the_launch(install, tmp_path):
     code = ("from helpers.live.sglang.cpu.hooks import _torchvision_schemas; _torchvision_schemas(); "
             "from sglang.srt.plugins import load_plugins; load_plugins(); print('SERVED')")

@@ -139,7 +139,7 @@ def _record_setter(cls) -> None:
                "the served layout as the live model holds it", "", event="capture",
                ids=None if layer_ids is None else [int(i) for i in layer_ids],
                layers_to_capture=None if ltc is None else [int(i) for i in ltc])
-        if ltc is not None and not _depth:     # a wrapper's setter delegating: judged once, outermost
+        if not _depth:                         # a wrapper's setter delegating: judged once, outermost
             def set_ids(ids):
                 _probing.append(1)
                 try:
@@ -163,19 +163,35 @@ def _capture_holder(model):
     return getattr(model, "model", None)
 
 
+class NoServerArgs(RuntimeError):
+    """The running SGLang exposes its server arguments through none of the readers this module knows."""
+
+
+def server_args():
+    """The process's ``ServerArgs``, from SGLang's own accessor: ``runtime_context.get_server_args()`` (0.5.23
+    on), else the earlier ``server_args.get_global_server_args()``. Raises ``NoServerArgs`` when neither
+    answers: a release that moved them again is said, never searched for on the call stack."""
+    import importlib
+
+    tried = []
+    for module, name in (("sglang.srt.runtime_context", "get_server_args"),
+                         ("sglang.srt.server_args", "get_global_server_args")):
+        try:
+            found = getattr(importlib.import_module(module), name)()
+        except Exception as exc:     # noqa: BLE001 - absent, retired (0.5.23's raises) or not yet published
+            tried.append(f"{module}.{name}: {type(exc).__name__}")
+            continue
+        if found is not None:
+            return found
+        tried.append(f"{module}.{name}: None")
+    raise NoServerArgs(f"sglang {_release()} exposes no server args to read the draft path from "
+                       f"({'; '.join(tried)})")
+
+
 def _draft_path():
-    """The draft the launch serves, from the ``server_args`` of the model runner that called the setter
-    (every release keeps them there); None in capture-only launches, which have no draft."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        for name in ("self", "model_runner", "server_args"):
-            obj = frame.f_locals.get(name)
-            args = obj if name == "server_args" else getattr(obj, "server_args", None)
-            path = getattr(args, "speculative_draft_model_path", None)
-            if path:
-                return path
-        frame = frame.f_back
-    return None
+    """The draft the launch serves: ``speculative_draft_model_path`` of the server args SGLang publishes
+    (None in capture-only launches, which have no draft)."""
+    return getattr(server_args(), "speculative_draft_model_path", None) or None
 
 
 def _feeds_draft(model, holder) -> bool:
@@ -210,25 +226,39 @@ def _boundary0_hazard(holder) -> dict[int, str]:
 
 def _guard(model, holder, layer_ids, set_ids) -> None:
     """``EAGLE3_WORKBOOK_GUARD``: judge the live capture against what the draft was trained on
-    (``helpers.live.guard``); refusing raises inside the scheduler, so SGLang stops before serving."""
+    (``helpers.live.guard``); refusing raises inside the scheduler, so SGLang stops before serving. Every way
+    it cannot judge (no server args, no holder with ``layers_to_capture``) goes through the guard's one
+    unjudged path: ``refuse`` stops the launch with one line, ``warn`` starts."""
     from helpers.live import guard
 
-    if guard.mode() is guard.Mode.OFF:
+    how = guard.mode()
+    if how is guard.Mode.OFF:
         return
-    draft = _draft_path()
-    if draft is None:
+
+    def logged(row: dict) -> None:
+        report("guard", row["line"], "EAGLE3_WORKBOOK_GUARD=" + row["mode"], "", event="guard", verdict=row)
+
+    draft = None
+    try:
+        draft = _draft_path()
+        if draft is None:
+            return                          # a capture-only launch: no draft to judge
+        if holder is None or getattr(holder, "layers_to_capture", None) is None:
+            raise RuntimeError(f"{type(model).__name__}.{SETTER} left no layers_to_capture on any module "
+                               f"(sglang {_release()} keeps the capture elsewhere)")
+        layers = getattr(holder, "layers", None)
+        num_layers = len(layers) if layers is not None else int(model.config.num_hidden_layers)
+        rule = _rule_cache[0] if _rule_cache else None
+        hazards, feeds = _boundary0_hazard(holder), _feeds_draft(model, holder)
+    except Exception as exc:     # noqa: BLE001 - one path for every way the guard cannot judge
+        guard.cannot_judge(how, draft, exc, logged, engine=f"sglang {_release()}")
         return
-    layers = getattr(holder, "layers", None)
-    num_layers = len(layers) if layers is not None else int(model.config.num_hidden_layers)
-    rule = _rule_cache[0] if _rule_cache else None
     # the loop tests i in layers_to_capture at the entry of layer i only (deepseek_v2.py:3194 in 0.5.23)
     guard.at_load(family="sglang", version=_release(), draft=draft, holder=holder, attr="layers_to_capture",
                   highest=num_layers - 1, ids=layer_ids, set_ids=set_ids,
-                  ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
-                  hazards=_boundary0_hazard(holder), feeds_draft=_feeds_draft(model, holder),
-                  arch=type(model).__name__, rules_release=rule["release"] if rule else None,
-                  report=lambda row: report("guard", row["line"], "EAGLE3_WORKBOOK_GUARD=" + row["mode"],
-                                            "", event="guard", verdict=row))
+                  ids_key="eagle_config.eagle_aux_hidden_state_layer_ids", hazards=hazards,
+                  feeds_draft=feeds, arch=type(model).__name__,
+                  rules_release=rule["release"] if rule else None, report=logged)
 
 
 def _probe_draft(cls) -> None:
