@@ -67,7 +67,7 @@ cls, _ = registry.ModelRegistry.resolve_model_cls(["StubDeepseekForCausalLM"])
 
 
 def load(case):
-    # the launch's server args where SGLang publishes them (runtime_context, 0.5.23): the guard reads the draft
+    # the launch's server args where SGLang publishes them (runtime_context, 0.5.23): the guard reads them
     args = types.SimpleNamespace(speculative_draft_model_path=case["draft"])
     runtime_context._CONTEXT._server_args = None if case.get("no_server_args") else args
     model = cls(12, case["last"])
@@ -81,8 +81,8 @@ out = {"sgl_kernel": getattr(importlib.util.find_spec("sgl_kernel"), "origin", N
 for case in json.loads(sys.argv[1]):
     try:
         model = load(case)
-        out["cases"].append({"served": True,
-                             "layers_to_capture": list(getattr(model.model, "layers_to_capture", None) or [])})
+        ltc = getattr(model.model, "layers_to_capture", None) or []
+        out["cases"].append({"served": True, "layers_to_capture": list(ltc)})
     except GuardRefused:
         out["cases"].append({"served": False})
 print("PROBE " + json.dumps(out))
