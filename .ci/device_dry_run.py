@@ -9,6 +9,8 @@ Three checks, each line prefixed ``[dry-run]``, exit 1 when any fails:
           build, started with its ``_start`` stubbed out), holds no CPU stand-in: the CPU site folder
           (``helpers/live/sglang/cpu/site``, with the stand-in ``sgl_kernel``) is not on PYTHONPATH, no entry
           there holds an ``sgl_kernel``, EAGLE3_WORKBOOK_SGLANG_HOOKS is not ``cpu``, no CPU engine flag.
+  memory  every CUDA launch of a paired benchmark (vLLM's ``gpu_memory_utilization``, SGLang's
+          ``--mem-fraction-static``) holds an explicit budget, and baseline plus speculative fit one GPU;
 Then notes (never failures) on what the device needs that this host cannot check: registry, source cache.
 
     python .ci/device_dry_run.py COMMANDS_FILE [--path P ...]
@@ -122,6 +124,28 @@ def cuda_launch_env(ns, plugins: bool) -> tuple[list[str], dict[str, str], str]:
     return args, env, rule or "none"
 
 
+def vllm_budgets(ns) -> tuple[float | None, float | None]:
+    """(baseline, speculative) ``gpu_memory_utilization`` the workbook's launcher gives vLLM on CUDA for this
+    bench's options (``LaunchSpec.llm_kwargs``: what the worker's ``LLM(...)`` receives)."""
+    from helpers.live.vllm.engine import LaunchSpec
+
+    base = LaunchSpec(Path(ns.target), None, device="cuda").llm_kwargs()
+    spec = LaunchSpec(Path(ns.target), Path(ns.draft), steps=ns.steps, device="cuda").llm_kwargs()
+    return base.get("gpu_memory_utilization"), spec.get("gpu_memory_utilization")
+
+
+def budget_line(name: str, engine: str, base, spec, key: str) -> tuple[bool, str]:
+    """Both sides of a paired CUDA benchmark hold an explicit memory budget, and together they fit one GPU
+    (the baseline stays up while the speculative engine starts)."""
+    if base is None or spec is None:
+        return False, (f"FAIL {name} on CUDA: {engine} launched without {key} (baseline {base}, "
+                       f"speculative {spec})")
+    total = float(base) + float(spec)
+    ok = total <= 0.9
+    return ok, (f"{'ok  ' if ok else 'FAIL'} {name} on CUDA: {key} {base} (baseline) + {spec} (speculative) "
+                f"= {total:.2f} of one GPU, both up at once")
+
+
 def stand_ins(args: list[str], env: dict[str, str]) -> list[str]:
     from helpers.live.sglang import cpu
 
@@ -173,6 +197,10 @@ def main(argv=None) -> int:
                 say("paths", f"MISSING {name}: --{opt.replace('_', '-')} {value}")
         if getattr(ns, "backend", None) == "sglang":
             sglang_runs.append((name, ns))
+        if getattr(ns, "backend", None) == "vllm":
+            ok, line = budget_line(name, "vLLM", *vllm_budgets(ns), "gpu_memory_utilization")
+            failed += not ok
+            say("memory", line)
     for name, ns in sglang_runs:
         for plugins in (True, False):
             how = "a release with the plugin framework" if plugins else "a release without it"
@@ -190,6 +218,12 @@ def main(argv=None) -> int:
             failed += bool(bad)
             say("sglang", f"{'FAIL' if bad else 'ok  '} {name} on CUDA ({how}): {what}"
                 + (f": CPU stand-in: {'; '.join(bad)}" if bad else ": no CPU stand-in"))
+            if plugins:       # the same launcher builds the baseline (no draft): one budget, both sides
+                flag = "--mem-fraction-static"
+                share = args[args.index(flag) + 1] if flag in args else None
+                ok, line = budget_line(name, "SGLang", share, share, flag)
+                failed += not ok
+                say("memory", line)
     if not os.environ.get("WHEELHOUSE"):
         say("note", "the device reaches no registry: without WHEELHOUSE the engine venvs are not made there "
                     "and their runs are skipped (docs/install.md)")

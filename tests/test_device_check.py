@@ -38,6 +38,11 @@ def test_the_dry_run_parses_every_command_and_finds_no_cpu_stand_in(tmp_path):
     assert len(sglang) == 8 and all(ln.endswith(": no CPU stand-in") for ln in sglang)
     assert any("sglang-059 on CUDA" in ln and "capture rule 0.5.9" in ln for ln in sglang)
     assert "[dry-run] paths  ok   data/tiny-kimi/draft-retrained" in lines
+    # every CUDA launch of a paired benchmark has an explicit memory budget, and both sides fit one GPU
+    memory = [ln for ln in lines if ln.startswith("[dry-run] memory")]
+    assert len(memory) == 7 and all(" ok   " in ln and "= 0.80 of one GPU" in ln for ln in memory)
+    assert sum("gpu_memory_utilization 0.4" in ln for ln in memory) == 3
+    assert sum("--mem-fraction-static 0.4" in ln for ln in memory) == 4
     assert lines[-1] == "[dry-run] done   9 runs, 0 failure(s)"
     assert not out.exists()                      # nothing ran, nothing was written
 

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 # environment variables that set an engine's threads or memory: settings as much as any flag
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+# On a GPU the two sides of a paired benchmark are up together (the baseline engine stays loaded while each
+# speculative one starts and runs): each gets this share of the device's memory, explicitly and the same on
+# both sides. vLLM's default (gpu_memory_utilization 0.92, config/cache.py) would leave the second engine
+# short of its startup check (v1/worker/utils.py request_memory); SGLang's --mem-fraction-static likewise.
+# Two shares leave the rest (0.2) for CUDA contexts, graphs and activations.
+GPU_SHARE = 0.4
+# the settings that carry that budget, by engine (what the dry run checks every CUDA launch has)
+GPU_BUDGET_KEYS = {"vllm": "gpu_memory_utilization", "sglang": "--mem-fraction-static"}
 # what is allowed to differ: speculation itself (SGLang's --speculative-*, vLLM's speculative_config,
 # llama.cpp's --model-draft and --spec-*), and where each process listens
 PER_LAUNCH = ("--speculative", "speculative_config", "--model-draft", "--spec-", "--port")

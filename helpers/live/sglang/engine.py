@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ...errors import InputError
 from ...rules.conventions import read_target
 from .. import guard
-from ..settings import THREAD_ENV, argv_settings
+from ..settings import GPU_SHARE, THREAD_ENV, argv_settings
 from ..stopping import Stoppable, track, untrack
 from . import cpu
 from . import hooks as hooks_mod
@@ -197,6 +197,8 @@ class SGLangEngine(Stoppable):
                "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
         accommodations = False
         rule_file = None
+        if self.device != "cpu":     # two servers share the GPU in a paired benchmark (settings.GPU_SHARE)
+            args += ["--mem-fraction-static", str(GPU_SHARE)]
         if self.device == "cpu":
             threads = self.threads or 2
             args += ["--device", "cpu", "--attention-backend", "intel_amx"]

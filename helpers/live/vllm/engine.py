@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from .. import guard
-from ..settings import THREAD_ENV, flat_settings
+from ..settings import GPU_SHARE, THREAD_ENV, flat_settings
 from ..stopping import Stoppable, track, untrack
 from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
@@ -85,6 +85,8 @@ class LaunchSpec:
               "disable_log_stats": False, "max_num_seqs": 4, "enable_prefix_caching": False}
         if self.device == "cpu":
             kw["attention_config"] = {"backend": CPU_MLA_BACKEND}
+        else:       # two engines share the GPU in a paired benchmark: each its stated share (settings.py)
+            kw["gpu_memory_utilization"] = GPU_SHARE
         if self.draft is not None:
             kw["speculative_config"] = {"method": "eagle3", "model": str(Path(self.draft).resolve()),
                                         "num_speculative_tokens": int(self.steps)}

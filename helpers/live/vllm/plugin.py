@@ -26,6 +26,8 @@ import sys
 import textwrap
 import time
 
+from helpers.rules.hooks import v2_calls_setter
+
 FIXES_ENV = "EAGLE3_WORKBOOK_VLLM_FIXES"
 REPORT_ENV = "EAGLE3_WORKBOOK_VLLM_REPORT"
 # Every fix this plugin knows, in the order they apply.
@@ -445,36 +447,29 @@ def _hook_v1() -> str | None:
     return f"GPUModelRunner.{name}"
 
 
-def _v2_calls_setter(source: str) -> bool:
-    """Whether V2's model_runner.py imports ``set_eagle3_aux_hidden_state_layers`` from ``eagle3_utils`` under
-    that name and ``GPUModelRunner.load_model`` calls it: read from the file, so the module (and what it
-    imports) is not loaded in every process just to be checked."""
-    tree = ast.parse(source)
-    imported = any(isinstance(n, ast.ImportFrom) and (n.module or "").endswith("eagle3_utils")
-                   and any(a.name == V2_SETTER and a.asname in (None, V2_SETTER) for a in n.names)
-                   for n in tree.body)
-    load = [f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "GPUModelRunner"
-            for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "load_model"]
-    calls = [n for f in load for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-    return imported and any(n.func.id == V2_SETTER for n in calls)
-
-
 def _hook_v2() -> str | None:
     """V2 (``vllm/v1/worker/gpu/model_runner.py``, a class of its own): ``load_model`` calls
     ``set_eagle3_aux_hidden_state_layers(self.model, self.speculative_config)``, a name it imports from
     ``eagle3_utils``. The name is wrapped there, so the runner binds the wrapper when it is imported later,
     and rebound in the runner's module when it is already loaded; first the runner's own file is read to
-    check that it imports and calls that name. None when this release has no V2 runner."""
+    check that it imports and calls that name. None when this release has no V2 runner, or an early one
+    without ``eagle3_utils`` (it never configures aux capture)."""
     import importlib
     import importlib.util
 
     if importlib.util.find_spec("vllm.v1.worker.gpu") is None:
         return None
+    try:
+        has_utils = importlib.util.find_spec(V2_UTILS) is not None
+    except ModuleNotFoundError:      # spec_decode/eagle.py, a module, in the early V2 runners
+        has_utils = False
+    if not has_utils:
+        return None            # an early V2 runner: it never sets aux capture, so nothing to judge there
     spec = importlib.util.find_spec(V2_RUNNER)
     if spec is None or not spec.origin:
         raise RuntimeError(f"{V2_RUNNER} is missing")
     with open(spec.origin, encoding="utf-8") as fh:
-        if not _v2_calls_setter(fh.read()):
+        if v2_calls_setter(fh.read()) is None:
             raise RuntimeError(f"V2 GPUModelRunner.load_model does not call {V2_SETTER} from eagle3_utils")
     utils = importlib.import_module(V2_UTILS)
     original = getattr(utils, V2_SETTER)
