@@ -22,6 +22,8 @@ COMMANDS = {
               "pre-deployment gate: will the engine serve the trained layout? (no weights)"),
     "fixes": ("helpers.commands.fixes", "write a draft's training record, or a fixed copy (ids, fc order)"),
     "wiring": ("helpers.commands.wiring", "resolve the boundaries an engine version feeds a draft"),
+    "releases": ("helpers.commands.releases",
+                 "does the workbook know this engine release: its rule, what changed, its guard hook sites"),
     "patch-sglang": ("helpers.commands.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
     "sglang-bench": ("helpers.commands.sglang_bench", "live SGLang server benchmark on a GPU host"),
     "run-workbook": ("helpers.commands.workbook", "execute notebooks 01-06 and render reports/"),

