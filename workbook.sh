@@ -83,6 +83,8 @@ setup_vllm() {
     "$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
   ) 2> "$VLLM_VENV.install.log"; then
     echo "[vllm] could not set up $VLLM_VENV (see $VLLM_VENV.install.log): the reference engine measures instead" >&2
+    # in CI every engine must be there: a run without one would pass while testing less
+    [ "${CI:-}" = "true" ] && { echo "[vllm] CI=true: failing the run" >&2; return 1; }
     return 0
   fi
   echo "$want" > "$VLLM_VENV/.requirements.sha256"
@@ -125,19 +127,21 @@ setup_sglang() {
     "$SGLANG_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
   ) 2> "$SGLANG_VENV.install.log"; then
     echo "[sglang] could not set up $SGLANG_VENV (see $SGLANG_VENV.install.log): the other engines measure instead" >&2
+    [ "${CI:-}" = "true" ] && { echo "[sglang] CI=true: failing the run" >&2; return 1; }
     return 0
   fi
   echo "$want" > "$SGLANG_VENV/.requirements.sha256"
 }
 
 # Both engines' venvs at once: each install is one pip process, mostly unpacking wheels on one core, and
-# neither reads the other's venv. Each says its own lines and never fails the caller (a venv that cannot be
-# set up is said in one line and the other engines measure).
+# neither reads the other's venv. Each says its own lines; a venv that cannot be set up is said in one line
+# and the other engines measure, except in CI (CI=true), where it fails the run.
 setup_engines() {
   setup_vllm &
-  local vllm_pid=$!
-  setup_sglang
-  wait "$vllm_pid" || true
+  local vllm_pid=$! failed=0
+  setup_sglang || failed=1
+  wait "$vllm_pid" || failed=1
+  return "$failed"     # non-zero only in CI (CI=true), where a missing engine fails the run
 }
 
 # llama.cpp's llama-server, built once per machine into the cache (helpers/live/llamacpp/build.py): about
@@ -161,6 +165,7 @@ wait_llamacpp() {
     tail -n 1 "$VENV.llamacpp-build.log"
   else
     echo "[llamacpp] $(tail -n 1 "$VENV.llamacpp-build.log"); llama.cpp's tests skip, the other engines measure" >&2
+    [ "${CI:-}" = "true" ] && { echo "[llamacpp] CI=true: failing the run" >&2; LLAMACPP_PID=""; return 1; }
   fi
   LLAMACPP_PID=""
 }

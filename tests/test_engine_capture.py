@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _pairs import tiny_default, tiny_dump
-from conftest import scaled
+from conftest import scaled, unavailable
 
 REPO = Path(__file__).resolve().parent.parent
 SERVED = (3, 7, 10)      # what SGLang 0.5.9 captures for ids [2, 6, 9] on the tiny DeepSeek target
@@ -176,7 +176,7 @@ def test_capture_backend_refuses_another_engines_rules(tmp_path, capsys):
     try:
         find_sglang()
     except EngineUnavailable:
-        pytest.skip("no .venv-sglang: the refusal needs the runtime it names")
+        unavailable("no .venv-sglang: the refusal needs the runtime it names")
     code, line = _cli(capsys, "--backend", "sglang", "--engine", "vllm==0.32.0", "--target", "T", "--draft",
                       "D", "--text", str(tiny_default() / "heldout.txt"), "--out", str(tmp_path / "cap"))
     assert code == 2 and "--engine vllm==0.32.0 names another engine's rules" in line, line

@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
 
 from helpers.__main__ import main as cli
 from helpers.live.llamacpp import build as lb
@@ -163,7 +164,7 @@ def test_the_built_server_runs_here():
     """The real llama-server, when this machine built it: it starts and names its build."""
     found = lb.find_server()
     if found is None:
-        pytest.skip("llama-server is not built on this machine (bash workbook.sh llamacpp builds it)")
+        unavailable("llama-server is not built on this machine (bash workbook.sh llamacpp builds it)")
     out = subprocess.run([found.server, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "version" in (out.stdout + out.stderr)
     assert found.build == "b11434" and found.size_bytes == found.server.stat().st_size

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import unavailable
 
 from helpers.__main__ import main as cli
 from helpers.live import guard
@@ -131,7 +132,7 @@ def live(tmp_path_factory):
     own fix (nested [-1, 2, 6] only, which llama.cpp must ignore); each beside the reference engine fed the
     layout its GGUF names and the layouts a different rule would have served."""
     if SERVER is None or not (PAIR / "build.json").is_file():
-        pytest.skip("llama-server or data/tiny-llama missing")
+        unavailable("llama-server or data/tiny-llama missing")
     import torch
 
     from helpers.investigation.fixes import with_engine_ids
@@ -287,7 +288,7 @@ def test_bench_guard_refuse_stops_the_miswired_draft_before_llama_server_starts(
 def test_a_folder_the_converter_refuses_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     """The tests' byte-level Llama pair: llama.cpp's converter does not know its pre-tokenizer."""
     if lc.find_converter() is None:
-        pytest.skip("llama.cpp's converter is not in the cache (bash workbook.sh llamacpp)")
+        unavailable("llama.cpp's converter is not in the cache (bash workbook.sh llamacpp)")
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "target"
     shutil.copytree(KIMI / "target", folder)       # a DeepSeek-V3 target with a byte-level BPE
