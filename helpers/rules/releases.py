@@ -313,10 +313,29 @@ def installed(python: str | Path) -> list[tuple[str, str]]:
     return [(p, v.split("+", 1)[0]) for p, v in found]
 
 
+SHORT = {"no ids": "none", "top-level": "top", "eagle_config": "eagle_config",
+         "dflash_config.target_layer_ids": "dflash", "dspark_target_layer_ids": "dspark",
+         "target_layer_ids": "target_layer_ids", "eagle_config.layer_ids": "layer_ids",
+         "use_aux_hidden_state false": "aux off", "speculators format": "speculators"}
+
+
+def _cell(outcome: str) -> str:
+    """An outcome in a table cell: ``read`` (the probe's ids as given), ``read +1`` (shifted), ``default``,
+    ``no aux``, or why it was not run."""
+    if outcome.startswith("ids "):
+        ids = json.loads(outcome[4:])
+        return "read" if ids == _IDS else ("read +1" if ids == [i + 1 for i in _IDS] else f"read {ids}")
+    if outcome.startswith("default"):
+        return "default"
+    return "no aux" if outcome == "no aux states" else "not run"
+
+
 def table(package: str, rows: dict[str, ReleaseRow]) -> str:
-    """Markdown: one line per run of releases that agree on runners, rule and hook sites."""
-    lines = [f"| {package} releases | runners | rule (V2 / V1) on the probes | hook sites |",
-             "|---|---|---|---|"]
+    """Markdown: one line per run of releases that agree on runners, rule and hook sites; one column per
+    probe, each cell the V2 / V1 outcome."""
+    probes = list(PROBES)
+    lines = [f"| {package} | runners | " + " | ".join(SHORT[p] for p in probes) + " | hook sites |",
+             "|---|---|" + "---|" * len(probes) + "---|"]
     runs: list[list] = []
     for v, row in rows.items():
         key = json.dumps([row.runners, row.rule, [(h.name, h.found, h.needed) for h in row.hooks], row.error])
@@ -326,14 +345,16 @@ def table(package: str, rows: dict[str, ReleaseRow]) -> str:
             runs.append([v, v, key, row])
     for first, last, _, row in runs:
         span = first if first == last else f"{first} – {last}"
-        rule = "; ".join(f"{r.upper()}: " + ", ".join(f"{p} → {o}" for p, o in row.rule[r].items()
-                                                       if p in ("no ids", "top-level", "eagle_config",
-                                                                "use_aux_hidden_state false"))
-                         for r in sorted(row.rule, reverse=True)) or (row.error or "—")
+        cells = []
+        for p in probes:
+            got = [f"{r.upper()} {_cell(row.rule[r][p])}" for r in sorted(row.rule, reverse=True)
+                   if p in row.rule[r]]
+            cells.append(" · ".join(got) or ("run per release: docs/sglang-matrix.md" if package == "sglang"
+                                             and p == probes[0] else "—"))
         found = sum(h.found for h in row.hooks if h.needed)
         hooks = f"{found}/{sum(h.needed for h in row.hooks)}" + (
             f" (missing: {', '.join(h.name for h in row.missing)})" if row.missing else "")
-        lines.append(f"| {span} | {'+'.join(row.runners) or '—'} | {rule} | {hooks} |")
+        lines.append(f"| {span} | {'+'.join(row.runners) or '—'} | " + " | ".join(cells) + f" | {hooks} |")
     return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ from .. import wheels
 
 PACKAGE = "vllm"
 CACHE_NAME = "vllm-code"        # the cache folder: the files the rule and the guard's hook sites need
-KEEP = ("vllm/v1/worker/", "vllm/v1/spec_decode/", "vllm/model_executor/models/",
+KEEP = ("vllm/v1/worker/", "vllm/v1/spec_decode/", "vllm/model_executor/models/", "vllm/models/",
         "vllm/transformers_utils/configs/", "vllm/config/speculative.py", "vllm/plugins/__init__.py")
 
 V2_UTILS_FILE = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py"

@@ -60,12 +60,12 @@ def vllm_ids_to_boundaries(ids: Sequence[int]) -> Layout:
     return tuple(sorted(int(i) for i in ids))
 
 
-# vLLM, read from every release's wheel (0.8.0 .. 0.33.0; docs/conventions.md has the evidence
+# vLLM, read from every release's wheel (0.8.0 .. 0.34.0; docs/conventions.md has the evidence
 # lines). Ids are boundaries in every release (no +1), captured in ascending order.
 VLLM_FIRST_EAGLE3 = "0.8.5"
 
 
-VLLM_NEWEST_READ = "0.33.0"
+VLLM_NEWEST_READ = "0.34.0"      # 0.34.0: V2 only (the V1 runner deleted); llama_eagle3 flags as 0.33
 
 
 VLLM_READS_TOP_LEVEL = "0.11.1"        # v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config

@@ -1,8 +1,8 @@
 """A vLLM release's own source, read to confirm the rule ``conventions`` applies for it.
 
-vLLM's rules (``conventions.VLLM_*``) were read from every release's wheel up to 0.33.0. A wheel is
-370 MB, too much to fetch on every resolution, so the rule is applied from the tables; this module
-is the check a user runs when it matters (``wiring --engine vllm==X --read-source``), and for a
+vLLM's rules (``conventions.VLLM_*``) were read from every release's wheel up to 0.34.0; the id rule itself
+is run from each release's own functions (``rules.vllm.own``). This module is the check a user runs when it
+matters (``wiring --engine vllm==X --read-source``), and for a
 release newer than the ones read. It keeps only ``vllm/v1/worker`` and ``vllm/model_executor/models``
 and reports what they say about the three facts that decide the served layout: whether the draft's
 top-level ids are read, whether the V1 runner falls back to ``eagle_config``'s, and how the target
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..conventions import IDS_KEY
-from ..wheels import fetch
+from .own import model_module, release_files
 from .rule import VLLM_CAPTURE, VLLM_READS_TOP_LEVEL, VLLM_V1_READS_NESTED, at_least
 
 FOLDERS = ("vllm/v1/worker/", "vllm/model_executor/models/")
@@ -32,6 +32,7 @@ class VllmFacts:
     model_file: str | None = None
     capture: str = "none"          # "before" | "before+end" | "after" (mixin) | "none"
     capture_lines: list[dict] = field(default_factory=list)
+    has_v1: bool = True            # the release has the V1 runner (0.34 deleted it)
 
     def evidence(self) -> list[dict]:
         return self.reads_top_level + self.reads_nested + self.capture_lines
@@ -40,6 +41,7 @@ class VllmFacts:
 def read_facts(root: Path, version: str, arch: str) -> VllmFacts:
     """What the files under ``root`` (a folder holding ``vllm/``) say for ``arch``."""
     facts = VllmFacts(version, arch)
+    facts.has_v1 = (root / "vllm" / "v1" / "worker" / "gpu_model_runner.py").is_file()
     worker = root / "vllm" / "v1" / "worker"
     for path in sorted(worker.rglob("*.py")) if worker.is_dir() else []:
         rel = path.relative_to(root).as_posix()
@@ -49,26 +51,23 @@ def read_facts(root: Path, version: str, arch: str) -> VllmFacts:
                 facts.reads_nested.append(ref)
             elif _TOP.search(line):
                 facts.reads_top_level.append(ref)
-    models = root / "vllm" / "model_executor" / "models"
-    registry_file = models / "registry.py"
-    registry = registry_file.read_text(encoding="utf-8") if registry_file.is_file() else ""
-    m = re.search(rf'"{re.escape(arch)}":\s*\(\s*"(\w+)"', registry)
-    if m is None:
+    rel = model_module(root, arch)       # the registry's entry, packages followed (vllm.models.<pkg> in 0.33)
+    if rel is None or not (root / rel).is_file():
         return facts
-    facts.model_file = f"vllm/model_executor/models/{m.group(1)}.py"
-    _read_capture(models, m.group(1), facts, seen=set())
+    facts.model_file = rel
+    _read_capture(root, rel, facts, seen=set())
     return facts
 
 
-def _read_capture(models: Path, module: str, facts: VllmFacts, seen: set[str]) -> None:
-    """The capture style in ``module``, or in the modules it builds on (Qwen3 runs Qwen2Model's loop)."""
-    path = models / f"{module}.py"
-    if module in seen or not path.is_file():
+def _read_capture(root: Path, rel: str, facts: VllmFacts, seen: set[str]) -> None:
+    """The capture style in the file ``rel``, or in the modules it builds on (Qwen3 runs Qwen2Model's
+    loop), relative imports followed from its own folder."""
+    path = root / rel
+    if rel in seen or not path.is_file():
         return
-    seen.add(module)
+    seen.add(rel)
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
-    rel = f"vllm/model_executor/models/{module}.py"
 
     def refs(pattern: str) -> list[dict]:
         return [{"file": rel, "line": n, "text": ln.strip()}
@@ -81,8 +80,16 @@ def _read_capture(models: Path, module: str, facts: VllmFacts, seen: set[str]) -
         facts.capture = "after" if after else ("before+end" if end else "before")
         facts.capture_lines = (after or before)[:2] + end[:1]
         return
-    for base in re.findall(r"^from \.(\w+) import .*Model\b", text, re.M):
-        _read_capture(models, base, facts, seen)
+    found = re.findall(r"^\s*from (\.*)([\w.]+) import (\([^)]*\)|[^\n]*)", text, re.M)
+    for dots, module, names in found:
+        if not re.search(r"Model\b", names) or (not dots and not module.startswith("vllm.")):
+            continue
+        base = Path(rel).parent if dots else Path(".")
+        for _ in range(len(dots) - 1):
+            base = base.parent
+        stem = (base / module.replace(".", "/")).as_posix()
+        target = f"{stem}.py" if (root / f"{stem}.py").is_file() else f"{stem}/__init__.py"
+        _read_capture(root, target, facts, seen)
         if facts.capture != "none":
             return
 
@@ -103,7 +110,7 @@ def disagreements(facts: VllmFacts) -> list[str]:
     if bool(facts.reads_top_level) != top:
         out.append(f"the rule says vLLM {v} {'reads' if top else 'ignores'} the top-level {IDS_KEY}; its "
                    f"worker code {'does' if facts.reads_top_level else 'does not'}")
-    if bool(facts.reads_nested) != nested:
+    if bool(facts.reads_nested) != nested and facts.has_v1:
         out.append(f"the rule says vLLM {v}'s V1 runner {'reads' if nested else 'ignores'} eagle_config's "
                    f"ids; gpu_model_runner.py {'does' if facts.reads_nested else 'does not'}")
     want = expected_capture(v, facts.arch)
@@ -114,6 +121,7 @@ def disagreements(facts: VllmFacts) -> list[str]:
 
 
 def verify(version: str, arch: str) -> tuple[VllmFacts, list[str]]:
-    """Fetch the release's wheel (once; about 5 s on a local index, 370 MB) and compare."""
-    facts = read_facts(fetch("vllm", version, FOLDERS), version, arch)
+    """Read the release's files (by ranges where the index serves them, else its whole wheel, once) and
+    compare."""
+    facts = read_facts(release_files(version, whole=True), version, arch)
     return facts, disagreements(facts)
