@@ -56,7 +56,7 @@ def test_a_release_that_contradicts_the_rule_is_named(tmp_path):
 
 def test_wiring_cites_the_source(tmp_path, monkeypatch):
     root = _release(tmp_path, top=True, nested=True, capture="after")
-    monkeypatch.setattr(vllm_source, "fetch", lambda package, version, folders: root)
+    monkeypatch.setattr(vllm_source, "release_files", lambda version, whole=False: root)
     r = wiring.resolve(parse_engine("vllm==0.22.0"), "LlamaForCausalLM", 12, ids=[2, 6, 12],
                        read_vllm_source=True)
     assert r.served_layout == (2, 6, 12) and any("the rule holds" in w for w in r.warnings)
