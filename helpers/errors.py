@@ -93,6 +93,9 @@ def pickle_refusal(exc: BaseException) -> str:
     m = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(exc))
     if m:
         return f"it asks for {m.group(1)}, which a weights-only load refuses"
+    m = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", str(exc))
+    if m:       # an opcode or type the weights-only unpickler does not take (a raw pickle, protocol 4+)
+        return f"a weights-only load refuses it: {m.group(1).strip()}"
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return first if len(first) <= 120 else first[:117].rsplit(" ", 1)[0] + " ..."
 

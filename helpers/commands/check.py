@@ -26,6 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--target-config", help="the target's config.json alone, instead of --target")
     p.add_argument("--trainer", help="NAME[==VERSION] of the trainer that captured the features")
     p.add_argument("--train-ids", help="the ids the trainer was run with, in its own numbering")
+    p.add_argument("--training-output", type=Path, default=None,
+                   help="what the trainer wrote of its run: SpecForge's training_state.pt (or its checkpoint "
+                        "folder), speculators' output folder (run.yaml, train_command.txt); its recorded ids "
+                        "rank above a trainer's name and the config's format (read by default when the draft "
+                        "folder holds them)")
     p.add_argument("--algorithm", default="EAGLE3",
                    help="the engine's speculative algorithm flag (EAGLE3 or EAGLE)")
     p.add_argument("--sglang-root",
@@ -55,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = check(args.draft, engine, target=args.target, target_config=args.target_config,
                        trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
                        read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured,
-                       gguf=args.gguf)
+                       gguf=args.gguf, training_output=args.training_output)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)

@@ -4,6 +4,10 @@ and the engine guard read.
 In order, the first that speaks settles it:
 
 1. the draft's training record (``training.json``, ``record.read_record``);
+   then what the trainer itself recorded of its run (``trainer_output``: SpecForge's ``capture_layers`` in
+   ``training_state.pt``, speculators' ``run.yaml`` / ``train_command.txt``), where the user points at the
+   training output (``check --training-output``, ``EAGLE3_WORKBOOK_TRAINING_OUTPUT``) or the draft folder
+   holds it; it names the trainer's ids, read through that trainer's rule (the one named, else its own);
 2. a trainer named by the user (``check --trainer``; at an engine's launch ``EAGLE3_WORKBOOK_TRAINER`` and
    ``EAGLE3_WORKBOOK_TRAIN_IDS``), its rule applied to the ids it ran with;
 3. the trainer the config names itself (speculators writes ``speculators_version``), its rule applied to the
@@ -27,9 +31,12 @@ from ..errors import InputError
 from ..record import read_record
 from ..rules.conventions import Engine, expect_engine, ids_in_config, is_speculators_format
 from ..rules.trainers import parse_trainer, rule_for, trainer_layout, training_ids_from_config, writers_of
+from .trainer_output import TrainerOutput, read_trainer_output
 
 TRAINER_ENV = "EAGLE3_WORKBOOK_TRAINER"        # NAME==VERSION of the trainer that made the draft
 TRAIN_IDS_ENV = "EAGLE3_WORKBOOK_TRAIN_IDS"    # the ids it ran with, comma separated (else the config's)
+# the trainer's output: its checkpoint, its run files (trainer_output)
+TRAINING_OUTPUT_ENV = "EAGLE3_WORKBOOK_TRAINING_OUTPUT"
 
 # --------------------------------------------------------------------------------------
 # Who wrote the config: its format's writers, and what each reads its ids as
@@ -158,13 +165,14 @@ class Basis(StrEnum):
     """What a training layout rests on; values are the spellings JSON carries."""
 
     RECORD = "record"            # training.json beside the draft
+    TRAINER_OUTPUT = "trainer-output"   # what the trainer recorded of its run (its checkpoint, its run files)
     TRAINER = "trainer"          # a trainer named by the user, its rule on the ids it ran with
     CONFIG = "config"            # the trainer the config names itself, its rule on the config's ids
     FORMAT = "format"            # every writer of the config's format reads its ids alike: a prior
     NONE = "none"                # nothing settles it
 
 
-PROVEN = (Basis.RECORD, Basis.TRAINER, Basis.CONFIG)
+PROVEN = (Basis.RECORD, Basis.TRAINER_OUTPUT, Basis.TRAINER, Basis.CONFIG)
 
 
 @dataclass(frozen=True)
@@ -202,14 +210,48 @@ def _trainer_evidence(spec: str, train_ids: Sequence[int] | None, cfg: dict, n: 
     return Evidence(tuple(res.training_layout), basis, f"{label} {said}, its rule on {on}")
 
 
+def output_evidence(out: TrainerOutput, cfg: dict, n: int, arch: str | None, trainer: str | None = None,
+                    train_ids: Sequence[int] | None = None) -> Evidence:
+    """The ids the trainer recorded, through its rule (``trainer``, when the user names it, else the one the
+    output names); a note where the exported config's ids would mean another layout to that trainer (SpecForge
+    exports the draft config it started from, unchanged) or the ids named at launch differ."""
+    spec = trainer or out.trainer
+    try:
+        ev = _trainer_evidence(spec, list(out.ids), cfg, n, arch, Basis.TRAINER_OUTPUT,
+                               f"recorded by the trainer in {out.source}")
+    except (WiringError, InputError) as exc:
+        return Evidence(None, Basis.NONE, "",
+                        note=f"{out.source}: ids {list(out.ids)} under {spec}'s rule: {exc}")
+    notes = [out.note] if out.note and not trainer else []
+    if train_ids is not None and list(train_ids) != list(out.ids):
+        notes.append(f"the ids named ({list(train_ids)}) are not the ones the trainer recorded "
+                     f"({list(out.ids)}); the recorded ones are used")
+    try:
+        exported = _trainer_evidence(spec, None, cfg, n, arch, Basis.CONFIG, "the exported config's ids")
+    except (WiringError, InputError):
+        exported = None
+    ids, _ = ids_in_config(cfg)
+    if exported is not None and ids is not None and exported.layout not in (None, ev.layout):
+        notes.append(f"the exported config's ids {ids} mean {exported.layout} to {spec}, not what it "
+                     f"captured ({ev.layout}): the config was written without the run's ids "
+                     f"(SpecForge's exporter copies the draft config it started from)")
+    return Evidence(ev.layout, ev.basis if ev.layout is not None else Basis.NONE, ev.source,
+                    note="; ".join(n_ for n_ in [ev.note, *notes] if n_))
+
+
 def training_evidence(draft: str | Path, cfg: dict, *, engine: Engine, arch: str | None, num_layers: int,
                       trainer: str | None = None, train_ids: Sequence[int] | None = None,
-                      served: Sequence[int] | None = None) -> Evidence:
+                      served: Sequence[int] | None = None,
+                      training_output: str | Path | None = None) -> Evidence:
     """The chain above for one draft folder and its parsed config. A record that cannot be read raises
     (``BadConfig``): a guard in ``refuse`` must not judge around it."""
     record = read_record(Path(draft)) if Path(draft).is_dir() else None
     if record is not None and record.layout is not None:
         return Evidence(tuple(record.layout), Basis.RECORD, "the training record (training.json)")
+    out = read_trainer_output(training_output) if training_output is not None else (
+        read_trainer_output(draft) if Path(draft).is_dir() else None)
+    if out is not None:
+        return output_evidence(out, cfg, num_layers, arch, trainer, train_ids)
     if trainer:
         return _trainer_evidence(trainer, train_ids, cfg, num_layers, arch, Basis.TRAINER, "named at launch")
     eng = engine

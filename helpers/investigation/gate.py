@@ -45,7 +45,8 @@ from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology
 from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
 from ..rules.wiring import resolve
-from .evidence import Basis, training_evidence
+from .evidence import Basis, output_evidence, training_evidence
+from .trainer_output import read_trainer_output
 from .verdict import candidate_table, ways_out, writer_candidates
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
@@ -177,7 +178,7 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
           train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
           root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
           across_releases: bool = True, measured: str | Path | None = None,
-          gguf: str | Path | None = None) -> CheckReport:
+          gguf: str | Path | None = None, training_output: str | Path | None = None) -> CheckReport:
     """``engine``: whose rules; None assumes ``conventions.DEFAULT_ENGINE`` and the report says so first
     (``assumed_engine``). ``across_releases``: also every release of the engine (committed data, or
     resolved now); ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures.
@@ -219,7 +220,7 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
                          f"{served.layers_to_capture}" + ("" if captures else
                                                           ", but the release never turns capture on"),
                          assumed_engine=assumed)
-    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec, eng)
+    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec, eng, training_output)
     if across_releases:
         _releases(report, eng, spec, cfg)
     if report.training_layout is None and trainer is None:
@@ -343,7 +344,7 @@ def _writer_example(cfg: dict) -> str:
 
 
 def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
-              spec: TargetSpec, eng: Engine) -> None:
+              spec: TargetSpec, eng: Engine, training_output: str | Path | None = None) -> None:
     """The training layout on the chain of evidence the engine guard reads too (``evidence``): the record,
     the trainer named, the trainer the config names (speculators' ``speculators_version``); the format's
     writers are listed by ``_candidates``, a prior that never settles it here."""
@@ -358,6 +359,25 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
                             f"do not fit a {n}-layer target: {exc}") from None
         report.training_source = "training.json (training_boundaries)"
         report.evidence = str(Basis.RECORD)
+    if report.training_layout is None:
+        out = (read_trainer_output(training_output) if training_output is not None else
+               read_trainer_output(draft_dir) if draft_dir.is_dir() else None)
+        if out is not None:     # what the trainer recorded of its run ranks above a name and the format
+            ev = output_evidence(out, cfg, n, spec.arch, trainer, train_ids)
+            if ev.layout is not None:
+                report.training_layout, report.training_source = ev.layout, ev.source
+                report.evidence = str(ev.basis)
+            if ev.note:
+                report.notes.append(f"trainer output: {ev.note}")
+            if "exported config" in ev.note:
+                report.problems.append(Problem(
+                    "config-vs-trainer", f"the draft config's ids are not the ones its trainer captured: "
+                    f"{ev.note.split('; ')[-1]}",
+                    f"record what was captured: python -m helpers fixes record --draft {draft_dir} --layout "
+                    f"{','.join(map(str, ev.layout or ()))}; then fixes ids writes the ids the engine reads",
+                    blocking=False))
+            if ev.layout is not None:
+                return
     if trainer is None:
         if report.training_layout is None:
             ev = training_evidence(draft_dir, cfg, engine=eng, arch=spec.arch, num_layers=n,

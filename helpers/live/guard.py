@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import InputError
-from ..investigation.evidence import PROVEN, TRAIN_IDS_ENV, TRAINER_ENV, Basis, Evidence, training_evidence
+from ..investigation.evidence import (
+    PROVEN,
+    TRAIN_IDS_ENV,
+    TRAINER_ENV,
+    TRAINING_OUTPUT_ENV,
+    Basis,
+    Evidence,
+    training_evidence,
+)
 from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile
 from ..rules.conventions import Engine, read_draft_config
@@ -400,6 +408,13 @@ def launch_trainer() -> tuple[str | None, list[int] | None]:
     return spec, ids
 
 
+def launch_training_output() -> Path | None:
+    """The trainer's output named at launch (``EAGLE3_WORKBOOK_TRAINING_OUTPUT``): its recorded ids are read
+    (``investigation.trainer_output``); the draft folder is read for them anyway."""
+    text = (os.environ.get(TRAINING_OUTPUT_ENV) or "").strip()
+    return Path(text).expanduser() if text else None
+
+
 def _arch(holder, arch: str | None) -> str | None:
     if arch:
         return arch
@@ -447,7 +462,7 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
         trainer, train_ids = launch_trainer()
         evidence = training_evidence(folder, cfg, engine=engine, arch=_arch(holder, arch),
                                      num_layers=num_layers, trainer=trainer, train_ids=train_ids,
-                                     served=served)
+                                     served=served, training_output=launch_training_output())
 
         def restore():
             setattr(holder, attr, original)
@@ -537,7 +552,8 @@ def before_llamacpp(*, engine: Engine, draft, target_layers: Sequence[int], num_
         served, _ = served_layout(indices, num_layers - 1)
         trainer, train_ids = launch_trainer()
         evidence = training_evidence(folder, cfg, engine=engine, arch=arch, num_layers=num_layers,
-                                     trainer=trainer, train_ids=train_ids, served=served)
+                                     trainer=trainer, train_ids=train_ids, served=served,
+                                     training_output=launch_training_output())
         verdict = judge(engine=f"llamacpp {engine.version or ''}".strip(), draft=folder, indices=indices,
                         highest=num_layers - 1, ids=indices, evidence=evidence,
                         ids_for=lambda layout: list(layout),
