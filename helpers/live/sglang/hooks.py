@@ -105,10 +105,10 @@ def _install_rule(cls, rule: dict) -> None:
     """Compile the named release's own setter (text read from its wheel by the workbook) in the live
     model module's namespace and make it the class's method: the id-to-layer rule of that release, with
     this runtime's capture machinery (0.5.23 captures index v as boundary v at any v)."""
-    if _release() != RULE_RELEASE:      # the setter text leans on this runtime's capture machinery
+    if installed_release() != RULE_RELEASE:      # the setter text leans on this runtime's capture machinery
         sys.stderr.write(f"eagle3-workbook: a replaced capture rule needs the sglang=={RULE_RELEASE} "
                          f"runtime; "
-                         f"found sglang=={_release()}\n")
+                         f"found sglang=={installed_release()}\n")
         raise SystemExit(2)
     namespace = dict(vars(sys.modules[cls.__module__]))
     code = compile(textwrap.dedent(rule["source"]), f"<sglang {rule['release']} {rule['file']}>", "exec")
@@ -116,7 +116,7 @@ def _install_rule(cls, rule: dict) -> None:
     setattr(cls, SETTER, namespace[SETTER])
     report("capture-rule", f"{cls.__name__}.{SETTER} replaced by sglang {rule['release']}'s own "
            f"({rule['file']}:{rule['line']})", "to serve the original case's wiring on this runtime: "
-           f"runtime {_release()}, capture rule {rule['release']}", f"{rule['file']}:{rule['line']}")
+           f"runtime {installed_release()}, capture rule {rule['release']}", f"{rule['file']}:{rule['line']}")
 
 
 def _record_setter(cls) -> None:
@@ -184,7 +184,7 @@ def server_args():
         if found is not None:
             return found
         tried.append(f"{module}.{name}: None")
-    raise NoServerArgs(f"sglang {_release()} exposes no server args to read the draft path from "
+    raise NoServerArgs(f"sglang {installed_release()} exposes no server args to read the draft path from "
                        f"({'; '.join(tried)})")
 
 
@@ -218,7 +218,7 @@ def _boundary0_hazard(holder) -> dict[int, str]:
         return {}
     if not guard.adds_unset_residual(source, "layers_to_capture"):
         return {}
-    release = _release()
+    release = installed_release()
     return {0: f"boundary 0 crashes {type(holder).__name__}.forward on sglang {release} (it adds a residual "
                f"that is still None before layer 0): first python -m helpers patch-sglang apply --version "
                f"{release} --target installed"}
@@ -245,16 +245,17 @@ def _guard(model, holder, layer_ids, set_ids) -> None:
             return                          # a capture-only launch: no draft to judge
         if holder is None or getattr(holder, "layers_to_capture", None) is None:
             raise RuntimeError(f"{type(model).__name__}.{SETTER} left no layers_to_capture on any module "
-                               f"(sglang {_release()} keeps the capture elsewhere)")
+                               f"(sglang {installed_release()} keeps the capture elsewhere)")
         layers = getattr(holder, "layers", None)
         num_layers = len(layers) if layers is not None else int(model.config.num_hidden_layers)
         rule = _rule_cache[0] if _rule_cache else None
         hazards, feeds = _boundary0_hazard(holder), _feeds_draft(model, holder)
     except Exception as exc:     # noqa: BLE001 - one path for every way the guard cannot judge
-        guard.cannot_judge(how, draft, exc, logged, engine=f"sglang {_release()}")
+        guard.cannot_judge(how, draft, exc, logged, engine=f"sglang {installed_release()}")
         return
     # the loop tests i in layers_to_capture at the entry of layer i only (deepseek_v2.py:3194 in 0.5.23)
-    guard.at_load(family="sglang", version=_release(), draft=draft, holder=holder, attr="layers_to_capture",
+    guard.at_load(family="sglang", version=installed_release(), draft=draft, holder=holder,
+                  attr="layers_to_capture",
                   highest=num_layers - 1, ids=layer_ids, set_ids=set_ids,
                   ids_key="eagle_config.eagle_aux_hidden_state_layer_ids", hazards=hazards,
                   feeds_draft=feeds, arch=type(model).__name__,
@@ -356,7 +357,7 @@ def install_watch() -> None:
         watch(REGISTRY, after=wrap_registry)
 
 
-def _release() -> str:
+def installed_release() -> str:
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:

@@ -10,15 +10,25 @@ from ``site/sitecustomize.py`` (``install_watch``). SGLang logs a plugin that ra
 failing closed means stopping the process: under ``refuse``/``strict`` a guard that cannot install raises
 ``GuardNotInstalled`` (a ``SystemExit``), which the loader's ``except Exception`` does not catch.
 
-Every process that installs the guard prints one marker line (``eagle3-workbook guard (sglang, MODE):
-installed ...``), so a user's log shows that the guard is in place.
+Every process that installs the guard prints one marker line (``eagle3-workbook guard (sglang RELEASE,
+MODE): installed ... via HOOK; the draft path read from ACCESSOR``), so a user's log shows that the guard is
+in place, on which release, and where it hooked.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from .hooks import PROBE_ENV, REGISTRY, REPORT_ENV, RULE_ENV, around_resolve, install_watch, report
+from .hooks import (
+    PROBE_ENV,
+    REGISTRY,
+    REPORT_ENV,
+    RULE_ENV,
+    around_resolve,
+    install_watch,
+    installed_release,
+    report,
+)
 
 TARGET = f"{REGISTRY}._ModelRegistry.resolve_model_cls"
 _installed: list[str] = []
@@ -26,6 +36,19 @@ _installed: list[str] = []
 
 class GuardNotInstalled(SystemExit):
     """The guard was asked to refuse but could not install: the process stops, with the reason."""
+
+
+def _args_accessor() -> str:
+    """Where this release publishes its server args (what the guard reads the draft path from), found
+    without importing it: ``runtime_context.get_server_args`` (0.5.23), else ``get_global_server_args``."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("sglang.srt.runtime_context") is not None:
+            return "sglang.srt.runtime_context.get_server_args"
+    except (ImportError, ValueError):
+        pass
+    return "sglang.srt.server_args.get_global_server_args"
 
 
 def _wanted(how) -> bool:
@@ -64,7 +87,8 @@ def register() -> None:
         else:
             way = _through_hook_registry()
     except Exception as exc:        # noqa: BLE001 - every failure is the reason given
-        line = (f"{guard.PREFIX} (sglang, {how}): not installed ({type(exc).__name__}: {exc})")
+        line = (f"{guard.PREFIX} (sglang {installed_release()}, {how}): not installed "
+                f"({type(exc).__name__}: {exc})")
         if how.refusing:
             raise GuardNotInstalled(line + "; refusing to serve unguarded") from None
         if how is not guard.Mode.OFF:
@@ -72,7 +96,8 @@ def register() -> None:
         return
     _installed.append(way)
     if how is not guard.Mode.OFF:
-        line = f"{guard.PREFIX} (sglang, {how}): installed in pid {os.getpid()} via {way}"
+        line = (f"{guard.PREFIX} (sglang {installed_release()}, {how}): installed in pid {os.getpid()} via "
+                f"{way}; the draft path read from {_args_accessor()}")
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         report("guard-installed", line, f"EAGLE3_WORKBOOK_GUARD={how}", "", event="guard-installed",

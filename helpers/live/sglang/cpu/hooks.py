@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from ..hooks import _release, install_watch, report, watch
+from ..hooks import install_watch, installed_release, report, watch
 from . import RELEASE
 
 
@@ -78,7 +78,7 @@ def _rope(module) -> None:
 def install() -> None:
     """Called from this folder's sitecustomize when ``EAGLE3_WORKBOOK_SGLANG_HOOKS=cpu``: the accommodations
     name private symbols of one release and refuse (exit status 2, one line) any other."""
-    found = _release()
+    found = installed_release()
     if found != RELEASE:
         sys.stderr.write(f"eagle3-workbook: the SGLang CPU accommodations are written for sglang=={RELEASE}; "
                          f"found sglang=={found}\n")
