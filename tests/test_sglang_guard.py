@@ -82,7 +82,7 @@ def test_stock_sglang_loads_the_guard_as_its_plugin_and_judges_each_rank(install
     installed = [r for r in rows if r.get("event") == "guard-installed"]
     assert installed and "HookRegistry" in installed[0]["what"]
     assert installed[0]["what"].startswith("eagle3-workbook guard (sglang 0.5.23, refuse): installed in pid")
-    assert installed[0]["what"].endswith("the draft path read from sglang.srt.runtime_context.get_server_args")
+    assert installed[0]["what"].endswith("draft path read from sglang.srt.runtime_context.get_server_args")
     verdicts = [r["verdict"] for r in rows if r.get("event") == "guard"]
     kinds = [(v["kind"], v.get("evidence"), v["refused"]) for v in verdicts]
     assert kinds[:4] == [("miswired", "record", True), ("other-rank", "record", False),

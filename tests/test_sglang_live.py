@@ -246,6 +246,10 @@ def test_bench_backend_sglang_runs_the_original_case(install, capsys):
     assert abs(out["tau_gap"]) <= 0.1, out
     assert out["timing"] in ("ok", "noisy", "unusable") and len(out["speedup_interval"]) == 2
     assert any(f["fix"] == "capture-rule" for f in out["fixes"])
+    # what each server resolved (its /server_info) sits beside what it was asked for
+    resolved = {r["setting"]: r for r in out["settings"]["rows"] if r["setting"].startswith("resolved.")}
+    assert resolved["resolved.max_running_requests"]["baseline"] == "4", resolved
+    assert "resolved.mem_fraction_static" in resolved and "resolved.dtype" in resolved
 
 
 @pytest.mark.live

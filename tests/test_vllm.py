@@ -243,6 +243,10 @@ def test_deployed_accept_length_matches_the_reference_fed_the_predicted_layout(i
     # greedy fp32 on both: the same proposals are accepted; the tolerance covers a near-tie argmax
     assert abs(row.accept_length - ref.tau) <= 0.1, (row.accept_length, ref.tau)
     assert row.drafts > 0 and len(row.accepted_per_position) == 3
+    # what each engine resolved sits beside what it was asked for, and both sides resolved alike
+    rows = {r["setting"]: r for r in row.settings["rows"]}
+    assert rows["resolved.max_num_seqs"]["baseline"] == rows["resolved.max_num_seqs"]["speculative"] == "4"
+    assert "resolved.max_model_len" in rows and "resolved.dtype" in rows
 
 
 @pytest.mark.live

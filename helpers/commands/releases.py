@@ -32,7 +32,9 @@ def render(rep: R.ReleaseReport) -> str:
         lines.append(f"  changed since {rep.previous}:")
         lines += [f"    {c}" for c in rep.changes]
     elif rep.previous and not rep.row.error:
-        lines.append(f"  nothing changed since {rep.previous} (rule on every probe, hook sites)")
+        what = ("the rule on every probe, the hook sites" if rep.row.rule else
+                "the hook sites; its rule, run per release: docs/sglang-matrix.md")
+        lines.append(f"  nothing changed since {rep.previous} ({what})")
     if rep.differs_from_record:
         lines.append("  differs from the recorded table:")
         lines += [f"    {c}" for c in rep.differs_from_record]

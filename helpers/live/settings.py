@@ -20,6 +20,22 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND",
 GPU_SHARE = 0.4
 # the settings that carry that budget, by engine (what the dry run checks every CUDA launch has)
 GPU_BUDGET_KEYS = {"vllm": "gpu_memory_utilization", "sglang": "--mem-fraction-static"}
+# What each engine resolved at start (beside what it was asked for): the configuration both sides of a ratio
+# are held to share, read back from the running engine. SGLang's /server_info carries its resolved server
+# args; vLLM's worker reads its engine's VllmConfig (helpers/live/vllm/worker.py). Capacities that follow from
+# the weights loaded (KV blocks, a draft's share) are left out: they differ by what speculation is.
+SGLANG_RESOLVED = ("mem_fraction_static", "max_running_requests", "chunked_prefill_size", "context_length",
+                   "dtype", "kv_cache_dtype", "attention_backend", "disable_overlap_schedule",
+                   "disable_cuda_graph", "cuda_graph_max_bs", "tp_size", "page_size", "device")
+RESOLVED_PREFIX = "resolved."
+
+
+def resolved_settings(values: dict, keys=None) -> dict[str, str]:
+    """``resolved.<key>`` -> the value as text, for ``keys`` (default: every key given) that are present."""
+    keys = list(values) if keys is None else keys
+    return {f"{RESOLVED_PREFIX}{k}": str(values[k]) for k in keys if k in values}
+
+
 # what is allowed to differ: speculation itself (SGLang's --speculative-*, vLLM's speculative_config,
 # llama.cpp's --model-draft and --spec-*), and where each process listens
 PER_LAUNCH = ("--speculative", "speculative_config", "--model-draft", "--spec-", "--port")

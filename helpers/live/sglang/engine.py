@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ...errors import InputError
 from ...rules.conventions import read_target
 from .. import guard
-from ..settings import GPU_SHARE, THREAD_ENV, argv_settings
+from ..settings import GPU_SHARE, SGLANG_RESOLVED, THREAD_ENV, argv_settings, resolved_settings
 from ..stopping import Stoppable, track, untrack
 from . import cpu
 from . import hooks as hooks_mod
@@ -281,6 +281,10 @@ class SGLangEngine(Stoppable):
             done.set()
             bar.close()
         self.start_seconds = round(time.perf_counter() - started, 2)
+        try:        # what the server resolved, beside what it was asked for (settings.SGLANG_RESOLVED)
+            self._settings |= resolved_settings(read_server_info(self.base_url).raw, SGLANG_RESOLVED)
+        except Exception:       # noqa: BLE001 - a server that cannot say leaves the requested settings
+            pass
         unjudged = guard.unjudged_launch(spec.guard, self.guard_verdict(), engine=f"SGLang {self.version}",
                                          log=self.log_path) if spec.draft is not None else None
         if unjudged:                     # before a single request: no token is served unjudged

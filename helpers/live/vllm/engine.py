@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ...errors import InputError
 from .. import guard
-from ..settings import GPU_SHARE, THREAD_ENV, flat_settings
+from ..settings import GPU_SHARE, THREAD_ENV, flat_settings, resolved_settings
 from ..stopping import Stoppable, track, untrack
 from .install import VllmInstall
 from .plugin import FIXES, FIXES_ENV, REPORT_ENV
@@ -194,6 +194,7 @@ class VllmEngine(Stoppable):
                         raise EngineStartError(f"vLLM would not start {self.spec.label}: {msg.get('error')} "
                                                f"(log: {self.log_path})")
                     self.version = msg["vllm"]
+                    self._settings |= resolved_settings(msg.get("resolved") or {})
                     unjudged = guard.unjudged_launch(self.spec.guard, self.guard_verdict(),
                                                      engine=f"vLLM {self.version}", log=self.log_path) \
                         if self.spec.draft is not None else None

@@ -40,6 +40,27 @@ def spec_counters(llm) -> dict:
     return out
 
 
+# what the engine resolved, read from its VllmConfig (configuration, not the capacity the weights leave)
+RESOLVED = {"gpu_memory_utilization": ("cache_config", "gpu_memory_utilization"),
+            "block_size": ("cache_config", "block_size"), "cache_dtype": ("cache_config", "cache_dtype"),
+            "max_num_seqs": ("scheduler_config", "max_num_seqs"),
+            "max_num_batched_tokens": ("scheduler_config", "max_num_batched_tokens"),
+            "max_model_len": ("model_config", "max_model_len"), "dtype": ("model_config", "dtype"),
+            "enforce_eager": ("model_config", "enforce_eager"),
+            "tensor_parallel_size": ("parallel_config", "tensor_parallel_size")}
+
+
+def resolved(llm) -> dict:
+    """Each RESOLVED value the running engine holds (a release without one of them leaves it out)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    out = {}
+    for key, (part, name) in RESOLVED.items():
+        value = getattr(getattr(config, part, None), name, None)
+        if value is not None:
+            out[key] = str(value)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True, help="JSON: the LLM(...) keyword arguments")
@@ -63,7 +84,7 @@ def main() -> int:
         send({"ready": False, "error": " | ".join(f"{type(exc).__name__}: {exc}".split("\n"))[:2000]})
         return 1
     send({"ready": True, "vllm": vllm.__version__, "seconds": round(time.perf_counter() - started, 2),
-          "pid": os.getpid()})
+          "pid": os.getpid(), "resolved": resolved(llm)})
     for line in sys.stdin:
         req = json.loads(line)
         op = req.get("op")
