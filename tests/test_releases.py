@@ -114,3 +114,8 @@ def test_a_release_the_table_does_not_hold_is_read_and_said_new(capsys):
     assert not rep.known and rep.read_now and rep.previous == "0.33.0"
     assert rep.first_line().startswith("vllm 0.34.0: new to the recorded table; read now")
     assert rep.changes == ["the V1 runner is gone"] and not rep.differs_from_record
+
+
+def test_the_docs_table_is_the_recorded_one():
+    assert (REPO / "docs" / "releases.md").read_text() == R.markdown() + "\n", \
+        "regenerate: python -m helpers releases --write"

