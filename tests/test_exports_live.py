@@ -238,11 +238,19 @@ def test_a_healthy_windows_profile_gates_the_miswired_deploy(tmp_path, capsys):
     fail against it (exit 1), position by position; the healthy window passes its own gate."""
     from helpers.commands.diagnose import main
 
-    healthy = tmp_path / "speculation_profile.json"
     good = EXPORTS / "sglang" / "retrained" / "generate_t0.json"
+    # a served window is never written as a draft's own speculation_profile.json (what it should reach)
     assert main(["--metrics", str(good), "--draft", str(DRAFTS["retrained"]), "--engine", "sglang==0.5.9",
-                 "--write-profile", str(healthy)]) == 0
+                 "--write-profile", str(tmp_path / "speculation_profile.json")]) == 2
+    assert "is the draft's own expectation" in capsys.readouterr().err
+    assert not (tmp_path / "speculation_profile.json").exists()
+    assert main(["--metrics", str(good), "--draft", str(DRAFTS["retrained"]), "--engine", "sglang==0.5.9",
+                 "--write-profile", str(tmp_path)]) == 0          # a folder: served_profile.json in it
     capsys.readouterr()
+    healthy = tmp_path / "served_profile.json"
+    written = json.loads(healthy.read_text())["measurement_conditions"]
+    assert written["kind"] == "served" and written["temperature_known"] is True
+    assert written["temperature"] == 0
     rc = main(["--metrics", str(EXPORTS / "sglang" / "deployed" / "generate_t0.json"), "--draft",
                str(DRAFTS["deployed"]), "--engine", "sglang==0.5.9", "--baseline", str(healthy), "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -88,9 +88,9 @@ def test_bad_sources_are_one_clear_error(content, expected, tmp_path):
     assert expected in str(exc.value) and str(f) in str(exc.value)
 
 
-def test_only_loopback_urls_and_missing_files():
-    with pytest.raises(ValueError, match="not a loopback address"):
-        read_metrics("http://10.1.2.3:8000/metrics")
+def test_urls_need_a_scheme_and_host_and_files_must_exist():
+    with pytest.raises(ValueError, match="expected an http\\(s\\) URL with a host"):
+        read_metrics("http:///metrics")
     with pytest.raises(ValueError, match="no such file"):
         read_metrics("/no/such/metrics.txt")
 
@@ -156,6 +156,14 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
                "sglang==0.5.9", "--windows", "4", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["served_layout"] == [3, 7, 10] and out["trained_layout"] == [0, 3, 7]
+    # the responses carry no temperature, and the finding changes with it: undetermined, naming both
+    assert out["explanation"] == "undetermined" and rc == out["exit_code"] == 3
+    assert out["evidence"][0].startswith("the temperature is not in the source, and the finding depends on "
+                                         "it: wiring at 0, engine-differs at 1")
+    assert out["next"][0].startswith("settle it: --temperature T")
+    rc = main(["--metrics", str(f), "--draft", str(d / "draft"), "--target", str(d / "target"), "--engine",
+               "sglang==0.5.9", "--windows", "4", "--temperature", "0", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["explanation"] == "wiring" and rc == out["exit_code"] == 1
     assert out["expected_source"].startswith("speculation_profile.json: training evaluation")
     assert len(out["per_position"]) == 3

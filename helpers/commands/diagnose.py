@@ -19,8 +19,21 @@ from ..investigation.exports import parse_duration, read_served
 from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair
 from ..investigation.verdict import candidate_table
+from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile, write_profile
 from .dump import run_dump_diagnosis
+
+SERVED_PROFILE = "served_profile.json"
+
+
+def served_profile_path(where: Path, draft: Path) -> Path:
+    """Where a served profile goes: a folder gets ``served_profile.json``, never the draft's own
+    ``speculation_profile.json`` (what the draft should reach, which a served window must not replace)."""
+    path = where / SERVED_PROFILE if where.is_dir() else where
+    if path.name == PROFILE_NAME:
+        raise BadOption(f"--write-profile {where}: {PROFILE_NAME} is the draft's own expectation; a served "
+                        f"window is written under another name (a folder gets {SERVED_PROFILE})")
+    return path
 
 
 def main(argv=None) -> int:
@@ -151,7 +164,8 @@ def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
         text = read_text_file(a.text, "text file") if a.text else None
         v = metrics_verdict(profile, a.draft, a.target if target_named else None, engine, text, a.windows,
                             a.device, temperature=a.temperature, baseline=baseline, steps=a.steps)
-        written = write_profile(a.write_profile, served_profile_file(v)) if a.write_profile else None
+        written = write_profile(served_profile_path(a.write_profile, a.draft),
+                                served_profile_file(v)) if a.write_profile else None
     except (FileNotFoundError, ValueError, EvalInputError) as exc:
         return fail(exc)
     if a.json:

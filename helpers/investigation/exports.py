@@ -35,15 +35,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
-from ..errors import BadOption, BadText, check_loopback, read_text_file
+from ..errors import BadOption, BadText, read_text_file
 from ..profile import Z95, wilson
 
 
@@ -787,20 +789,77 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
 # Reading a source
 
 
+# a bearer token for a remote /metrics or a Prometheus, from the environment (never from argv)
+TOKEN_ENV = "EAGLE3_WORKBOOK_METRICS_TOKEN"
+
+
 def fetch(url: str, timeout: float = 10.0) -> str:
-    host = urllib.parse.urlsplit(url).hostname or ""
+    """One GET of a deployment's export, on this machine or another (a GPU pod's /metrics, a Prometheus
+    behind a gateway), with the bearer token ``EAGLE3_WORKBOOK_METRICS_TOKEN`` names when it is set."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadOption(f"--metrics {url}: expected an http(s) URL with a host")
+    headers = {"User-Agent": "eagle3-workbook", "Accept": "text/plain, application/json"}
+    token = (os.environ.get(TOKEN_ENV) or "").strip()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     try:
-        check_loopback(host)
-    except ValueError as exc:
-        raise BadOption(f"--metrics {url}: {exc}") from None
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
             return r.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        hint = (f"; set {TOKEN_ENV} to the bearer token it expects" if exc.code in (401, 403) and not token
+                else "")
+        raise BadOption(f"--metrics {url}: HTTP {exc.code} {exc.reason}{hint}") from None
     except OSError as exc:
         raise BadOption(
             f"--metrics {url}: cannot read it ({getattr(exc, 'reason', exc)}); expected a "
-            f"running engine's /metrics"
+            f"running engine's /metrics, or a Prometheus query URL"
         ) from None
+
+
+PROMETHEUS_QUERY = ("/api/v1/query", "/api/v1/query_range")
+
+
+def is_prometheus_query(url: str) -> bool:
+    return urllib.parse.urlsplit(url).path.rstrip("/").endswith(PROMETHEUS_QUERY)
+
+
+def _label_text(labels: dict) -> str:
+    inner = ",".join(f'{k}="{str(v)}"' for k, v in sorted(labels.items()) if k != "__name__")
+    return f"{{{inner}}}" if inner else ""
+
+
+def prometheus_readings(url: str, text: str) -> list[Reading]:
+    """A Prometheus server's answer to ``/api/v1/query`` (one instant: one reading) or ``/api/v1/query_range``
+    (the first and last sample of each series: the window the dashboard holds), as the exposition text the
+    engines' own /metrics would have given, so one parser reads both."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        raise BadText(f"{url}: not a Prometheus API answer (not JSON)") from None
+    ok = isinstance(body, dict) and body.get("status") == "success" and isinstance(body.get("data"), dict)
+    if not ok:
+        why = body.get("error") if isinstance(body, dict) else None
+        raise BadText(f"{url}: the Prometheus query failed ({why or 'no data'})")
+    data = body["data"]
+    kind, result = data.get("resultType"), data.get("result") or []
+    if kind not in ("vector", "matrix") or not result:
+        raise BadText(f"{url}: the query returned no series (resultType {kind!r}); query the engine's "
+                      f"speculative counters, e.g. {{__name__=~\"vllm:spec_decode.*\"}}")
+    points: list[list[tuple[float, str]]] = [[], []]
+    for series in result:
+        name = (series.get("metric") or {}).get("__name__")
+        samples = [series["value"]] if kind == "vector" else (series.get("values") or [])
+        if not name or not samples:
+            continue
+        line = f"{name}{_label_text(series['metric'])}"
+        points[0].append((float(samples[0][0]), f"{line} {samples[0][1]}"))
+        points[1].append((float(samples[-1][0]), f"{line} {samples[-1][1]}"))
+    if not points[0]:
+        raise BadText(f"{url}: the query's series carry no metric names; query raw series, not an expression")
+    ends = points[:1] if kind == "vector" else points
+    return [Reading(f"{url} @ {max(t for t, _ in p):.0f}", "\n".join(ln for _, ln in p) + "\n",
+                    max(t for t, _ in p)) for p in ends]
 
 
 @dataclass(frozen=True)
@@ -819,6 +878,8 @@ class Reading:
 
 def read_source(source: str | Path, timeout: float = 10.0) -> Reading:
     s = str(source)
+    if s.startswith(("http://", "https://")) and is_prometheus_query(s):
+        return prometheus_readings(s, fetch(s, timeout))[-1]
     if s.startswith(("http://", "https://")):
         return Reading(s, fetch(s, timeout), time.time())
     path = Path(source)
@@ -937,4 +998,9 @@ def read_served(
         return poll_window(sources[0], window_seconds, timeout, draft_tokens, sleep)
     if len(sources) == 2:
         return read_window(sources[0], sources[1], timeout, draft_tokens)
+    if sources and sources[0].startswith(("http://", "https://")) and is_prometheus_query(sources[0]):
+        readings = prometheus_readings(sources[0], fetch(sources[0], timeout))
+        if len(readings) == 2:          # a range query: the window between its first and last samples
+            return window_of(readings[0], readings[1], draft_tokens)
+        return profile_of(readings[0], draft_tokens)
     return read_metrics(sources[0], timeout, draft_tokens)

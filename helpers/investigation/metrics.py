@@ -407,6 +407,24 @@ def explain(
     return v
 
 
+SETTLES_TEMPERATURE = ("--temperature T (what the traffic samples at), or an export that carries it: "
+                       "per-request metrics or the responses themselves (docs/metrics.md)")
+
+
+def _settle_unknown_temperature(v: MetricsVerdict, alt: MetricsVerdict, temp: float, alt_t: float) -> None:
+    """The source carries no temperature: a finding that holds at greedy and at the engines' default stands;
+    one that changes with it, or an engine fault (claimed only at a known temperature), is undetermined."""
+    if v.explanation is alt.explanation and v.explanation is not Explanation.ENGINE_DIFFERS:
+        return
+    said = (f"the temperature is not in the source, and the finding depends on it: {v.explanation} at "
+            f"{temp:g}, {alt.explanation} at {alt_t:g}" if v.explanation is not alt.explanation else
+            f"the temperature is not in the source: {v.explanation} is claimed only at the traffic's known "
+            f"temperature")
+    v.evidence.insert(0, said)
+    v.explanation = Explanation.UNDETERMINED
+    v.next[:0] = [f"settle it: {SETTLES_TEMPERATURE}"]
+
+
 def _profile_expected(prof: SpeculationProfile, k: int, temperature: float) -> Expected | None:
     if prof.steps < k or prof.temperature is None or abs(prof.temperature - temperature) > 1e-9:
         return None
@@ -453,7 +471,8 @@ def metrics_verdict(
     temps = [temp] + ([DEFAULT_API_TEMPERATURE] if basis.startswith("not in") else [])
     record = read_record(draft_dir)
     shipped = read_profile(draft_dir)
-    trained = record.layout if record else (shipped.layout if shipped else None)
+    # only a record states the training layout: a profile says what a measurement fed, never what was trained
+    trained = record.layout if record else None
     expected: dict[float, Expected | None] = {}
     for t in temps:
         e = _profile_expected(shipped, k, t) if shipped and k else None
@@ -522,6 +541,7 @@ def metrics_verdict(
                 f"would be expected to reach {expected[alt_t].accept_length(k):.3f}, and the "
                 f"explanation would be {alt.explanation}; pass --temperature T to settle which"
             )
+        _settle_unknown_temperature(v, alt, temp, alt_t)
     v.evidence += notes
     if baseline is not None:
         v.gate = baseline_gate(profile, baseline)
@@ -558,17 +578,19 @@ def served_profile_file(v: MetricsVerdict) -> SpeculationProfile:
             f"--write-profile needs per-position counts; {p.where} gives {p.level} ({p.missing()})"
         )
     iv = p.accept_interval()
+    known = not v.temperature_basis.startswith("not in")
     return SpeculationProfile(
         tuple(p.rates),
-        v.temperature,
-        "greedy" if v.temperature == 0 else "speculative-sampling",
+        v.temperature if known else None,       # an assumed temperature is not recorded as a fact
+        ("greedy" if v.temperature == 0 else "speculative-sampling") if known else "unknown",
         f"served by {p.engine} ({p.source}, {p.where})",
         p.drafts,
         tuple(p.accepted_per_position),
         None if iv is None else (iv[0], iv[1]),
         v.served_layout,
         p.engine,
-        conditions={"temperature_basis": v.temperature_basis},
+        conditions={"temperature_basis": v.temperature_basis, "temperature_known": known,
+                    "kind": "served"},
     )
 
 
