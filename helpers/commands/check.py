@@ -47,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="llama.cpp: the draft as converted to GGUF, whose eagle3.target_layers are what the "
                         "engine serves (run before llama-server; --engine llamacpp[==BUILD])")
     p.add_argument("--read-source", action="store_true",
-                   help="vLLM: check the recorded rule against the release's own wheel "
-                        "(370 MB, fetched once)")
+                   help="vLLM: also check the capture facts against the release's own files (read by "
+                        "ranges from the index, once)")
     args = p.parse_args(cli.glue_option_values(list(sys.argv[1:] if argv is None else argv), "--train-ids"))
     try:
         if args.draft is None:

@@ -37,8 +37,8 @@ def _parser():
                    "setter runs sandboxed (child process, no network, no writes, restricted builtins: "
                    "docs/conventions.md)")
     p.add_argument("--read-source", action="store_true",
-                   help="vLLM: fetch the release's wheel (370 MB, once) and check the rule against its own "
-                        "files")
+                   help="vLLM: also check the capture facts against the release's own files (read by ranges "
+                        "from the index, once; the whole wheel where ranges cannot be read)")
     modes = p.add_argument_group("other questions")
     modes.add_argument("--trainer", help="the trainer's side instead: NAME[==VERSION], one of "
                        + ", ".join(sorted({r.name for r in TRAINERS})))
