@@ -119,3 +119,15 @@ def test_a_release_the_table_does_not_hold_is_read_and_said_new(capsys):
 def test_the_docs_table_is_the_recorded_one():
     assert (REPO / "docs" / "releases.md").read_text() == R.markdown() + "\n", \
         "regenerate: python -m helpers releases --write"
+
+
+def test_each_trainers_newest_release_gives_the_recorded_capture():
+    """The trainers' rows: the default ids each trainer's newest release computes, from its own wheel."""
+    rows = R.load()["trainers"]
+    assert {r["trainer"] for r in rows} == {name for name, _ in R.TRAINER_PACKAGES}
+    for was in rows:
+        now = R.derive_trainer(was["trainer"], was["release"])
+        if now.get("error"):
+            unavailable(f"{was['trainer']} {was['release']}: {now['error']}")
+        assert now == was, (was, now)
+        assert now["read_from_source"] and now["source_lines"]

@@ -186,6 +186,38 @@ def recorded(package: str, data: dict | None = None) -> dict[str, ReleaseRow]:
                                                                       version_tuple(kv[0]))}
 
 
+# The trainers whose releases are read: (the name their rule is known by, its package on the index).
+TRAINER_PACKAGES = (("speculators", "speculators"), ("specforge-hf", "specforge"),
+                    ("modelopt", "nvidia-modelopt"))
+
+
+def derive_trainer(name: str, version: str) -> dict:
+    """One trainer release's default capture at the probe depth, its default ids evaluated from that
+    release's own source (``trainers.trainer_layout``), and the lines it rests on."""
+    from .trainers import rule_for, trainer_layout
+
+    spec = f"{name}=={version}"
+    try:
+        rule_for(name, version)
+        res = trainer_layout(spec, TARGET_LAYERS)
+    except (wheels.PackageSourceError, ValueError, OSError) as exc:
+        return {"trainer": name, "release": version, "error": f"not read: {str(exc)[:200]}"}
+    read = not any("source could not be read" in w or "no default id list" in w for w in res.warnings)
+    return {"trainer": name, "release": version, "default_ids": res.ids,
+            "training_layout": list(res.training_layout) if res.training_layout else None,
+            "read_from_source": read, "source_lines": res.source_lines, "error": ""}
+
+
+def trainer_rows(progress: bool = True) -> list[dict]:
+    """The newest release of each trainer the index lists."""
+    rows = []
+    for name, package in tqdm(TRAINER_PACKAGES, desc="trainers", disable=not progress):
+        listed = listed_versions(package)
+        rows.append(derive_trainer(name, listed[-1]) if listed else
+                    {"trainer": name, "release": None, "error": f"{package}: no release listed"})
+    return rows
+
+
 def build(packages: Sequence[str] = ENGINE_PACKAGES, versions: dict[str, list[str]] | None = None,
           progress: bool = True) -> dict:
     """Every release of each package derived now: the table ``--write`` commits."""
@@ -198,6 +230,7 @@ def build(packages: Sequence[str] = ENGINE_PACKAGES, versions: dict[str, list[st
         for v in tqdm(listed, desc=f"{package} releases", disable=not progress, mininterval=1.0):
             rows[v] = derive(package, v).as_dict()
         out["releases"][package] = rows
+    out["trainers"] = trainer_rows(progress)
     return out
 
 
@@ -369,7 +402,28 @@ def markdown(data: dict | None = None) -> str:
            f"that agree are one row; the full probe set and every site are in `{DATA_NAME}`.", ""]
     for package in data.get("releases", {}):
         out += [f"## {package}", "", table(package, recorded(package, data)), ""]
-    return "\n".join(out + llamacpp_section())
+    return "\n".join(out + llamacpp_section() + trainer_section(data.get("trainers") or []))
+
+
+def trainer_section(rows: list[dict]) -> list[str]:
+    """The trainers' newest releases: what each captures by default at the probe depth, from its wheel."""
+    if not rows:
+        return []
+    lines = [f"## Trainers (the newest release of each; {TARGET_LAYERS}-layer target, default ids)", "",
+             "Each trainer's default ids are evaluated from that release's own source "
+             "(`python -m helpers wiring --trainer NAME==VERSION`; docs/conventions.md, \"Trainers\").", "",
+             "| trainer | release | default ids (its numbering) | boundaries its fc is trained on "
+             "| read from |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['trainer']} | {r.get('release') or '—'} | — | — | {r['error']} |")
+            continue
+        where = ", ".join(f"`{s['file']}:{s['line']}`" for s in r.get("source_lines") or []) or \
+            ("the documented rule" if not r.get("read_from_source") else "—")
+        layout = tuple(r["training_layout"]) if r.get("training_layout") else "—"
+        lines.append(f"| {r['trainer']} | {r['release']} | {r.get('default_ids')} | {layout} | {where} |")
+    return lines + [""]
 
 
 def llamacpp_section() -> list[str]:
