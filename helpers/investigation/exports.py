@@ -743,13 +743,13 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
         if rounds is None:
             notes.append(
                 "llama.cpp's timings give drafted and accepted tokens but not the verify steps: pass "
-                "--draft-tokens K (its --spec-draft-n-max) for the accept length; the per-token rate "
-                "is judged meanwhile"
+                "--draft-tokens K (its --spec-draft-n-max) for an accept length; without it none is judged"
             )
         else:
             notes.append(
-                f"verify steps taken as draft_n / {k} (every round drafting {k}: an upper bound on "
-                f"the steps when llama.cpp drafts fewer near the end)"
+                f"verify steps taken as draft_n / {k}: a lower bound (a round drafts at most {k}, fewer "
+                f"near the end of a request), so the accept length from it is an upper bound: a shortfall "
+                f"it shows is real, an ok may not be"
             )
         return ServedProfile(
             "llamacpp",
