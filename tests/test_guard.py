@@ -173,7 +173,7 @@ def test_the_sglang_guard_hooks_are_apart_from_the_cpu_accommodations(monkeypatc
         assert sum(isinstance(f, hooks._Watcher) for f in sys.meta_path) == 1
     finally:
         sys.meta_path[:] = before
-    monkeypatch.setattr(cpu_hooks, "_release", lambda: "0.5.30")
+    monkeypatch.setattr(cpu_hooks, "installed_release", lambda: "0.5.30")
     with pytest.raises(SystemExit):
         cpu_hooks.install()
 

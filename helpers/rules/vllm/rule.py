@@ -209,8 +209,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if run is None and version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
         warnings.append(warning(K.NEWER_THAN_READ, f"vLLM {v} is newer than the releases read "
                                 f"({VLLM_NEWEST_READ}); their rule is assumed"))
-    if run is not None:
-        runner = run.runner
+    if run is not None:       # the label stays the engine as named; the run's runner is in its cited sites
         warnings += [warning(K.IDS_READ, n) for n in run.notes]
     if ids is not None:
         chosen = DraftIds(check_ids(ids, num_layers), IdsAt.EXPLICIT)
@@ -266,7 +265,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
     if len(set(used)) != len(used):
         errors.append(error(K.REPEATED, f"ids {used} repeat a boundary; the draft's fc would get "
                             f"fewer features than slots"))
-    if run is None:
+    if run is None and ids is None and cfg is not None:     # the recorded rule chose the ids
         warnings.append(warning(K.RULE_NOT_RUN, f"vLLM {v}'s own code was not run here: the recorded rule "
                                 f"(a cache of what its code did when read) is applied"))
     return WiringResult(engine=str(Engine("vllm", version, runner)), version=version, arch=arch,
