@@ -22,6 +22,7 @@ from ..errors import BadOption, InputError, fail, print_json
 from ..investigation.fixes import with_engine_ids
 from ..investigation.pair import (
     BACKENDS,
+    DEFAULT_DIR,
     MAX_STEPS,
     check_device,
     default_prompts,
@@ -63,6 +64,10 @@ def main(argv=None) -> int:
                          "--engine sglang==0.5.9 runs that release's own capture rule on the installed "
                          "runtime) or llamacpp (llama-server as `bash workbook.sh llamacpp` built it; "
                          "the layout is the converted GGUF's eagle3.target_layers)")
+    ap.add_argument("--widen", type=int, default=None, metavar="FACTOR",
+                    help="bench a copy of the target whose feed-forward blocks are FACTOR times as wide, "
+                         "zero-padded (the same function, checked; model.widen): a decode step that waits on "
+                         "memory as a large target's does. Written once into the cache")
     ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
                     help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
                          f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
@@ -95,6 +100,9 @@ def main(argv=None) -> int:
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
             read_prompts(a.prompts)
+        if a.widen is not None:
+            wide = _widened(a)
+            print(f"[widen] {wide.sentence()}", file=sys.stderr)
         pair = load_pair(a.target, a.draft, a.device)
         plan = plan_for(pair, a.layout, a.engine)
         problems = plan_problems(pair, plan)
@@ -144,6 +152,26 @@ def main(argv=None) -> int:
         print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
               f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
     return 0 if res.lossless else 1
+
+
+def _widened(a):
+    """``--widen``: the padded copy of the target (written once into the cache), checked to compute what
+    the original does; ``a.target`` then names it, and the prompts stay the original pair's."""
+    from ..model.widen import same_function, widen
+    from ..rules.wheels import cache_root
+
+    source = Path(a.target) if a.target else DEFAULT_DIR / "target"
+    a.draft = a.draft or str(source.parent / "draft")
+    if a.prompts is None:
+        for d in (source.parent, DEFAULT_DIR):
+            if (d / "prompts.jsonl").is_file():
+                a.prompts = d / "prompts.jsonl"
+                break
+    wide = widen(source, cache_root("widened") / f"{source.resolve().parent.name}-{source.name}-x{a.widen}",
+                 a.widen)
+    same_function(wide)
+    a.target = str(wide.path)
+    return wide
 
 
 def guard_mode(flag: str | None, environ) -> guard.Mode:

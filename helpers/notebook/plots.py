@@ -194,3 +194,51 @@ def accept_length_profile(verdict: dict, title: str = "Accept length: served aga
                  fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def summary_figure(rows: list[dict], title: str = ""):
+    """The run at a glance, from ``Summary.table`` rows: per wiring and engine, the accept length (each
+    draft position's acceptance stacked in it) and the speedup with its 95% interval against 1."""
+    import numpy as np
+
+    rows = [r for r in rows if isinstance(r.get("accept_length"), (int, float))]
+    labels = [f"{r['wiring']}\n{str(r['engine']).split(' (')[0]}" for r in rows]
+    y = np.arange(len(rows))[::-1]
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(9, 0.55 * len(rows) + 1.4), sharey=True)
+    for yi, r in zip(y, rows):
+        left = 1.0
+        ax_t.barh(yi, 1.0, color="#9aa5b1", height=0.6)
+        for i, p in enumerate(r.get("per_position") or []):
+            ax_t.barh(yi, p, left=left, height=0.6, color=plt.cm.Blues(0.85 - 0.12 * i))
+            left += p
+        ax_t.annotate(f"{r['accept_length']:.2f}", (r["accept_length"], yi), xytext=(3, 0),
+                      textcoords="offset points", va="center", fontsize=8)
+        sp, iv = r.get("speedup"), r.get("speedup_interval")
+        if isinstance(sp, (int, float)):
+            lo, hi = iv if iv else (sp, sp)
+            usable = r.get("timing") != "unusable" and iv
+            colour = ("#6b7280" if not usable or lo <= 1 <= hi else "#1a7f37" if lo > 1 else "#c4342d")
+            ax_s.errorbar(sp, yi, xerr=[[sp - lo], [hi - sp]], fmt="o", color=colour, capsize=3)
+            ax_s.annotate(f"{sp:.2f}x" + ("" if usable else " (timing unusable)"), (hi, yi), xytext=(4, 0),
+                          textcoords="offset points", va="center",
+                          fontsize=8)
+    ax_t.set_yticks(y, labels, fontsize=8)
+    ax_t.set_xlabel("accept length (tokens per verify step;\nbar segments: draft positions accepted)")
+    ax_s.axvline(1.0, color="#333", lw=1, ls="--")
+    ax_s.set_xlabel("speedup over no speculation (95% interval)")
+    ax_s.margins(x=0.25)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def figure_png(fig) -> str:
+    """A figure as a base64 PNG for an ``<img src="data:...">`` (a page that needs no other file)."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()

@@ -215,6 +215,35 @@ class Summary:
                         "spec_tok_s": row.get("spec_tok_s"), "lossless": row.get("lossless")})
         return out
 
+    def finding(self) -> str:
+        """The run in one sentence: what each wiring accepts and what that does to speed, on the engine
+        that measured it (the real engine where one ran, else the reference engine)."""
+        rows = self.table()
+        if not rows:
+            return "No wiring could be measured in this run."
+        engine = rows[0]["engine"]
+        parts = [f"{r['wiring']} {_accepts(r)}" for r in rows if r["engine"] == engine]
+        name = "the reference engine" if engine == "reference" else engine
+        return f"On {name}, against no speculation: " + "; ".join(parts) + "."
+
+
+def _direction(r: dict) -> str:
+    """A row's speedup as the words its interval supports (as printed, two decimals)."""
+    iv, sp = r.get("speedup_interval"), r.get("speedup")
+    if not isinstance(sp, (int, float)):
+        return "speed not measured"
+    if r.get("timing") == "unusable" or not iv:
+        return f"{sp:.2f}x, no usable interval"
+    lo, hi = (float(f"{x:.2f}") for x in iv)
+    word = "faster" if lo > 1 else "slower" if hi < 1 else "no measurable difference"
+    return f"{sp:.2f}x [{lo:.2f}, {hi:.2f}] ({word})"
+
+
+def _accepts(r: dict) -> str:
+    tau = r.get("accept_length")
+    tau = f"{tau:.2f} tokens per step" if isinstance(tau, (int, float)) else "no accept length"
+    return f"{tau} at {_direction(r)}"
+
 
 TABLE_HEAD = ("wiring", "engine", "layout", "accept length", "per position", "speedup [95%]", "timing",
               "baseline tok/s", "EAGLE-3 tok/s", "lossless")

@@ -74,6 +74,58 @@ def progress_as_text(nb) -> int:
     return changed
 
 
+FINDING, LOG = "finding", "log"     # cell tags: the notebook's finding; a cell whose printed lines are a log
+FOLD_LINES = 12                     # printed output longer than this is folded in the report view too
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _folded(text: str) -> dict:
+    """A printed stream as a collapsed ``<details>``, its first line as the summary."""
+    import nbformat
+
+    lines = text.strip("\n").splitlines()
+    summary = html.escape(lines[0][:100] if lines else "output")
+    body = html.escape("\n".join(lines))
+    return nbformat.v4.new_output("display_data", data={
+        "text/html": f"<details class='log'><summary>{summary} <small>({len(lines)} lines)</small></summary>"
+                     f"<pre>{body}</pre></details>",
+        "text/plain": text})
+
+
+def report_order(nb):
+    """The report view of an executed notebook: its title, then the cells tagged ``finding`` (one sentence
+    and one figure), then the rest in order; the printed lines of cells tagged ``log``, and any printed
+    output longer than ``FOLD_LINES`` lines, folded under their first line."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    cells = nb.cells
+    title = cells[:1] if cells and cells[0].cell_type == "markdown" else []
+    found = [c for c in cells[len(title):] if FINDING in _tags(c)]
+    rest = [c for c in cells[len(title):] if FINDING not in _tags(c)]
+    for cell in rest:
+        if cell.cell_type != "code":
+            continue
+        outs, log, at = [], [], None
+        for out in cell.get("outputs", []):
+            text = str(out.get("text", "")) if out.get("output_type") == "stream" else ""
+            if text and out.get("name") == "stdout" and LOG in _tags(cell):
+                at = len(outs) if at is None else at      # a log cell's printed lines: one fold
+                log.append(text)
+            elif text and out.get("name") == "stdout" and text.count("\n") > FOLD_LINES:
+                outs.append(_folded(text))
+            else:
+                outs.append(out)
+        if log:
+            outs.insert(at, _folded("".join(t if t.endswith("\n") else t + "\n" for t in log)))
+        cell["outputs"] = outs
+    nb.cells = title + found + rest
+    return nb
+
+
 def render_html(executed: Path, out_dir: Path) -> list[str]:
     import nbformat
     from nbconvert import HTMLExporter
@@ -90,7 +142,9 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
         exp.exclude_input = hide
         exp.exclude_input_prompt = hide
         exp.exclude_output_prompt = True
-        body, _ = exp.from_notebook_node(nb)
+        # the report view reads as a finding first, evidence after, logs folded; the view with code keeps
+        # the order the cells ran in
+        body, _ = exp.from_notebook_node(report_order(nb) if hide else nb)
         target = out_dir / f"{executed.stem}{suffix}.html"
         target.write_text(body)
         written.append(target.name)
@@ -118,9 +172,13 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
                  "(no target forward)" if params.get("DATA") else "")
     rules = html.escape(str(params.get("ENGINE_VERSION", str(CASE_ENGINE))))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;line-height:1.45}}
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
-th{{background:#f3f5f8}}.n{{text-align:right}}</style></head><body>
+th{{background:#f3f5f8}}.n{{text-align:right}}.finding{{font-size:1.15em;font-weight:600}}
+img.finding-figure{{max-width:100%;height:auto}}.scroll{{overflow-x:auto}}
+details{{margin:.6em 0}}summary{{cursor:pointer;color:#334}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
 <p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
 draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
@@ -134,13 +192,24 @@ measured it.</p>
 
 
 def _before_after(s: Summary) -> str:
-    """The table a person reads first: a row per wiring and engine, the engine named in each (the same
-    rows as summary.md); after it, what the table cannot say (``Summary.after_table``)."""
+    """What a person reads first: the run's finding in one sentence and one figure (per wiring and
+    engine: accept length, per-position acceptance, the speedup with its interval against 1), then the
+    table (the same rows as summary.md), then what the table cannot say, folded."""
+    from .plots import figure_png, summary_figure
+
+    rows = s.table()
     head = "".join(f"<th{_align(h)}>{html.escape(h)}</th>" for h in TABLE_HEAD)
-    rows = "".join("<tr>" + "".join(f"<td{_align(h)}>{html.escape(c)}</td>"
-                                    for h, c in zip(TABLE_HEAD, table_cells(r))) + "</tr>" for r in s.table())
-    return (f"<h2>Before and after</h2><table><tr>{head}</tr>{rows}</table>"
-            f"<p>{html.escape(s.after_table())}</p>")
+    body = "".join("<tr>" + "".join(f"<td{_align(h)}>{html.escape(c)}</td>"
+                                    for h, c in zip(TABLE_HEAD, table_cells(r))) + "</tr>" for r in rows)
+    figure = ""
+    if rows:
+        png = figure_png(summary_figure(rows))
+        figure = (f"<img class='finding-figure' alt='accept length and speedup per wiring and engine' "
+                  f"src='data:image/png;base64,{png}'>")
+    return (f"<p class='finding'>{html.escape(s.finding())}</p>{figure}"
+            f"<h2>Before and after</h2><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+            f"<details><summary>What the table cannot say</summary><p>{html.escape(s.after_table())}</p>"
+            f"</details>")
 
 
 # figures read down a column, right-aligned; names and lists read as text
