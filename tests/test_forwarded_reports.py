@@ -164,3 +164,19 @@ def test_widen_reuses_its_copy_and_a_wrong_pad_is_caught(widened, tmp_path):
     with pytest.raises(BadConfig, match="does not compute what"):
         same_function(dataclasses.replace(widened, path=bad))
     assert isinstance(widened, Widened)
+
+
+def test_the_symptom_in_one_sentence():
+    from types import SimpleNamespace
+
+    from helpers.live.timing import Direction
+    from helpers.notebook.story import symptom
+
+    slower = SimpleNamespace(interval=(0.489, 0.539), direction=Direction.SLOWER)
+    live = SimpleNamespace(backend="llamacpp==b11434", accept_length=1.093, timing=slower, speedup=0.515,
+                           timing_verdict="ok")
+    assert symptom("(b2, b6, b9)", None, live) == (
+        "Deployed as served, (b2, b6, b9), on llamacpp==b11434, the draft is accepted for 1.09 tokens per "
+        "verify step and speculation runs at 0.52x [0.49, 0.54], slower than no speculation.")
+    served = SimpleNamespace(tau=2.0, timing=slower, speedup=1.2, timing_verdict="unusable")
+    assert "could not support" in symptom("(b3, b7, b10)", served) and "slower" not in symptom("x", served)

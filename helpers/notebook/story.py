@@ -3,11 +3,13 @@ and its result: the symptom (notebook 01), the engine's accommodations said once
 from __future__ import annotations
 
 
-def _speed(timing, speedup: float) -> str:
+def _speed(timing, speedup: float, verdict: str = "ok") -> str:
     from ..live.timing import Direction
 
     if timing is None:
         return f"{speedup:.2f}x"
+    if verdict == "unusable":
+        return f"{speedup:.2f}x, a ratio this machine's timing could not support (see the timing notes)"
     lo, hi = timing.interval
     word = {Direction.FASTER: "faster than no speculation", Direction.SLOWER: "slower than no speculation",
             Direction.UNRESOLVED: "no measurable difference from no speculation"}[timing.direction]
@@ -20,10 +22,10 @@ def symptom(layout_label: str, served, live_row=None) -> str:
     if live_row is not None:
         return (f"Deployed as served, {layout_label}, on {live_row.backend}, the draft is accepted for "
                 f"{live_row.accept_length:.2f} tokens per verify step and speculation runs at "
-                f"{_speed(live_row.timing, live_row.speedup)}.")
+                f"{_speed(live_row.timing, live_row.speedup, live_row.timing_verdict)}.")
     return (f"Deployed as served, {layout_label}, on the reference engine, the draft is accepted for "
             f"{served.tau:.2f} tokens per verify step and speculation runs at "
-            f"{_speed(served.timing, served.speedup)}.")
+            f"{_speed(served.timing, served.speedup, served.timing_verdict)}.")
 
 
 def fixes_once(rows) -> list[str]:
