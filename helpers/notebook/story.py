@@ -2,18 +2,11 @@
 and its result: the symptom (notebook 01), the engine's accommodations said once per engine."""
 from __future__ import annotations
 
+from ..live.timing import speed_phrase
 
-def _speed(timing, speedup: float, verdict: str = "ok") -> str:
-    from ..live.timing import Direction
 
-    if timing is None:
-        return f"{speedup:.2f}x"
-    if verdict == "unusable":
-        return f"{speedup:.2f}x, a ratio this machine's timing could not support (see the timing notes)"
-    lo, hi = timing.interval
-    word = {Direction.FASTER: "faster than no speculation", Direction.SLOWER: "slower than no speculation",
-            Direction.UNRESOLVED: "no measurable difference from no speculation"}[timing.direction]
-    return f"{speedup:.2f}x [{lo:.2f}, {hi:.2f}], {word}"
+def _phrase(timing) -> str:
+    return "not timed" if timing is None else speed_phrase(timing)
 
 
 def symptom(layout_label: str, served, live_row=None) -> str:
@@ -21,11 +14,11 @@ def symptom(layout_label: str, served, live_row=None) -> str:
     engine where one ran (its own counters), else on the reference engine."""
     if live_row is not None:
         return (f"Deployed as served, {layout_label}, on {live_row.backend}, the draft is accepted for "
-                f"{live_row.accept_length:.2f} tokens per verify step and speculation runs at "
-                f"{_speed(live_row.timing, live_row.speedup, live_row.timing_verdict)}.")
+                f"{live_row.accept_length:.2f} tokens per verify step; speculation against none: "
+                f"{_phrase(live_row.timing)}.")
     return (f"Deployed as served, {layout_label}, on the reference engine, the draft is accepted for "
-            f"{served.tau:.2f} tokens per verify step and speculation runs at "
-            f"{_speed(served.timing, served.speedup, served.timing_verdict)}.")
+            f"{served.tau:.2f} tokens per verify step; speculation against none: "
+            f"{_phrase(served.timing)}.")
 
 
 def fixes_once(rows) -> list[str]:

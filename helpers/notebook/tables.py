@@ -1,7 +1,8 @@
 """Tables as a reader sees them: column names in words with their units, no row index.
 
 The records keep their keys (``summary.json``'s ``tau``, ``spec_tok_s`` ...), since tools read those;
-what a notebook displays goes through ``words``, so one column has one name in every report.
+what a notebook displays goes through ``words``, so one column has one name in every report (the
+names ``reports.TABLE_HEAD`` gives the index page and summary.md).
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pandas as pd
 WORDS = {
     "wiring": "wiring", "engine": "engine", "backend": "engine", "layout": "layout",
     "served_layout": "served layout", "rules": "rules",
-    "baseline_tok_s": "no speculation (tok/s)", "spec_tok_s": "EAGLE-3 (tok/s)",
-    "speedup": "speedup (x)", "speedup_interval": "95% interval", "timing": "timing",
-    "tau": "accept length (tokens/step)", "accept_length": "accept length (tokens/step)",
-    "accept_rate": "accepted per drafted token", "per_position": "accepted per position",
+    "baseline_tok_s": "baseline tok/s", "spec_tok_s": "EAGLE-3 tok/s",
+    "speedup": "speedup (x)", "speedup_interval": "speedup [95%]", "timing": "timing",
+    "tau": "accept length", "accept_length": "accept length",
+    "accept_rate": "accepted per drafted token", "per_position": "per position",
     "accepted_per_position": "accepted per position", "speedup_per_tau": "speedup per accepted token",
     "lossless": "lossless", "decode_ms": "decode (ms)", "verify_ms": "verify of k+1 (ms)",
     "draft_step_ms": "draft step (ms)", "draft_cost_ratio": "draft step / decode",
