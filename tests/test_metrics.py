@@ -156,11 +156,13 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
                "sglang==0.5.9", "--windows", "4", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["served_layout"] == [3, 7, 10] and out["trained_layout"] == [0, 3, 7]
-    # the responses carry no temperature, and the finding changes with it: undetermined, naming both
-    assert out["explanation"] == "undetermined" and rc == out["exit_code"] == 3
-    assert out["evidence"][0].startswith("the temperature is not in the source, and the finding depends on "
-                                         "it: wiring at 0, engine-differs at 1")
-    assert out["next"][0].startswith("settle it: --temperature T")
+    # the responses carry no temperature; judged at 0 and at the engines' default 1 under SGLang 0.5.9's own
+    # rule (target-only, read from its files), the finding is the same: it stands, and says both
+    assert out["explanation"] == "wiring" and rc == out["exit_code"] == 1
+    assert out["alternative"]["temperature"] == 1.0 and out["alternative"]["explanation"] == "wiring"
+    rule = next(e for e in out["evidence"] if e.startswith("acceptance above temperature 0"))
+    assert "sglang 0.5.9 accepts above temperature 0 by target-only" in rule
+    assert "read from its files: sglang/srt/speculative/eagle_info.py:361" in rule
     rc = main(["--metrics", str(f), "--draft", str(d / "draft"), "--target", str(d / "target"), "--engine",
                "sglang==0.5.9", "--windows", "4", "--temperature", "0", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -172,3 +174,21 @@ def test_cli_end_to_end_on_the_tiny_pair(tmp_path, capsys):
     # no --draft: one line, before anything loads
     assert main(["--metrics", str(f)]) == 2
     assert "--metrics needs --draft DIR" in capsys.readouterr().err
+
+
+def test_an_unknown_temperature_that_changes_the_finding_is_undetermined():
+    """Position 0 at 0.25 over 600 rounds, served = trained: below the greedy expectation (the engine would
+    differ), above what the engine's rule reaches at temperature 1 (it would be fine): exit 3, both named."""
+    from helpers.investigation.metrics import _settle_unknown_temperature
+
+    prof = ServedProfile("sglang", "sglang-responses", "r.json", 600, (150, 40, 10))
+    greedy = Expected([0.69, 0.50, 0.37], "greedy", 0.0)
+    sampled = Expected([0.20, 0.05, 0.01], "sglang's target-only at temperature 1", 1.0)
+    at0 = explain(prof, greedy, greedy, (0, 3, 7), (0, 3, 7))
+    at1 = explain(prof, sampled, sampled, (0, 3, 7), (0, 3, 7))
+    assert (at0.explanation, at1.explanation) == (Explanation.ENGINE_DIFFERS, Explanation.OK)
+    _settle_unknown_temperature(at0, at1, 0.0, 1.0)
+    assert at0.explanation == Explanation.UNDETERMINED and at0.exit_code == 3
+    assert at0.evidence[0].startswith("the temperature is not in the source, and the finding depends on it: "
+                                      "engine-differs at 0, ok at 1")
+    assert at0.next[0].startswith("settle it: --temperature T")

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from ..boundaries import check_layout
 from ..errors import InputError
 from ..model.capture import capture_boundaries, decoder_parts
+from ..rules.acceptance import Sampler, Verify
 
 
 class EvalInputError(InputError):
@@ -333,6 +334,30 @@ def _overlap_p(p: torch.Tensor, draft_logits: torch.Tensor, draft_token_ids: tor
     return torch.minimum(p, q_target).sum(-1).clamp_(0.0, 1.0)
 
 
+def sampler_probs(target_logits: torch.Tensor, temperature: float, sampler: Sampler) -> torch.Tensor:
+    """The target's distribution as the engine samples from it: ``softmax(logits / T)`` restricted by the
+    engine's default top-k, top-p and min-p (each acting on what the previous kept, renormalized), before the
+    temperature where the engine applies them first (llama.cpp's chain), after it otherwise."""
+    logits = target_logits.float()
+    if not sampler.filters_first:
+        logits = logits / temperature
+    if not sampler.off:
+        if sampler.top_k > 0 and sampler.top_k < logits.shape[-1]:
+            kth = logits.topk(sampler.top_k, -1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if sampler.top_p < 1.0:
+            srt, idx = logits.sort(-1, descending=True)
+            cum = F.softmax(srt, -1).cumsum(-1)
+            drop = (cum - F.softmax(srt, -1)) >= sampler.top_p     # keep the smallest prefix reaching top_p
+            logits = logits.scatter(-1, idx, srt.masked_fill(drop, float("-inf")))
+        if sampler.min_p > 0.0:
+            p = F.softmax(logits, -1)
+            logits = logits.masked_fill(p < sampler.min_p * p.max(-1, keepdim=True).values, float("-inf"))
+    if sampler.filters_first:
+        logits = logits / temperature
+    return F.softmax(logits, -1)
+
+
 @dataclass
 class SampledScore:
     """Expected acceptance of a draft chain under speculative sampling at ``temperature``."""
@@ -369,9 +394,12 @@ class SampledScore:
 
 @torch.no_grad()
 def sampled_acceptance(draft, target, caps: TargetCaptures, layout, steps: int, temperature: float,
-                       batch: int = 16, rows: int = ROWS, max_windows: int | None = None) -> SampledScore:
+                       batch: int = 16, rows: int = ROWS, max_windows: int | None = None,
+                       verify: Verify = Verify.SPECULATIVE, sampler: Sampler = Sampler()) -> SampledScore:
     """The draft teacher-forced on ``caps`` with ``layout``, scored as speculative sampling at
-    ``temperature`` would accept it.
+    ``temperature`` would accept it, or as an engine's own rule does (``verify``, ``rules.acceptance``):
+    ``TARGET_ONLY`` accepts the draft's argmax with the target's probability of it under the engine's
+    ``sampler`` (``sampler_probs``); ``GREEDY`` is temperature 0's argmax match whatever ``temperature``.
 
     Per column t and draft step j, ``alpha_j(t) = sum_v min(p_T(v), q_T(v))``: p_T the target's
     next-token distribution at the position step j predicts (from the captured pre-norm final
@@ -391,7 +419,7 @@ def sampled_acceptance(draft, target, caps: TargetCaptures, layout, steps: int, 
     distribution is held for ``rows`` columns of one window at a time (a few ``rows x vocab``
     float32 tensors).
     """
-    t_ = check_temperature(temperature)
+    t_ = 0.0 if verify is Verify.GREEDY else check_temperature(temperature)
     if steps < 1:
         raise EvalInputError(f"steps must be at least 1, got {steps}")
     layout = _draft_layout(draft, caps, layout)
@@ -415,7 +443,14 @@ def sampled_acceptance(draft, target, caps: TargetCaptures, layout, steps: int, 
             for c0 in range(0, n, rows):
                 c1 = min(c0 + rows, n)
                 # step j at column c predicts position c + 1 + j: rows c0+1 .. c1+steps cover every step
-                p = F.softmax(verifier_logits(target, final[s + w, c0 + 1:c1 + steps].float()) / t_, -1)
+                vl = verifier_logits(target, final[s + w, c0 + 1:c1 + steps].float())
+                if verify is Verify.TARGET_ONLY:
+                    p = sampler_probs(vl, t_, sampler)
+                    for j in range(steps):
+                        tok = ids_t.to(p.device)[logits[j][w, c0:c1].argmax(-1).to(p.device)]
+                        per_step[j][w, c0:c1] = p[j:j + c1 - c0].gather(-1, tok[:, None]).squeeze(-1).cpu()
+                    continue
+                p = F.softmax(vl / t_, -1)
                 for j in range(steps):
                     a = _overlap_p(p[j:j + c1 - c0], logits[j][w, c0:c1], ids_t, t_)
                     per_step[j][w, c0:c1] = a.cpu()

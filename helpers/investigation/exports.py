@@ -88,6 +88,7 @@ class ServedProfile:
     temperature_source: str = ""
     notes: tuple[str, ...] = ()
     reset: bool = False  # a window across a counter reset (engine restart)
+    device: str | None = None  # where the source says what the engine ran on ("cpu"): SGLang verifies by it
 
     @property
     def level(self) -> Level:
@@ -670,7 +671,9 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
         args = next((s for s in states if isinstance(s, dict) and "speculative_num_steps" in s), obj)
         steps = args.get("speculative_num_steps") if isinstance(args, dict) else None
         notes = ()
-        if isinstance(args, dict) and args.get("device") == "cpu":
+        device = args.get("device") if isinstance(args, dict) else None
+        device = device if isinstance(device, str) else None
+        if device == "cpu":
             # SGLang 0.5.23 srt/speculative/eagle_utils.py, _verify_uses_greedy: is_cpu
             notes = ("the server runs on a CPU, where SGLang verifies drafts greedily at any temperature",)
         return ServedProfile(
@@ -682,6 +685,7 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
             gauge_scope=f"the server's lifetime average over {len(vals)} scheduler(s), no count",
             num_spec_tokens=steps if type(steps) is int and steps > 0 else None,
             notes=notes,
+            device=device,
         )
     items = obj if isinstance(obj, list) else [obj]
     hist: list[int] = []

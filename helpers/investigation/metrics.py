@@ -21,6 +21,7 @@ from ..errors import BadOption
 from ..model.draft import forward_verdict, run_as
 from ..profile import SpeculationProfile, read_profile, wilson
 from ..record import read_record
+from ..rules import acceptance
 from ..rules.conventions import Engine
 from . import evaluate
 from .evaluate import evaluate_layout
@@ -247,6 +248,25 @@ class MetricsVerdict:
         return d
 
 
+def differs_next(family: str, temperature: float | None) -> list[str]:
+    """The steps that tell apart where an engine computes something else: the wiring (what it feeds the
+    draft), the forward (the same draft on the engine's kernels at temperature 0, against the workbook's
+    figure) and, above temperature 0, the sampler (the same traffic greedy: acceptance that recovers points
+    at the verify rule, read with the rule's file:line above). Only steps this engine has: llama.cpp has no capture."""
+    steps = []
+    if family in ("vllm", "sglang"):
+        steps.append(f"python -m helpers capture --backend {family} --target T --draft D --text SAMPLE "
+                     f"(the wiring: what {family} feeds the draft, then check --measured)")
+    steps.append(f"python -m helpers bench --backend {family} --target T --draft D (the forward: the draft "
+                 f"on "
+                 f"{family}'s own kernels, greedy, beside the workbook's accept length)")
+    if temperature is None or temperature > 0:
+        steps.append("send the same traffic at temperature 0 and read the metrics again (the sampler: greedy "
+                     "acceptance that reaches the expectation while sampled does not points at the verify "
+                     "rule)")
+    return steps
+
+
 def explain(
     profile: ServedProfile,
     expected: Expected | None,
@@ -373,7 +393,7 @@ def explain(
         if sp is not None and sp.below:
             v.explanation = Explanation.ENGINE_DIFFERS
             v.evidence.append(f"{sp.line}: the engine computes something else besides the wiring")
-            v.next.append("python -m helpers capture --backend ENGINE (measure what it feeds the draft)")
+            v.next += differs_next(profile.engine, profile.temperature)
         else:
             v.explanation = Explanation.WIRING
             if sp is not None:
@@ -396,7 +416,7 @@ def explain(
         v.evidence.append(
             f"served = trained, yet {sp.line}: the engine computes something else (a kernel or forward bug)"
         )
-        v.next.append("python -m helpers capture --backend ENGINE, then check --measured")
+        v.next += differs_next(profile.engine, profile.temperature)
         return v
     v.explanation = Explanation.WEAK_DRAFT
     v.evidence.append(
@@ -480,6 +500,11 @@ def metrics_verdict(
         if e is None and t == 0 and full and len(full) >= k > 0:
             e = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step", 0.0)
         expected[t] = e
+    # above temperature 0 each engine accepts by its own rule, read from its release (rules.acceptance)
+    rule = why_recorded = None
+    if any(t > 0 for t in temps):
+        release = None if engine is None else (engine.version or engine.effective_version)
+        rule, why_recorded = acceptance.rule_for(profile.engine, release, profile.device)
     served_pred: dict[float, Expected | None] = dict.fromkeys(temps)
     served = None
     notes = []
@@ -493,14 +518,17 @@ def metrics_verdict(
         what = "--text" if text is not None else "held-out text"
         with run_as(pair.draft, engine):
             for t in temps:
+                greedy = t == 0 or rule.verify is acceptance.Verify.GREEDY
                 where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens), " + (
-                    "greedy top-1" if t == 0 else f"speculative sampling at temperature {t:g}"
+                    "greedy top-1" if t == 0 else f"{rule.engine}'s {rule.verify} at temperature {t:g}"
                 )
 
-                def rates(layout, t=t):
-                    if t == 0:
+                def rates(layout, t=t, greedy=greedy):
+                    if greedy:
                         return list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
-                    return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t).marginal)  # noqa: E501
+                    return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t,
+                                                            verify=rule.verify,
+                                                            sampler=rule.sampler).marginal)
 
                 if served is not None:
                     served_pred[t] = Expected(rates(served), f"{where} at the served layout {served}", t)
@@ -508,6 +536,9 @@ def metrics_verdict(
                     expected[t] = Expected(rates(trained), f"{where} at the trained layout {trained}", t)
         ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
         notes.append(f"served layout from {plan.source}")
+    if rule is not None:
+        notes.append(f"acceptance above temperature 0: {rule.sentence()}"
+                     + (f" [the recorded rule: {why_recorded}]" if why_recorded else ""))
     if expected[temp] is None and temp > 0 and record and record.full_acc and len(record.full_acc) >= k > 0:
         notes.append(
             f"the training record's figures are greedy; the traffic samples at {temp:g}: pass --target "

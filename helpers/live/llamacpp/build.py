@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...errors import CacheError
+from ...rules.acceptance import LLAMACPP_FILES, llamacpp_source_dir
 from ...rules.conventions import Engine
 from ...rules.wheels import COMPLETE_MARKER, cache_root, check_cache_writable
 
@@ -124,6 +125,7 @@ def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[
         log(f"[llamacpp] 1/4 fetching the {SDIST}=={SDIST_VERSION} sdist (llama.cpp {build}'s source)")
         tree = _source_tree(tmp)
         install_converter(tree, build)        # the converter of the same build, from the same sdist
+        keep_acceptance_files(tree, build)    # what its server does with a draft token above temperature 0
         ninja = shutil.which("ninja")
         args = list(CMAKE_ARGS) + (["-G", "Ninja"] if ninja else [])
         log(f"[llamacpp] 2/4 configuring (cmake {' '.join(CMAKE_ARGS)})")
@@ -240,6 +242,19 @@ def find_converter(build: str = BUILD) -> Path | None:
     folder = converter_dir(build)
     ok = (folder / COMPLETE_MARKER).is_file() and all((folder / p).exists() for p in CONVERTER_PARTS)
     return folder if ok else None
+
+
+def keep_acceptance_files(tree: Path, build: str = BUILD) -> Path:
+    """Copy the files that decide how the server accepts a draft token (``rules.acceptance.LLAMACPP_FILES``)
+    out of an unpacked ``tree`` beside the server, so ``diagnose`` reads this build's rule, not a recorded
+    one."""
+    dest = llamacpp_source_dir(build)
+    for rel in LLAMACPP_FILES:
+        src = tree / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
 
 
 def install_converter(tree: Path, build: str = BUILD) -> Path:
