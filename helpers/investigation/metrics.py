@@ -252,7 +252,8 @@ def differs_next(family: str, temperature: float | None) -> list[str]:
     """The steps that tell apart where an engine computes something else: the wiring (what it feeds the
     draft), the forward (the same draft on the engine's kernels at temperature 0, against the workbook's
     figure) and, above temperature 0, the sampler (the same traffic greedy: acceptance that recovers points
-    at the verify rule, read with the rule's file:line above). Only steps this engine has: llama.cpp has no capture."""
+    at the verify rule, read with the rule's file:line above). Only steps this engine has: llama.cpp has no
+    capture."""
     steps = []
     if family in ("vllm", "sglang"):
         steps.append(f"python -m helpers capture --backend {family} --target T --draft D --text SAMPLE "
