@@ -1,6 +1,7 @@
 """What the live engines really exported, read back: the samples under tests/exports/ were written by
 ``benchmarks/record_exports.py`` from SGLang 0.5.23 and vLLM 0.32.0 serving the embedded pair, and from
-llama.cpp b11434 serving the tiny Llama pair, on this project's CPU host (each folder's manifest.json says how: engine, release, launch, prompts, sampling, date).
+llama.cpp b11434 serving the tiny Llama pair, on this project's CPU host (each folder's manifest.json says
+how: engine, release, launch, prompts, sampling, date).
 
 Every parse is checked against a second figure the engine itself wrote (each response's own verify count
 and accepted drafts, the Prometheus counters the worker read around the same requests), and the diagnosis
@@ -313,8 +314,8 @@ def test_llamacpp_exports_agree_with_the_servers_own_counters(name):
 
 # The deployed draft (trained on (0, 3, 7); its GGUF's eagle3.target_layers, what llama.cpp serves, are
 # (2, 6, 9)) is a wiring problem in every export at either temperature; the retrained draft (trained on what
-# is served) is ok, at 0.7 too, where llama.cpp's own rule (greedy draft, the target's sampled token must match
-# it, top-k 40 / top-p 0.95 / min-p 0.05 before the temperature) sets the expectation. The log holds both
+# is served) is ok, at 0.7 too, where llama.cpp's own rule (greedy draft, the target's sampled token must
+# match it, top-k 40 / top-p 0.95 / min-p 0.05 before the temperature) sets the expectation. The log holds both
 # temperatures and names neither: the retrained draft's finding changes with it (undetermined), the deployed
 # draft's does not. The responses without --draft-tokens give no verify steps: no accept length is judged.
 LLAMACPP_CASES = [
