@@ -312,11 +312,11 @@ def test_llamacpp_exports_agree_with_the_servers_own_counters(name):
         read_metrics(folder / "slots.json")
 
 
-# The deployed draft (trained on (0, 3, 7); its GGUF's eagle3.target_layers, what llama.cpp serves, are
-# (2, 6, 9)) is a wiring problem in every export at either temperature; the retrained draft (trained on what
-# is served) is ok, at 0.7 too, where llama.cpp's own rule (greedy draft, the target's sampled token must
-# match it, top-k 40 / top-p 0.95 / min-p 0.05 before the temperature) sets the expectation. The log holds
-# both temperatures and names neither: the retrained draft's finding changes with it (undetermined), the deployed
+# The deployed draft (trained on (0, 3, 7); its GGUF's eagle3.target_layers, what llama.cpp serves, are (2,
+# 6, 9)) is a wiring problem in every export at either temperature; the retrained draft (trained on what is
+# served) is ok, at 0.7 too, where llama.cpp's own rule (greedy draft, the target's sampled token must match
+# it, top-k 40 / top-p 0.95 / min-p 0.05 before the temperature) sets the expectation. The log holds both
+# temperatures and names neither: the retrained draft's finding changes with it (undetermined), the deployed
 # draft's does not. The responses without --draft-tokens give no verify steps: no accept length is judged.
 LLAMACPP_CASES = [
     (("metrics_before.txt",), (), {"deployed": "wiring", "retrained": "ok"}),
