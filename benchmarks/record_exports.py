@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAIR = REPO / "data" / "tiny-kimi"
 DRAFTS = {"deployed": PAIR / "draft", "retrained": PAIR / "draft-retrained"}
 PROM_PREFIXES = ("sglang:spec", "sglang:generation_tokens", "sglang:num_requests", "vllm:spec_decode",
-                 "vllm:generation_tokens")
+                 "vllm:generation_tokens", "sglang:startup_time_seconds", "process_start_time_seconds")
 SGLANG_LOG_MARK = re.compile(r"accept len:")
 VLLM_LOG_MARK = re.compile(r"SpecDecoding metrics:")
 VLLM_LOG_CONTEXT = re.compile(r"Avg prompt throughput")    # the stats line logged with each of them
@@ -244,10 +244,12 @@ def record_sglang(args, install, name: str, draft: Path, prompts: list[str], out
     return {"seconds": round(served, 1), "start_seconds": manifest["start_seconds"]}
 
 
-def record_sglang_restart(args, install, prompts: list[str], out: Path, log_dir: Path) -> dict:
+def record_sglang_restart(args, install, prompts: list[str], out: Path, log_dir: Path,
+                          more: bool = False) -> dict:
     """One window across a restart: a scrape after traffic, the engine stopped and started again,
-    traffic, a scrape."""
-    folder = out / "sglang" / "restart"
+    traffic, a scrape. ``more``: the new engine serves more than the first had (``restart-more``), so every
+    counter is higher after the restart than before it."""
+    folder = out / "sglang" / ("restart-more" if more else "restart")
     draft = DRAFTS["deployed"]
     print(f"SGLang {install.version}, a window across a restart ({draft.name})", flush=True)
     runs = []
@@ -255,7 +257,9 @@ def record_sglang_restart(args, install, prompts: list[str], out: Path, log_dir:
     # the second engine serves half the prompts: fewer verify steps than the first had counted, as after a
     # restart in a real deployment (with the same traffic the counters of a deterministic engine come back
     # to the very same values, and nothing in SGLang's page tells the two engines apart)
-    for leg, leg_prompts in (("before", prompts), ("after", prompts[: max(1, len(prompts) // 2)])):
+    half = prompts[: max(1, len(prompts) // 2)]
+    for leg, leg_prompts in (("before", half), ("after", prompts)) if more else (("before", prompts),
+                                                                              ("after", half)):
         t0 = time.perf_counter()
         with sglang_engine(install, sglang_launch(args, draft), log_dir) as e:
             if leg == "before":
@@ -269,10 +273,12 @@ def record_sglang_restart(args, install, prompts: list[str], out: Path, log_dir:
         runs[-1]["stopped_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     write(folder / "metrics_before.txt", trim_prometheus(scrapes[0]))
     write(folder / "metrics_after.txt", trim_prometheus(scrapes[1]))
-    manifest |= {"files": {"metrics_before.txt": "GET /metrics after the prompts at temperature 0 (POST "
-                                                 "/generate), then the engine was stopped",
-                           "metrics_after.txt": "a new engine, same launch: the first half of the prompts, "
-                                                "then GET /metrics (its counters started again from 0)"},
+    first, second = ("the first half of the prompts", "all the prompts") if more else \
+        ("the prompts", "the first half of the prompts")
+    manifest |= {"files": {"metrics_before.txt": f"GET /metrics after {first} at temperature 0 (POST "
+                                                 f"/generate), then the engine was stopped",
+                           "metrics_after.txt": f"a new engine, same launch: {second}, then GET /metrics "
+                                                f"(its counters started again from 0)"},
                  "sampling": {"temperature": 0.0}, "runs": runs,
                  "start_seconds": [r["start_seconds"] for r in runs]}
     write(folder / "manifest.json", manifest)
@@ -440,6 +446,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-restart", action="store_true")
     ap.add_argument("--restart-only", action="store_true",
                     help="SGLang: record only the window across a restart")
+    ap.add_argument("--restart-more-only", action="store_true",
+                    help="SGLang: record only the window across a restart after which it serves more")
     args = ap.parse_args(argv)
     out = args.out.resolve()
     prompts = read_prompts(PAIR / "prompts.jsonl")[: args.prompts]
@@ -447,10 +455,13 @@ def main(argv=None) -> int:
     timings = {}
     if args.only in (None, "sglang"):
         install = find_sglang()
-        for name, draft in DRAFTS.items() if not args.restart_only else ():
+        for name, draft in DRAFTS.items() if not (args.restart_only or args.restart_more_only) else ():
             timings[f"sglang/{name}"] = record_sglang(args, install, name, draft, prompts, out, log_dir)
-        if not args.skip_restart:
+        if not args.skip_restart and not args.restart_more_only:
             timings["sglang/restart"] = record_sglang_restart(args, install, prompts, out, log_dir)
+        if not args.skip_restart:
+            timings["sglang/restart-more"] = record_sglang_restart(args, install, prompts, out, log_dir,
+                                                                   more=True)
     if args.only in (None, "vllm"):
         from transformers import AutoTokenizer
 

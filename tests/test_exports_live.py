@@ -116,6 +116,30 @@ def test_sglang_window_across_a_restart_is_said():
     assert len({r["pid"] for r in runs}) == 2
 
 
+@needs
+def test_a_restart_that_then_serves_more_is_told_by_the_process_not_the_counters():
+    """SGLang restarted and then served all six prompts where the first boot served three: every counter is
+    higher after than before, so the difference of counters is a plausible wrong window (83 verify steps of
+    traffic that never ran as one). The startup durations SGLang records once per boot differ: a restart, and
+    the window is the second boot's counts. With those lines gone the page cannot tell, and says so."""
+    folder = EXPORTS / "sglang" / "restart-more"
+    runs = manifest("sglang", "restart-more")["runs"]
+    assert [r["prompts"] for r in runs] == [3, 6] and len({r["pid"] for r in runs}) == 2
+    before, after = (folder / "metrics_before.txt").read_text(), (folder / "metrics_after.txt").read_text()
+    first, second = read_metrics(folder / "metrics_before.txt"), read_metrics(folder / "metrics_after.txt")
+    assert second.drafts > first.drafts
+    w = read_window(folder / "metrics_before.txt", folder / "metrics_after.txt")
+    assert w.reset and w.drafts == second.drafts
+    assert "what it says of its process changed: sglang:startup_time_seconds" in w.notes[0]
+    from helpers.investigation.exports import Reading, window_of
+
+    def blind(text):
+        return "\n".join(ln for ln in text.splitlines() if "startup_time" not in ln) + "\n"
+    w = window_of(Reading("a", blind(before)), Reading("b", blind(after)))
+    assert not w.reset and w.drafts == second.drafts - first.drafts
+    assert "a restart followed by more traffic than before cannot be told from no restart" in w.notes[0]
+
+
 # -- vLLM -----------------------------------------------------------------------------------------------
 
 
@@ -211,9 +235,11 @@ VLLM_CASES = [
     (("per_request.json",), {"deployed": "wiring", "retrained": "wiring"}),
     (("metrics_before.txt", "metrics.txt"), {"deployed": "engine-differs", "retrained": "engine-differs"}),
     (("per_request_t07.json",), {"deployed": "engine-differs", "retrained": "engine-differs"}),
-    # the log carries no temperature: its greedy and sampled lines give another finding at 0 than at 1, and
-    # engine-differs is claimed only at a known temperature, so both are undetermined (exit 3)
-    (("vllm.log",), {"deployed": "undetermined", "retrained": "undetermined"}),
+    # the log carries no temperature, so it is judged at 0 and at 1 under vLLM's own rule (target-only): the
+    # deployed draft's lines (its greedy traffic) are a wiring problem at either, and that stands; the
+    # retrained draft's reach into its sampled traffic, engine-differs at 0 and wiring at 1, and engine-differs
+    # is claimed only at a known temperature: undetermined (exit 3)
+    (("vllm.log",), {"deployed": "wiring", "retrained": "undetermined"}),
 ]
 
 

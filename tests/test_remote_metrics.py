@@ -65,7 +65,13 @@ class Stand(BaseHTTPRequestHandler):
                 if v1 is None or not name.startswith("vllm:spec_decode"):
                     continue
                 metric = {"__name__": name, **labels}
-                if url.path.endswith("query_range"):
+                if url.path.endswith("query_range") and "restart=1" in url.query:
+                    # the engine restarted after t=1150 and by t=1300 had served half again as much as the
+                    # window's traffic: the counter fell, then rose past where it was
+                    part = float(v1) - float(v0)
+                    result.append({"metric": metric, "values": [[1000, v0], [1150, repr(float(v1))],
+                                                                [1300, repr(0.5 * part)]]})
+                elif url.path.endswith("query_range"):
                     result.append({"metric": metric, "values": [[1000, v0], [1150, v0], [1300, v1]]})
                 else:
                     result.append({"metric": metric, "value": [1300, v1]})
@@ -110,6 +116,12 @@ def test_a_prometheus_range_query_is_the_window_its_dashboard_holds(stand_in, mo
     ranged = read_served([f"{stand_in}/api/v1/query_range?query={query}&start=1000&end=1300&step=150"])
     assert (ranged.drafts, ranged.accepted_per_position) == (files.drafts, files.accepted_per_position)
     assert any("window" in n for n in ranged.notes)
+    # a restart between two of the dashboard's samples, then more traffic than before: counted the way
+    # Prometheus's increase() counts (each fall a restart from 0), not as the difference of the two ends
+    restarted = read_served([f"{stand_in}/api/v1/query_range?query={query}&start=1000&end=1300&step=150"
+                             f"&restart=1"])
+    assert restarted.reset and abs(restarted.drafts - 1.5 * files.drafts) <= 1     # the ends alone: 0.5x
+    assert any("restarted inside the window (1 time(s)" in n and "increase()" in n for n in restarted.notes)
     instant = read_served([f"{stand_in}/api/v1/query?query={query}"])
     whole = read_served([str(VLLM / "metrics.txt")])
     assert (instant.drafts, instant.accepted_per_position) == (whole.drafts, whole.accepted_per_position)

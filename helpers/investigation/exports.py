@@ -228,6 +228,14 @@ FAMILIES = (
 )
 
 
+# What a page says about the process behind it, fixed for the life of one boot: its start time
+# (prometheus_client's process collector: vLLM's API server), or SGLang's startup durations per phase (a
+# ``mostrecent`` gauge measured once per boot, srt/observability/metrics_collector.py
+# ``sglang:startup_time_seconds``; its multiprocess registry exports neither a process collector nor
+# ``_created``)
+IDENTITY = ("process_start_time_seconds", "sglang:startup_time_seconds")
+
+
 @dataclass(frozen=True)
 class Scrape:
     """One Prometheus page: each series' value, keyed by (name without ``_total``, sorted labels)."""
@@ -236,6 +244,11 @@ class Scrape:
     series: dict[tuple[str, tuple[tuple[str, str], ...]], float]
     created: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
     at: float | None = None  # seconds (time.time) when it was read, where known
+
+    def identity(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The series that identify the process behind the page (``IDENTITY``): equal in two scrapes of one
+        boot, different after a restart whatever the counters did."""
+        return {key: v for key, v in self.series.items() if key[0] in IDENTITY}
 
     def family(self) -> Family | None:
         for fam in FAMILIES:
@@ -387,14 +400,16 @@ def window(before: Scrape, after: Scrape) -> ServedProfile:
             if _is_counter(key[0]) and key in before.created and abs(t - before.created[key]) > 1e-6
         }
     )
-    reset = bool(restarted or recreated)
+    ib, ia = before.identity(), after.identity()
+    started = sorted({k[0] for k in ia if k in ib and abs(ia[k] - ib[k]) > 1e-9})
+    reset = bool(restarted or recreated or started)
     if reset:
         delta = dict(after.series)
-        why = ", ".join(restarted or recreated)
+        why = (f"what it says of its process changed: {', '.join(started)}" if started
+               else f"{', '.join(restarted or recreated)} {'fell' if restarted else 'were re-created'}")
         note = (
-            f"counter reset inside the window ({why} {'fell' if restarted else 'were re-created'}): the "
-            f"engine restarted; these are the counts since the restart, and the traffic between the first "
-            f"scrape and the restart is not in them"
+            f"the engine restarted inside the window ({why}): these are the counts since the restart, and "
+            f"the traffic between the first scrape and the restart is not in them"
         )
     else:
         delta = {
@@ -403,6 +418,10 @@ def window(before: Scrape, after: Scrape) -> ServedProfile:
         }
         span = f" over {after.at - before.at:.0f} s" if after.at is not None and before.at is not None else ""
         note = f"window: the difference of two scrapes ({before.where} -> {after.where}){span}"
+        if not (ib and ia) and not (before.created and after.created):
+            note += ("; the page says nothing of the process behind it (no process_start_time_seconds, no "
+                     "_created, no sglang:startup_time_seconds), so a restart followed by more traffic than "
+                     "before cannot be told from no restart")
     if not reset and not any(v for key, v in delta.items() if _is_counter(key[0])):
         raise BadText(
             f"{before.where} -> {after.where}: no verify steps inside the window (every speculative counter "
@@ -878,19 +897,29 @@ def prometheus_readings(url: str, text: str) -> list[Reading]:
         raise BadText(f"{url}: the query returned no series (resultType {kind!r}); query the engine's "
                       f"speculative counters, e.g. {{__name__=~\"vllm:spec_decode.*\"}}")
     points: list[list[tuple[float, str]]] = [[], []]
+    resets: list[float] = []
     for series in result:
         name = (series.get("metric") or {}).get("__name__")
         samples = [series["value"]] if kind == "vector" else (series.get("values") or [])
         if not name or not samples:
             continue
         line = f"{name}{_label_text(series['metric'])}"
+        last = samples[-1][1]
+        if kind == "matrix" and _is_counter(name.removesuffix("_total")):
+            # the series between its ends, as Prometheus's increase() reads it: a fall between two samples is
+            # a restart, from which the counter counts again from 0
+            vals = [float(v) for _, v in samples]
+            up = sum(b - a if b >= a else b for a, b in zip(vals, vals[1:]))
+            resets += [float(samples[i + 1][0]) for i, (a, b) in enumerate(zip(vals, vals[1:])) if b < a]
+            last = repr(vals[0] + up)
         points[0].append((float(samples[0][0]), f"{line} {samples[0][1]}"))
-        points[1].append((float(samples[-1][0]), f"{line} {samples[-1][1]}"))
+        points[1].append((float(samples[-1][0]), f"{line} {last}"))
     if not points[0]:
         raise BadText(f"{url}: the query's series carry no metric names; query raw series, not an expression")
     ends = points[:1] if kind == "vector" else points
+    restarts = tuple(sorted(set(resets)))
     return [Reading(f"{url} @ {max(t for t, _ in p):.0f}", "\n".join(ln for _, ln in p) + "\n",
-                    max(t for t, _ in p)) for p in ends]
+                    max(t for t, _ in p), restarts if i else ()) for i, p in enumerate(ends)]
 
 
 @dataclass(frozen=True)
@@ -900,6 +929,7 @@ class Reading:
     where: str
     text: str
     at: float | None = None
+    restarts: tuple[float, ...] = ()   # a Prometheus range: when a counter fell between two of its samples
 
     def scrape(self) -> Scrape | None:
         if self.text.lstrip().startswith("{"):
@@ -978,6 +1008,12 @@ def window_of(a: Reading, b: Reading, draft_tokens: int | None = None) -> Served
             f"(responses and logs are per request or per interval already: pass one of them alone)"
         )
     prof = window(sa, sb)
+    if b.restarts:
+        when = ", ".join(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) for t in b.restarts)
+        prof = replace(prof, reset=True, notes=(*prof.notes, (
+            f"the engine restarted inside the window ({len(b.restarts)} time(s): a counter fell between two "
+            f"of the dashboard's samples, at {when} UTC); counted as Prometheus's increase() counts: what "
+            f"was served between the last sample before each restart and the restart is not in the counts")))
     if prof.level is Level.NONE or (prof.drafts == 0 and prof.gauge is None):
         raise BadText(
             f"{a.where} -> {b.where}: no verify steps inside the window; nothing was speculated "
