@@ -237,8 +237,8 @@ VLLM_CASES = [
     (("per_request_t07.json",), {"deployed": "engine-differs", "retrained": "engine-differs"}),
     # the log carries no temperature, so it is judged at 0 and at 1 under vLLM's own rule (target-only): the
     # deployed draft's lines (its greedy traffic) are a wiring problem at either, and that stands; the
-    # retrained draft's reach into its sampled traffic, engine-differs at 0 and wiring at 1, and engine-differs
-    # is claimed only at a known temperature: undetermined (exit 3)
+    # retrained draft's reach into its sampled traffic, engine-differs at 0 and wiring at 1, and
+    # engine-differs is claimed only at a known temperature: undetermined (exit 3)
     (("vllm.log",), {"deployed": "wiring", "retrained": "undetermined"}),
 ]
 
