@@ -267,6 +267,21 @@ def test_diagnose_every_vllm_export(capsys, files, want):
 
 
 @needs
+def test_sglang_sampled_traffic_is_judged_by_its_verify_on_the_device_it_ran_on(capsys):
+    """The T-0.7 responses carry no device: SGLang's target-only tree sampling (its GPU verify) judges them,
+    and the deployed draft's 0.241 at position 0 is what its served layout reaches under that rule (wiring,
+    not an engine fault). ``--served-on cpu`` (where these ran) makes it SGLang's greedy CPU verify."""
+    file, draft = EXPORTS / "sglang" / "deployed" / "generate_t07.json", DRAFTS["deployed"]
+    gpu = diagnose(capsys, file, draft, "--engine", "sglang==0.5.9")
+    cpu = diagnose(capsys, file, draft, "--engine", "sglang==0.5.9", "--served-on", "cpu")
+    assert (gpu["explanation"], gpu["exit_code"]) == (cpu["explanation"], cpu["exit_code"]) == ("wiring", 1)
+    rules = [next(e for e in out["evidence"] if e.startswith("acceptance above")) for out in (gpu, cpu)]
+    assert "sglang 0.5.9 accepts above temperature 0 by target-only" in rules[0]
+    assert "sglang 0.5.9 on a CPU accepts above temperature 0 by greedy" in rules[1]
+    assert gpu["served_predicted_per_position"][0] < cpu["served_predicted_per_position"][0]
+
+
+@needs
 def test_a_healthy_windows_profile_gates_the_miswired_deploy(tmp_path, capsys):
     """The retrained draft's SGLang responses written as a baseline profile; the deployed draft's responses
     fail against it (exit 1), position by position; the healthy window passes its own gate."""

@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     metrics.add_argument("--draft-tokens", type=int, default=None, metavar="K",
                          help="draft tokens per verify step, where the export does not say (llama.cpp's "
                               "--spec-draft-n-max for its /completion timings)")
+    metrics.add_argument("--served-on", choices=("cpu", "gpu"), default=None,
+                         help="what the engine ran on, where the export does not say: SGLang verifies "
+                              "greedily on a CPU at any temperature (its /server_info says)")
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     engine_named, target_named = a.engine is not None, a.target is not None
 
@@ -163,7 +166,8 @@ def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
         engine, line = export_engine(profile.engine, a.engine if engine_named else None)
         text = read_text_file(a.text, "text file") if a.text else None
         v = metrics_verdict(profile, a.draft, a.target if target_named else None, engine, text, a.windows,
-                            a.device, temperature=a.temperature, baseline=baseline, steps=a.steps)
+                            a.device, temperature=a.temperature, baseline=baseline, steps=a.steps,
+                            served_on=a.served_on)
         written = write_profile(served_profile_path(a.write_profile, a.draft),
                                 served_profile_file(v)) if a.write_profile else None
     except (FileNotFoundError, ValueError, EvalInputError) as exc:

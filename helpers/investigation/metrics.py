@@ -469,8 +469,11 @@ def metrics_verdict(
     temperature: float | None = None,
     baseline: SpeculationProfile | None = None,
     steps: int | None = None,
+    served_on: str | None = None,
 ) -> MetricsVerdict:
-    """The served profile beside what the draft should reach, at the traffic's temperature.
+    """The served profile beside what the draft should reach, at the traffic's temperature, under the engine's
+    own acceptance rule above 0 (``rules.acceptance``; ``served_on``: what the engine ran on where the source
+    does not say, for SGLang's greedy verify on a CPU).
 
     ``source``: a ServedProfile (a window the command read) or a path/URL. The temperature: the
     ``temperature`` argument, else what the responses say, else 0 (greedy) assumed, with the figure at the
@@ -509,7 +512,7 @@ def metrics_verdict(
     rule = why_recorded = None
     if any(t > 0 for t in temps):
         release = None if engine is None else (engine.version or engine.effective_version)
-        rule, why_recorded = acceptance.rule_for(profile.engine, release, profile.device)
+        rule, why_recorded = acceptance.rule_for(profile.engine, release, served_on or profile.device)
         if profile.sampler is not None and profile.sampler != rule.sampler:   # the traffic's, where it says
             rule = replace(rule, sampler=profile.sampler,
                            where=(*rule.where, "the sampler: the responses' generation_settings"))
