@@ -24,6 +24,7 @@ from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..model.checkpoint import config_from_json
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_draft_config
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
+from .parameters import NAMES
 from .reports import ORDER, TABLE_HEAD, Summary, read_summary, table_cells
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,21 +40,6 @@ class RunRecord:
     error: str = ""
     outputs: list[str] = field(default_factory=list)
     cell: int | None = None          # the failing cell's index in the notebook (0-based), when one failed
-
-
-def notebook_parameters(path: Path) -> dict:
-    """The parameters cell's names, so overrides that a notebook does not take are dropped."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            names = {}
-            for line in cell.source.splitlines():
-                if "=" in line and not line.startswith((" ", "#")):
-                    names[line.split("=")[0].strip()] = True
-            return names
-    return {}
 
 
 _PROGRESS_LINE = re.compile(r"\d+%\|.*\||\[\d+:\d+(?:<[\d:?]+)?|: \d+:\d+(?::\d+)?\s*$")
@@ -305,7 +291,7 @@ def _parameterised(src: Path, params: dict):
     ``execute_notebook(parameters=...)``: papermill's own check of the parameters cell cannot
     read a line such as ``ENGINE_VERSION = "sglang==0.5.9"`` (two '=') and warns that a
     parameter every notebook declares is unknown. The names were checked by
-    ``notebook_parameters`` already."""
+    the one parameters cell's ``NAMES`` already."""
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
@@ -407,10 +393,9 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
                 bar.set_postfix_str(name)
                 src = NOTEBOOKS / f"{name}.ipynb"
                 dst = staging / f"{name}.ipynb"
-                accepted = notebook_parameters(src)
                 t0 = time.perf_counter()
                 error, cell = "", None
-                given = {k: v for k, v in params.items() if k in accepted}
+                given = {k: v for k, v in params.items() if k in NAMES}   # the one parameters cell
                 try:
                     pm.execute_notebook(_parameterised(src, given), str(dst), cwd=str(NOTEBOOKS),
                                         progress_bar=False, kernel_name="python3",
@@ -502,12 +487,9 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     if target and not params.get("DRAFT") and not (Path(target).parent / "draft").is_dir():
         problems.append(f"a target was given ({target}) without a draft, and no draft/ beside it: "
                         "pass --draft")
-    known = {}
-    for nb in ORDER:
-        known.update(notebook_parameters(NOTEBOOKS / f"{nb}.ipynb"))
     for key in params:
-        if key not in known:
-            problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(known))}")
+        if key not in NAMES:
+            problems.append(f"no notebook takes a parameter {key!r}; known: {', '.join(sorted(NAMES))}")
     try:
         eng = parse_engine(params.get("ENGINE_VERSION", str(CASE_ENGINE)))     # the notebooks' own default
         if eng.rules.runs_release_source and not eng.version:     # SGLang's rules are a release's source
