@@ -1,10 +1,11 @@
 """Notebook 06's three wirings, whichever engine serves them: the deployed draft, fix A (the engine's capture
 patched, the config's ids for the training layout) and fix B (a draft retrained on the served layout).
 
-vLLM reads its ids elsewhere and fixes boundary 0 through the workbook's plugin, so its wirings are written for
-it (``live.vllm.wirings``); the reference engine and SGLang take the drafts notebook 05 wrote, under the rules in
-force (SGLang: its capture rule). A wiring the engine cannot feed at all is dropped here, with the reason, so
-the notebook measures only what can run. Outcomes are data (``Wirings``); the notebook prints ``lines``."""
+vLLM reads its ids elsewhere and fixes boundary 0 through the workbook's plugin, so its wirings are written
+for it (``live.vllm.wirings``); the reference engine and SGLang take the drafts notebook 05 wrote, under the
+rules in force (SGLang: its capture rule). A wiring the engine cannot feed at all is dropped here, with the
+reason, so the notebook measures only what can run. Outcomes are data (``Wirings``); the notebook prints
+``lines``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,8 +52,8 @@ def rebenchmark_wirings(pair, rules, engine, patch, reports: Path, device: str =
             w.draft_dirs["fix B"] = Path(patch.fix_b)
         else:
             w.lines.append("fix B: no retrained draft, so only the deployed wiring and fix A are measured; "
-                           "build one with `.venv/bin/python -m helpers build-default` (or set RETRAINED_DRAFT) "
-                           "and rerun notebooks 05 and 06")
+                           "build one with `.venv/bin/python -m helpers build-default` (or set "
+                           "RETRAINED_DRAFT) and rerun notebooks 05 and 06")
     for name, (d, plan) in list(w.configs.items()):
         w.lines.append(f"{name:9s} {plan.label:22s} {plan.source}")
         w.lines += [f"          warning: {x}" for x in plan.warnings]
