@@ -46,3 +46,39 @@ def summary_rows(served, live_row, wiring: str = "deployed") -> list[dict]:
                      "speedup": served.speedup, "speedup_interval": served.speedup_interval,
                      "timing": served.timing_verdict})
     return rows
+
+
+def isolated(result, val: dict) -> str:
+    """Notebook 02's finding from its rows (``isolate.Isolated``): the draft fed its trained wiring against
+    the served one, step-0 accuracy and the simulated accept length, and what the token embeddings alone
+    reach."""
+    t_row, s_row, z_row, b_row = (result.row(p) for p in ("trained", "served", "no features", "best in dump"))
+    note = (f" (from the dump `{result.data}`, {result.tokens} tokens, no target forward)" if result.data
+            else "")
+    fed = "Fed the layout it was trained on, the draft gets **{:.1%}** of step-0 tokens right"
+    if t_row is None:
+        msg = (f"The trained layout is not in this dump's slots; the best choice in it gets "
+               f"**{b_row.full_acc_0:.1%}** of step-0 tokens right{note}." if b_row is not None
+               else "No trained layout could be scored.")
+    elif result.served_problems:
+        msg = (fed.format(t_row.full_acc_0) + f"{note}. The engine cannot feed it at all "
+               f"({'; '.join(result.served_problems)}): a deployment failure, not a silent accuracy loss.")
+    elif s_row is None:
+        msg = (fed.format(t_row.full_acc_0) + f"{note}. The served layout {tuple(result.served.layout)} is "
+               "not all in the dump, so its accuracy cannot be measured from it: dump those boundaries too, "
+               "or run the target (leave DATA unset).")
+    else:
+        msg = (fed.format(t_row.full_acc_0)
+               + (f" (training reported {val['full_acc'][0]:.1%}); " if val.get("full_acc") else "; ")
+               + f"fed the layout the engine serves, **{s_row.full_acc_0:.1%}**{note}. The simulated accept "
+               f"length falls from {t_row.sim_accept_length:.2f} to {s_row.sim_accept_length:.2f}. The draft "
+               "is fine; its input is wrong.")
+        if z_row is not None:
+            msg += (f" With every feature zeroed it still gets {z_row.full_acc_0:.1%} (simulated accept "
+                    f"length {z_row.sim_accept_length:.2f}) from token embeddings alone: the served wiring "
+                    + ("carries nothing more it can use." if s_row.full_acc_0 <= z_row.full_acc_0 + 0.02 else
+                       "still carries part of the signal, which is why it degrades rather than collapses."))
+    if result.dump is not None and result.dump.labels.startswith("the dump's next tokens"):
+        msg += (" These scores are against the dump's own next tokens, not the target's distribution that "
+                "training used, so every row sits below training's figure: compare the rows with each other.")
+    return msg
