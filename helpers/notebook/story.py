@@ -82,3 +82,78 @@ def isolated(result, val: dict) -> str:
         msg += (" These scores are against the dump's own next tokens, not the target's distribution that "
                 "training used, so every row sits below training's figure: compare the rows with each other.")
     return msg
+
+
+# The seed's published figures: accept length ~1.6 at 56.8 tok/s against a 90 tok/s baseline.
+SEED = {"tau": 1.6, "spec_tok_s": 56.8, "baseline_tok_s": 90.0}
+SEED_BREAK_EVEN = SEED["tau"] * SEED["baseline_tok_s"] / SEED["spec_tok_s"]
+
+
+def baseline(served, draft_steps: int) -> str:
+    """Notebook 01's reading of the reference engine's benchmark: acceptance, speed with its interval, the
+    round's cost in decode steps beside the seed's, and what that means here."""
+    verdict = ("Timing here cannot say whether it is slower; the accept length is the symptom to chase."
+               if served.timing_verdict == "unusable" else "The slowdown reproduces here too."
+               if served.speedup_interval[1] < 1 else
+               "On this machine the same collapse shows as a speedup lost rather than a slowdown; the "
+               "accept length is the symptom to chase.")
+    same = "identical to" if served.lossless else "DIFFERENT from"
+    return (f"With the deployed wiring the draft's proposals are accepted at **{served.accept_rate:.0%}** "
+            f"per position, an accept length of **{served.tau:.2f}** tokens per verify step (the ceiling "
+            f"is {draft_steps + 1}). Speculation runs at **{served.spec_tok_s:.1f} tok/s** against "
+            f"**{served.baseline_tok_s:.1f} tok/s** without it (reference engine); paired by prompt, "
+            f"speculative over baseline is **{speed_phrase(served.timing)}**, and it lost to the baseline "
+            f"on **{served.slower_prompts} of {len(served.per_prompt)}** prompts. The output is {same} "
+            f"the baseline's, so the engine itself is sound: the draft is guessing badly.\n\n"
+            f"Here one speculation round costs **{served.break_even_tau:.2f}** decode steps, so "
+            f"speculation pays from that accept length up. The seed's figures put its round at "
+            f"{SEED_BREAK_EVEN:.2f} decode steps (a verify over k+1 tokens of a large MoE reads many more "
+            f"experts than a one-token decode): an accept length of {served.tau:.2f} there would run at "
+            f"{served.tau / SEED_BREAK_EVEN:.2f}x. {verdict} Next: test the draft alone.")
+
+
+def on_the_engine(live_row, served, rules, layout_label: str) -> str:
+    """Notebook 01's reading of the same wiring on the real engine, beside the reference engine's
+    prediction."""
+    gap = ("the prediction holds" if abs(live_row.tau_gap) <= 0.15
+           else f"they differ by {live_row.tau_gap:+.2f}")
+    same = "identical to" if live_row.lossless else "DIFFERENT from"
+    per = ", ".join(f"{x:.0%}" for x in live_row.accepted_per_position)
+    return (f"**On the real engine ({live_row.backend}, {live_row.rules}, this host):** speculation runs "
+            f"at **{live_row.spec_tok_s:.1f} tok/s** against **{live_row.baseline_tok_s:.1f} tok/s** "
+            f"without it; paired by prompt, **{speed_phrase(live_row.timing)}**, at an accept length of "
+            f"**{live_row.accept_length:.2f}** by the engine's own counters (per draft position {per}). "
+            f"The reference engine fed the layout {rules} is predicted to serve, {layout_label}, measured "
+            f"{served.tau:.2f}: {gap}. The engine's speculative output is {same} its own baseline's.")
+
+
+def rebenchmark_notes(results: dict, live_rows: list, reused: bool, step01) -> list[str]:
+    """What notebook 06's table cannot say: which ratios lie beyond 1, why a timing is noisy, the
+    break-even, whether notebook 01's deployed measurement was reused or agrees, and what is
+    deterministic."""
+    from ..live.timing import agreement, table_notes
+
+    notes = [] if "deployed" in results else ["The deployed wiring cannot be served at all (see above)."]
+    notes += table_notes([(r.wiring, r.backend, r.timing) for r in live_rows]
+                         + [(n, "the reference engine", r.timing) for n, r in results.items()])
+    first = next(iter(results.values()), None)
+    if first and first.timing_verdict != "unusable":
+        notes.append(f"Break-even accept length on this machine: {first.break_even_tau:.2f}.")
+    if "deployed" in results:
+        dep = results["deployed"]
+        notes.append(f"Deployed wiring slower than the baseline on {dep.slower_prompts} of "
+                     f"{len(dep.per_prompt)} prompts.")
+        if reused:      # one run, one story: notebook 01 measured the same wiring earlier in this run
+            notes.append("The deployed rows are notebook 01's measurement (same pair, prompts, settings and "
+                         "engine), not measured twice; each row's ratio is paired within its own benchmark.")
+        elif step01 and step01.served:
+            notes.append(agreement(step01.served, dep.to_dict(),
+                                   "Deployed wiring, notebook 01 vs here (reference engine)") + ".")
+        live01 = next((r for r in live_rows if r.wiring == "deployed"), None)
+        if not reused and step01 and step01.live and live01:
+            notes.append(agreement(step01.live, live01.to_dict(),
+                                   f"Deployed wiring, notebook 01 vs here ({live01.backend})") + ".")
+    notes.append("Accept lengths, per-position acceptance and losslessness are deterministic; each speedup "
+                 "is a ratio on this machine, paired and interleaved against its own baseline, with its 95% "
+                 "interval.")
+    return notes
