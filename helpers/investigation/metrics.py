@@ -260,8 +260,7 @@ def differs_next(family: str, temperature: float | None) -> list[str]:
         steps.append(f"python -m helpers capture --backend {family} --target T --draft D --text SAMPLE "
                      f"(the wiring: what {family} feeds the draft, then check --measured)")
     steps.append(f"python -m helpers bench --backend {family} --target T --draft D (the forward: the draft "
-                 f"on "
-                 f"{family}'s own kernels, greedy, beside the workbook's accept length)")
+                 f"on {family}'s own kernels, greedy, beside the workbook's accept length)")
     if temperature is None or temperature > 0:
         steps.append("send the same traffic at temperature 0 and read the metrics again (the sampler: greedy "
                      "acceptance that reaches the expectation while sampled does not points at the verify "
