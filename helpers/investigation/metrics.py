@@ -22,7 +22,7 @@ from ..model.draft import forward_verdict, run_as
 from ..profile import SpeculationProfile, read_profile, wilson
 from ..record import read_record
 from ..rules import acceptance
-from ..rules.conventions import Engine
+from ..rules.conventions import Engine, rules_of
 from ..rules.vllm import faults
 from . import evaluate
 from .evaluate import evaluate_layout
@@ -256,7 +256,7 @@ def differs_next(family: str, temperature: float | None) -> list[str]:
     at the verify rule, read with the rule's file:line above). Only steps this engine has: llama.cpp has no
     capture."""
     steps = []
-    if family in ("vllm", "sglang"):
+    if rules_of(family).live_capture:
         steps.append(f"python -m helpers capture --backend {family} --target T --draft D --text SAMPLE "
                      f"(the wiring: what {family} feeds the draft, then check --measured)")
     steps.append(f"python -m helpers bench --backend {family} --target T --draft D (the forward: the draft "

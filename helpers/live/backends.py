@@ -55,6 +55,16 @@ class Backend:
     def live(self) -> bool:
         return self.install is not None
 
+    def own_wirings(self, pair, rules: Engine, training_layout, retrained, out_dir):
+        """The investigation's wirings as this runtime must be given them, or None where the drafts notebook
+        05 wrote serve as they are: vLLM reads a draft's ids elsewhere and fixes boundary 0 by the workbook's
+        plugin, so its wirings are written for it (``live.vllm.wirings``: name -> (draft folder, plan))."""
+        if not isinstance(self.install, VllmInstall):
+            return None
+        from .vllm.wirings import vllm_wirings
+
+        return vllm_wirings(pair, rules, self.install, training_layout, retrained, out_dir)
+
     @property
     def label(self) -> str:
         """Which runtime and which rules, in one phrase for every table and headline."""

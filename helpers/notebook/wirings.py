@@ -28,11 +28,9 @@ def rebenchmark_wirings(pair, rules, engine, patch, reports: Path, device: str =
     """The wirings notebook 06 measures on ``engine`` (a ``live.backends`` choice) under ``rules``, from
     notebook 05's ``patch`` (``PatchStep``)."""
     w = Wirings()
-    if engine.family == "vllm":
-        from ..live.vllm.wirings import vllm_wirings
-
-        for name, (d, plan) in vllm_wirings(pair, rules, engine.install, tuple(patch.trained), patch.fix_b,
-                                            Path(reports) / "vllm").items():
+    own = engine.own_wirings(pair, rules, tuple(patch.trained), patch.fix_b, Path(reports) / "vllm")
+    if own is not None:
+        for name, (d, plan) in own.items():
             w.configs[name] = (pair.draft if name == "deployed" else load_draft(d, target=pair.target,
                                                                                 device=device), plan)
             w.draft_dirs[name] = Path(d)

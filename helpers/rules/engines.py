@@ -53,6 +53,7 @@ class EngineRules:
     patchable: bool = False               # the workbook carries a patch for its capture code
     fix_writes_top_level: bool = False    # ``fixes.with_engine_ids`` writes the ids top-level, as boundaries
     serves_from_gguf: bool = False        # it loads a converted draft file whose metadata fixes the ids
+    live_capture: bool = False            # ``capture --backend`` can measure what it feeds the draft
     #                                       (llama.cpp's eagle3.target_layers; ``check --gguf`` reads it)
     pp_partition_var: str = "SGLANG_PP_LAYER_PARTITION"   # the variable that sets its PP layer split
     pp_remainder_before_last: bool = False   # its default PP split gives the remainder to the stages before
@@ -163,6 +164,7 @@ class SGLangRules(EngineRules):
     draft_files_read = True
     mla_draft_file = "kimi_k25_eagle3.py"
     reads_speculators_format = False
+    live_capture = True
     builds_reference_head = False
     runs_release_source = True
     reports_inner_capture = True
@@ -204,6 +206,7 @@ class VllmRules(EngineRules):
     ids_home = IdsAt.TOP_LEVEL
     fix_ids_at = "top-level"
     draft_files_read = True
+    live_capture = True
     mla_draft_file = "deepseek_eagle3.py"
     reads_speculators_format = True
     builds_reference_head = True
