@@ -257,8 +257,7 @@ def rule_for(engine: str, release: str | None,
              device: str | None = None) -> tuple[AcceptanceRule, str | None]:
     """The acceptance rule of ``engine`` (a family) at ``release``, read from that release's files: vLLM's
     Python from its wheel (by ranges, cached), SGLang's from its wheel, llama.cpp's kept beside its built
-    server. Returns
-    (the rule, None), or (the recorded rule, why it was not read)."""
+    server. Returns (the rule, None), or (the recorded rule, why it was not read)."""
     try:
         if release is None:
             raise LookupError("no release named")
