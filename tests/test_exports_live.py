@@ -279,6 +279,8 @@ def test_sglang_sampled_traffic_is_judged_by_its_verify_on_the_device_it_ran_on(
     assert "sglang 0.5.9 accepts above temperature 0 by target-only" in rules[0]
     assert "sglang 0.5.9 on a CPU accepts above temperature 0 by greedy" in rules[1]
     assert gpu["served_predicted_per_position"][0] < cpu["served_predicted_per_position"][0]
+    assert (gpu["acceptance_rule"]["verify"], cpu["acceptance_rule"]["verify"]) == ("target-only", "greedy")
+    assert cpu["acceptance_rule"]["device"] == "cpu" and cpu["acceptance_rule"]["read"]
 
 
 @needs

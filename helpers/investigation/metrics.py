@@ -14,6 +14,7 @@ known, the profile the engine's predicted served layout simulates to. ``metrics_
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -213,6 +214,8 @@ class MetricsVerdict:
     temperature_basis: str = ""  # where that came from (responses, --temperature, assumed)
     alternative: dict | None = None  # unknown temperature: the other figure and its explanation
     gate: Gate | None = None
+    acceptance: acceptance.AcceptanceRule | None = None  # the engine's rule above temperature 0, as judged
+    acceptance_recorded_because: str | None = None       # why the recorded rule stood in for the release's
 
     @property
     def exit_code(self) -> int:
@@ -244,6 +247,9 @@ class MetricsVerdict:
             "evidence": self.evidence,
             "next": self.next,
             "gate": None if self.gate is None else self.gate.to_dict(),
+            "acceptance_rule": None if self.acceptance is None else {
+                **dataclasses.asdict(self.acceptance), "verify": str(self.acceptance.verify),
+                "recorded_because": self.acceptance_recorded_because},
             "exit_code": self.exit_code,
         }
         return d
@@ -557,6 +563,7 @@ def metrics_verdict(
         )
     v = explain(profile, expected[temp], served_pred[temp], served, trained, ignored)
     v.temperature, v.temperature_basis = temp, basis
+    v.acceptance, v.acceptance_recorded_because = rule, why_recorded
     if len(temps) > 1:
         alt_t = temps[1]
         alt = explain(profile, expected[alt_t], served_pred[alt_t], served, trained, ignored)
