@@ -6,6 +6,9 @@
   the layout instead.
 - ``ids``: a copy whose config gives an engine the ids it turns into the trained layout (fix A).
 - ``reorder``: a copy whose ``fc`` slots are permuted to the order the engine concatenates (fix C).
+- ``deploy``: one copy for every engine named (``--engine`` repeated): the format each loads, each engine's
+  ids from its own rule, ``check`` run on the copy for each before it is written (one copy per engine where
+  no single config serves them all). The fix ``check``, ``diagnose`` and the guard print is this command.
 
 Each writes a new folder (``ids``, ``reorder``) or only ``training.json`` (``record``); bad input changes
 nothing.
@@ -52,6 +55,16 @@ def _args(argv):
     o.add_argument("--out", type=Path, required=True)
     o.add_argument("--served", required=True, help="the boundaries the engine feeds, in order, e.g. 3,7,10")
     o.add_argument("--trained", help="the trained layout (default: the draft's training record)")
+    d = sub.add_parser("deploy", help="one copy that every engine named serves at the trained layout, "
+                                      "checked by their own rules before it is written")
+    d.add_argument("--draft", type=Path, required=True)
+    d.add_argument("--out", type=Path, required=True, help="a new folder for the copy (or one per engine)")
+    d.add_argument("--engine", action="append", required=True,
+                   help="an engine and release to serve it on, repeated: --engine sglang==0.5.23 --engine "
+                        "vllm==0.34.0 --engine llamacpp==b11434")
+    d.add_argument("--target", type=Path, required=True, help="the target folder (its class and layer count)")
+    d.add_argument("--layout", help="the trained layout, e.g. 0,3,7 (default: the draft's training record)")
+    d.add_argument("--json", action="store_true", help="print the outcome as one JSON document")
     return p.parse_args(glue_option_values(list(argv), "--ids", "--layout", "--served", "--trained",
                                            "--train-ids"))
 
@@ -147,6 +160,32 @@ def reorder(a) -> int:
     return 0
 
 
+def deploy(a) -> int:
+    from ..investigation.fixes import deploy as write_deployment
+
+    engines = [engine_value(e) for e in a.engine]
+    layout = parse_int_list(a.layout, "--layout", "0,3,7") if a.layout else None
+    d = write_deployment(a.draft, a.out, engines, target=a.target, layout=layout)
+    if a.json:
+        print(json.dumps(d.to_dict(), indent=2))
+        return d.exit_code
+    head = (f"wrote {d.out}: one copy every engine named serves" if d.ok and d.shared else
+            f"wrote {d.out}: one copy per engine (no single config serves them all)" if d.ok else
+            f"wrote nothing: not every engine named serves {d.trained} from a copy")
+    say(head)
+    say(f"  trained on {d.trained}; format {d.fmt}" + (" (converted)" if d.converted else "")
+        + ("; fc slots permuted into ascending order" if d.reordered else ""))
+    for f in d.fixes:
+        where = f" [{f.folder}]" if f.folder is not None and not d.shared else ""
+        ids = f"{f.key} ids {list(f.ids)}" if f.ids is not None and f.key else "no ids"
+        say(f"  {f.engine:<18} {ids}: {f.verdict}{where}")
+        if f.then and f.ok:
+            say(f"  {'':<18} then {f.then}")
+    for k in d.dropped:
+        say(f"  left out {k}: no engine named reads it")
+    return d.exit_code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     a = _args(argv or [])
-    return {"record": record, "ids": ids, "reorder": reorder}[a.action](a)
+    return {"record": record, "ids": ids, "reorder": reorder, "deploy": deploy}[a.action](a)

@@ -250,8 +250,38 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
         _measured(report, Path(measured))
     if converted is not None:
         _converted(report, served, converted, eng)
+    _one_command(report, target)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+# The problems ``fixes deploy`` settles: the ids, their key, the format. Its command heads their fix.
+DEPLOY_SETTLES = ("layout-mismatch", "ids-key", "ids-missing", "speculators-format")
+
+
+def deploy_command(draft: str, target: str, engine: str) -> str:
+    """The one command that writes a copy ``engine`` serves at the trained layout, checked first."""
+    return (f"python -m helpers fixes deploy --draft {draft} --target {target} --engine {engine} "
+            f"--out {str(draft).rstrip('/')}-deploy")
+
+
+def _one_command(report: CheckReport, target) -> None:
+    """The first problem the deploy command settles names it, the others point to it, so a fix is a
+    command to run, never a hand edit (with the trained layout known; without one there is nothing to
+    deploy to)."""
+    if report.training_layout is None or target is None:
+        return
+    cmd = deploy_command(report.draft, str(target), report.engine)
+    first = True
+    for i, p in enumerate(report.problems):
+        if p.kind not in DEPLOY_SETTLES or (p.kind == "layout-mismatch"
+                                            and len(report.training_layout) != len(report.served_layout)):
+            continue
+        head = (f"`{cmd}` writes a copy {report.engine} serves at the trained layout, checked before it is "
+                f"written (add an --engine for each engine you serve it on)" if first
+                else "the deploy command above settles this too")
+        report.problems[i] = replace(p, fix=f"{head}; by hand: {p.fix}")
+        first = False
 
 
 def _releases(report: CheckReport, eng: Engine, spec: TargetSpec, cfg: dict) -> None:
@@ -516,10 +546,9 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
             "speculators-format", f"speculators-format draft ({archs}): "
             "SGLang registers no such architecture in the releases read so far; "
             "its llama_eagle3 would skip layers.0.* weights silently",
-            "convert it: architectures LlamaForCausalLMEagle3, "
-            "the ids under eagle_config (SGLang's numbering), "
-            "weights layers.0.* renamed midlayer.* (helpers.model.checkpoint.save_draft(..., "
-            "fmt='sglang') writes that layout from a loaded draft)"))
+            "convert it: architectures LlamaForCausalLMEagle3, the ids under eagle_config in SGLang's "
+            "numbering (its setter's inverse, not the top-level ids copied), weights layers.0.* renamed "
+            "midlayer.*"))
     if is_eagle_reference_config(cfg):
         archs = ", ".join(architectures(cfg))
         head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"

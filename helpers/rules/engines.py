@@ -180,7 +180,10 @@ class SGLangRules(EngineRules):
         if where != IdsAt.TOP_LEVEL:
             return None
         return (f"the ids {ids} are top-level (speculators/vLLM format); SGLang reads only "
-                f"eagle_config.{IDS_KEY} and serves its defaults", f"move them into eagle_config.{IDS_KEY}")
+                f"eagle_config.{IDS_KEY} and serves its defaults",
+                f"write them under eagle_config.{IDS_KEY} in SGLang's numbering, which is not the top-level "
+                f"one (SGLang's setters map each id; Llama's adds one): copied as they are, they are served "
+                f"elsewhere")
 
     def across_releases(self, engine, arch, num_layers, cfg, target_config):
         return sglang_across_releases(arch, num_layers, cfg, target_config)
