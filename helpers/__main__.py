@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from . import errors
 from .errors import HeldStderr, InputError, fail, say
 
 COMMANDS = {
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
         print(f"unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
         return 2
 
+    errors.JSON_ERRORS = "--json" in rest
     held = None
     if not sys.stderr.isatty():        # a log or a pipe: bad input leaves the error line alone there
         held = sys.stderr = HeldStderr(sys.stderr)

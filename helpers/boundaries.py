@@ -9,12 +9,22 @@ else. A *layout* is the ordered tuple of boundaries concatenated into the draft'
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Iterable, Sequence
 
 from .errors import BadOption
 
 Layout = tuple[int, ...]
+
+
+class ExitCode(IntEnum):
+    """One exit-code convention for every command that judges a wiring: ``check``, ``diagnose`` (a target,
+    a dump, an export) and ``fixes deploy``."""
+
+    OK = 0            # served = trained (or a difference that costs nothing measurable)
+    PROBLEM = 1       # a problem found: a mismatch, a blocked deployment, a gate failed
+    BAD_INPUT = 2     # what was expected, what came; nothing changed
+    UNDECIDED = 3     # the evidence cannot decide
 
 
 class ProblemKind(StrEnum):

@@ -106,13 +106,23 @@ def say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+# Set by the command line when ``--json`` was asked for: an error is then a JSON document on stdout too,
+# so a program reading the output gets one to parse (the line on stderr stays for people).
+JSON_ERRORS = False
+
+
 def fail(exc: BaseException | str, code: int = 2) -> int:
     """Print ``error: <one line>`` on stderr and hand back the exit status for the CLI to return. What a
-    command said on a held stderr before it (``HeldStderr``) is dropped: the error is the only line."""
+    command said on a held stderr before it (``HeldStderr``) is dropped: the error is the only line.
+    With ``--json``, ``{"error": ..., "exit_code": ...}`` on stdout as well."""
     close_progress_bars()          # first: a closing bar writes its last frame, which the drop then takes
     if isinstance(sys.stderr, HeldStderr):
         sys.stderr.drop()
     say(f"error: {one_line(exc)}")
+    if JSON_ERRORS:
+        import json
+
+        print(json.dumps({"error": one_line(exc), "exit_code": code}))
     return code
 
 

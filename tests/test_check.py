@@ -178,7 +178,7 @@ def test_reduced_vocabulary_without_d2t(tmp_path):
 def test_unknown_training_layout_says_what_settles_it(tmp_path):
     r = check(_draft(tmp_path, "d", nested=[2, 6, 9]), parse_engine("sglang==0.5.9"),
               target=_target(tmp_path, "LlamaForCausalLM", 12))
-    assert r.training_layout is None and r.exit_code == 1 and "UNKNOWN" in r.verdict
+    assert r.training_layout is None and r.exit_code == 3 and "UNKNOWN" in r.verdict
     assert "diagnose" in next(p.fix for p in r.problems if p.kind == "training-unknown")
 
 
@@ -310,7 +310,7 @@ def test_candidates_when_no_trainer_is_recorded(tmp_path):
     assert got["specforge-hf"] == ([3, 31, 59], True) and got["modelopt"] == ([3, 31, 59], True)
     assert got["specforge-sglang==0.5.9"] == ([3, 31, 59], True)
     assert "torchspec-vllm" not in got                     # a llama-type draft: the export leaves its ids
-    assert r.exit_code == 1 and r.verdict.startswith("UNKNOWN")
+    assert r.exit_code == 3 and r.verdict.startswith("UNKNOWN")
     mla = _draft(tmp_path, "mla", nested=[2, 30, 58], extra={"architectures": ["Eagle3DeepseekV2ForCausalLM"],
                                                               "model_type": "kimi_k2"})
     later = check(mla, parse_engine("sglang==0.5.23"), target=_target(tmp_path, "DeepseekV3ForCausalLM", 61))

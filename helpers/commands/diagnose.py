@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         return fail(exc)
     if a.json:
         print_json(d.to_dict())
-        return 0
+        return d.exit_code
     if assumed:
         print(assumed)
     L = d.num_layers
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     if w and w.candidates and not w.trained_known:
         print("\n".join(candidate_table(w.candidates, a.engine, L)))
     print(d.verdict)
-    return 0
+    return d.exit_code
 
 
 # --------------------------------------------------------------------------------------

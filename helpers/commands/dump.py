@@ -69,11 +69,11 @@ def run_dump_diagnosis(a, assumed_engine: str | None = None) -> int:
         return fail(exc)
     if a.json:
         print_json({"assumed_engine": assumed_engine} | d.to_dict())
-        return 0
+        return d.exit_code
     if assumed_engine:
         print(assumed_engine_line(assumed_engine))
     print(format_dump_diagnosis(d, a.engine))
-    return 0
+    return d.exit_code
 
 
 def _recorded(draft_dir: Path) -> tuple[int, ...] | None:

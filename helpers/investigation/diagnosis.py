@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..boundaries import layout_label
+from ..boundaries import ExitCode, layout_label
 from ..errors import check_finite
 from ..model.draft import run_as
 from ..rules.conventions import Engine
@@ -65,6 +65,11 @@ class Diagnosis:
     @property
     def verdict(self) -> str:
         return self.wiring.line if self.wiring else "no verdict"
+
+    @property
+    def exit_code(self) -> int:
+        """``boundaries.ExitCode``, from the wiring verdict (3 when there is none)."""
+        return self.wiring.exit_code if self.wiring is not None else ExitCode.UNDECIDED
 
     def to_dict(self) -> dict:
         return {

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..boundaries import layout_label
+from ..boundaries import ExitCode, layout_label
 from ..errors import BadCheckpoint, BadOption, BadText
 from ..model.capture import decoder_parts, run_and_capture
 from ..model.checkpoint import NoEmbeddingError, load_draft
@@ -418,6 +418,11 @@ class DumpDiagnosis:
                 row[f"cond_acc_{j}"] = r["cond_acc"][j]
             rows.append(row)
         return pd.DataFrame(rows)
+
+    @property
+    def exit_code(self) -> int:
+        """``boundaries.ExitCode``, from the wiring verdict (3 when there is none)."""
+        return self.wiring.exit_code if self.wiring is not None else ExitCode.UNDECIDED
 
     def to_dict(self, top: int = 20) -> dict:
         best = self.best

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from safetensors.torch import save_file
 
-from ..boundaries import WiringError
+from ..boundaries import ExitCode, WiringError
 from ..errors import BadOption
 from ..model.checkpoint import read_draft_weights
 from ..record import read_record, write_record
@@ -185,7 +185,7 @@ class Deployment:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else 1
+        return ExitCode.OK if self.ok else ExitCode.PROBLEM
 
     def to_dict(self) -> dict:
         return {"draft": str(self.draft), "out": str(self.out), "trained": list(self.trained),

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
+from ..boundaries import ExitCode, Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
 from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_file
 from ..record import read_record
 from ..rules import matrix as releases
@@ -44,7 +44,7 @@ from ..rules.sglang import source as ss
 from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology
 from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
-from ..rules.wiring import resolve
+from ..rules.wiring import ids_for_layout, resolve
 from .evidence import Basis, output_evidence, training_evidence
 from .trainer_output import read_trainer_output
 from .verdict import candidate_table, ways_out, writer_candidates
@@ -110,7 +110,12 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else 1
+        """``boundaries.ExitCode``: 0 OK; 1 a mismatch or a blocking problem; 3 no training layout to judge
+        by and nothing else wrong."""
+        if self.ok:
+            return ExitCode.OK
+        other = [p for p in self.problems if p.blocking and p.kind != "training-unknown"]
+        return ExitCode.UNDECIDED if self.training_layout is None and not other else ExitCode.PROBLEM
 
     def _label(self, layout) -> str:
         return f"{tuple(layout)} {layout_label(layout, self.num_layers)}" if layout else "nothing"
@@ -250,7 +255,7 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
         _measured(report, Path(measured))
     if converted is not None:
         _converted(report, served, converted, eng)
-    _one_command(report, target)
+    _one_command(report, target, eng, root)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -265,11 +270,17 @@ def deploy_command(draft: str, target: str, engine: str) -> str:
             f"--out {str(draft).rstrip('/')}-deploy")
 
 
-def _one_command(report: CheckReport, target) -> None:
+def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
     """The first problem the deploy command settles names it, the others point to it, so a fix is a
     command to run, never a hand edit (with the trained layout known; without one there is nothing to
     deploy to)."""
     if report.training_layout is None or target is None:
+        return
+    try:        # only where ids alone serve it: a release that needs a patch first is not a copy away
+        ids = ids_for_layout(sorted(report.training_layout), report.arch, report.num_layers, eng, root=root)
+    except (WiringError, ValueError):
+        ids = None
+    if ids is None:
         return
     cmd = deploy_command(report.draft, str(target), report.engine)
     first = True

@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from ..boundaries import ExitCode
 from ..errors import BadOption
 from ..model.draft import forward_verdict, run_as
 from ..profile import SpeculationProfile, read_profile, wilson
@@ -64,10 +65,10 @@ class Explanation(StrEnum):
 def exit_code(explanation: Explanation, gate_failed: bool = False) -> int:
     """0 ok; 1 a problem found (or a baseline gate failed); 3 undetermined. (2 is bad input, at the edge.)"""
     if gate_failed:
-        return 1
+        return ExitCode.PROBLEM
     if explanation is Explanation.OK:
-        return 0
-    return 3 if explanation is Explanation.UNDETERMINED else 1
+        return ExitCode.OK
+    return ExitCode.UNDECIDED if explanation is Explanation.UNDETERMINED else ExitCode.PROBLEM
 
 
 # --------------------------------------------------------------------------------------

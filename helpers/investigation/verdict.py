@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Sequence
 
-from ..boundaries import Layout, ProblemKind, WiringError
+from ..boundaries import ExitCode, Layout, ProblemKind, WiringError
 from ..model.draft import forward_verdict, run_as
 from ..rules.conventions import IDS_KEY, Engine, expect_engine
 from ..rules.wiring import ids_for_layout, resolve
@@ -224,6 +224,21 @@ class WiringVerdict:
     def significant(self) -> bool | None:
         return None if self.cost is None else self.cost.significant
 
+    @property
+    def exit_code(self) -> int:
+        """The one convention (``boundaries.ExitCode``): 0 served = trained, or a difference measured on
+        enough text to cost nothing measurable; 1 a problem found; 3 cannot decide. (2, bad input, is the
+        edge's.)"""
+        if self.errors or self.forward:
+            return ExitCode.PROBLEM
+        m = self.mismatch
+        if m is None or self.served is None:
+            return ExitCode.UNDECIDED
+        if not m:
+            return ExitCode.OK
+        c = self.cost
+        return ExitCode.OK if c is not None and c.enough and not c.significant else ExitCode.PROBLEM
+
     def cost_text(self) -> str:
         c = self.cost
         if c is None:
@@ -294,7 +309,7 @@ class WiringVerdict:
                 "cost": cost, "significant": self.significant,
                 "trained_known": self.trained_known, "trained_source": self.trained_source,
                 "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line,
-                "candidates": self.candidates}
+                "candidates": self.candidates, "exit_code": self.exit_code}
 
 
 def _short(layouts, n: int = 4) -> str:
