@@ -116,7 +116,7 @@ def test_diagnose_cli_json(capsys):
     rc = main(["--target", str(d / "target"), "--draft", str(d / "draft"), "--windows", "6", "--json",
                "--engine", "sglang==0.5.9"])         # the original case's release
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0
+    assert rc == 1 and out["exit_code"] == 1          # a problem found (the one convention)
     assert_in_front((0, 3, 7), out["best_layout"], out["confident_set"],
                     [r["layout"] for r in out["ranking"]])
     assert out["served_layout"] == [3, 7, 10]
@@ -143,7 +143,7 @@ def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp
     rc = main(["--target", str(d / "target"), "--draft", str(draft), "--windows", "2", "--steps", "1",
                "--json", "--engine", "sglang==0.5.9"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0 and out["mismatch"] and out["served_errors"] and out["served_acc"] is None
+    assert rc == 1 and out["mismatch"] and out["served_errors"] and out["served_acc"] is None
     assert out["trained_layout"] == [0, 3, 7]
 
 

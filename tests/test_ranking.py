@@ -352,7 +352,7 @@ def test_dump_without_the_trained_slots_is_still_a_mismatch_by_record(capsys):
     d = tiny_default()
     dump = tiny_dump("speculators", (3, 7, 10), records=2)
     assert main(["diagnose", "--data", str(dump), "--target", str(d / "target"), "--draft", str(d / "draft"),
-                 "--engine", "sglang==0.5.9", "--json"]) in (0, 1)
+                 "--engine", "sglang==0.5.9", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["mismatch"] is True and out["cost"] is None
     assert "MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record" in out["verdict"]
