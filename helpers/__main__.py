@@ -42,7 +42,10 @@ def usage() -> str:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        try:
+            print(usage())
+        except BrokenPipeError:     # `--help | head`: the reader left
+            sys.stdout = None
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:

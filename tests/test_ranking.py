@@ -201,8 +201,8 @@ def test_dump_path_keeps_the_training_layout_in_front(case):
     base, draft, dump, trained = DUMP_CASES[case]()
     r = cli("diagnose", "--draft", draft, "--data", dump, "--target", base / "target",
             "--engine", "sglang==0.5.9", "--json")      # the original case's rule: the served (3, 7, 10)
-    assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert r.returncode == out["exit_code"] and r.returncode in (0, 1), r.stderr
     import pandas as pd
 
     ranking = pd.DataFrame(out["ranking"])
@@ -334,13 +334,13 @@ def test_tiny_sample_is_never_confident():
     base = tiny_default()
     r = cli("diagnose", "--draft", base / "draft", "--data", tiny_dump("speculators"), "--target",
             base / "target", "--max-tokens", "5", "--steps", "1", "--engine", "sglang==0.5.9", "--json")
-    assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert r.returncode == out["exit_code"] == 1, r.stderr      # served ≠ trained by the record
     assert out["tokens"] <= 4 and out["confident"] is False and len(out["confident_set"]) > 1
     assert isinstance(out["z_runner_up"], float) and out["significant"] is False
     text = cli("diagnose", "--draft", base / "draft", "--data", tiny_dump("speculators"), "--target",
                base / "target", "--max-tokens", "5", "--steps", "1", "--engine", "sglang==0.5.9")
-    assert text.returncode == 0 and not re.search(r"\binf\b", text.stdout)
+    assert text.returncode == 1 and not re.search(r"\binf\b", text.stdout)
     assert "(confident)" not in text.stdout
     assert "NOT confident" in text.stdout
 

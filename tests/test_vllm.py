@@ -381,7 +381,8 @@ def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, t
         start(llama, PAIR / "draft", logs="llama")
     v = refused("llama")
     assert (v["kind"], v["refused"], v["served"], v["trained"]) == ("miswired", True, [2, 6, 9], [0, 3, 7])
-    assert "--ids 0,3,7" in v["fix"] and "boundary0" not in v["fix"] and v["line"] in str(info.value)
+    assert "to [0, 3, 7]" in v["fix"] and "boundary0" not in v["fix"] and v["line"] in str(info.value)
+    assert f"fixes deploy --draft {PAIR / 'draft'} --target {llama} --engine vllm==" in v["fix"]
     fixed = tmp_path / "draft-fixed"
     assert fixes_main(["ids", "--draft", str(PAIR / "draft"), "--out", str(fixed), "--engine", "vllm",
                        "--ids", "0,3,7", "--layout", "0,3,7"]) == 0

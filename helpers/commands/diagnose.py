@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import cli
 from ..boundaries import layout_label
 from ..errors import BadOption, InputError, fail, print_json, read_text_file
-from ..investigation.diagnosis import diagnose
+from ..investigation.diagnosis import diagnose_text
 from ..investigation.evaluate import MIN_BLOCKS, EvalInputError
 from ..investigation.exports import parse_duration, read_served
 from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
@@ -24,6 +24,7 @@ from ..profile import read_profile, write_profile
 from .dump import run_dump_diagnosis
 
 SERVED_PROFILE = "served_profile.json"
+WINDOWS, MAX_WINDOWS = 12, 96     # 256-token windows evaluated first, and at most while not settled
 
 
 def served_profile_path(where: Path, draft: Path) -> Path:
@@ -40,9 +41,15 @@ def main(argv=None) -> int:
     ap = cli.parser("diagnose", __doc__)
     cli.add_pair_args(ap)
     ap.add_argument("--text", type=Path, default=None,
-                    help="held-out text to evaluate on (default: heldout.txt)")
+                    help="your own text to evaluate on, as your users send it (default: heldout.txt beside "
+                         "the target, else the workbook's embedded text, which is said)")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--windows", type=int, default=12, help="256-token windows of text to use")
+    ap.add_argument("--windows", type=int, default=None,
+                    help=f"256-token windows of text to evaluate (default {WINDOWS}, doubled up to "
+                         f"--max-windows while the verdict is not settled; given, exactly that many)")
+    ap.add_argument("--max-windows", type=int, default=None,
+                    help=f"windows to grow to, doubling, while the verdict is not settled (default "
+                         f"{MAX_WINDOWS}, or --windows when that is given)")
     dump = ap.add_argument_group("from a trainer's hidden-state dump (no target forward; see docs/dumps.md)")
     dump.add_argument("--data", type=Path, default=None,
                       help="dump folder: hs_*.safetensors, data_*.pt + data_config.json, or "
@@ -83,9 +90,12 @@ def main(argv=None) -> int:
 
     if not 1 <= a.steps <= MAX_STEPS:
         ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
+    given = a.windows is not None
+    a.windows = WINDOWS if a.windows is None else a.windows
     if a.windows < 2:
         ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
                  f"{a.windows}")
+    a.max_windows = max(a.max_windows or (a.windows if given else MAX_WINDOWS), a.windows)
     try:   # a typo in --engine fails before any weights load; none given: the stated default, said first
         a.engine, assumed = cli.stated_engine(a.engine)
     except InputError as exc:
@@ -103,8 +113,9 @@ def main(argv=None) -> int:
 
         text = read_text_file(a.text, "text file") if a.text else None  # before the models load
         pair = load_pair(a.target, a.draft, a.device)
-        caps = eval_captures(pair, text, max_windows=a.windows)
-        d = diagnose(pair, caps, a.engine, a.steps, progress=not a.json)
+        caps = (eval_captures(pair, text, max_windows=a.windows, where=str(a.text), origin="--text") if text
+                else eval_captures(pair, max_windows=a.windows))
+        d = diagnose_text(pair, caps, a.engine, a.steps, budget=a.max_windows, progress=not a.json)
         d.assumed_engine = assumed_engine
     except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
         return fail(exc)
@@ -114,6 +125,10 @@ def main(argv=None) -> int:
     if assumed:
         print(assumed)
     L = d.num_layers
+    print("\n".join(d.wiring.head if d.wiring else [d.verdict]))
+    if d.text is not None:
+        print(d.text.line + (f"; {d.growth}" if d.growth else ""))
+    print("evidence:")
     print(f"ranked by {d.ranked_by}")
     print(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length {d.best_accept:.3f}   "
           f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
@@ -144,7 +159,6 @@ def main(argv=None) -> int:
     w = d.wiring
     if w and w.candidates and not w.trained_known:
         print("\n".join(candidate_table(w.candidates, a.engine, L)))
-    print(d.verdict)
     return d.exit_code
 
 

@@ -90,8 +90,10 @@ def _row_text(r: dict | None) -> str:
 
 def format_dump_diagnosis(d, engine: str | None) -> str:
     L = d.num_layers
-    out = [f"dump: {d.dump.root} ({d.dump.format}, {d.records} records, {d.tokens} scored tokens; labels: "
-           f"{d.labels})"]
+    out = list(d.wiring.head if d.wiring else [d.verdict])
+    out.append(f"dump: {d.dump.root} ({d.dump.format}, {d.records} records, {d.tokens} scored tokens; "
+               f"labels: {d.labels})")
+    out.append("evidence:")
     for s in d.slots:
         name = "?" if s.boundary is None else (layout_label((s.boundary,), L)[1:-1] if L else str(s.boundary))
         out.append(f"   slot {s.slot}: boundary {'?' if s.boundary is None else s.boundary} ({name})   "
@@ -120,7 +122,6 @@ def format_dump_diagnosis(d, engine: str | None) -> str:
                        f"{_row_text(d.served_row)}")
     for n in d.notes:
         out.append(f"   note: {n}")
-    out.append(d.verdict)
     return "\n".join(out)
 
 

@@ -117,10 +117,12 @@ def record(a) -> int:
     if a.full_acc:
         fields["full_acc"] = _fractions(a.full_acc, "--full-acc")
     before = read_record(a.draft)
-    check_record_layout(a.draft, fields["training_boundaries"], before, a.target, a.num_layers)
+    unchecked = check_record_layout(a.draft, fields["training_boundaries"], before, a.target, a.num_layers)
     rec = write_record(a.draft, **fields)
     was = f" (was {before.layout})" if before and before.layout and before.layout != rec.layout else ""
     say(f"wrote {rec.path}: training_boundaries {list(rec.layout)}{was}, source {rec.source}")
+    if unchecked:
+        say(f"note: {unchecked}")
     prof = from_record(rec)
     if prof is not None:
         path = write_profile(a.draft, prof)

@@ -9,9 +9,9 @@ from ..boundaries import ExitCode, layout_label
 from ..errors import check_finite
 from ..model.draft import run_as
 from ..rules.conventions import Engine
-from .evaluate import RANKED_BY, evaluate_layout
+from .evaluate import RANKED_BY, EvalText, evaluate_layout
 from .layout_search import SearchResult, search
-from .pair import plan_problems
+from .pair import more_captures, plan_problems
 from .verdict import WiringVerdict, format_settled, pair_verdict
 
 
@@ -37,6 +37,8 @@ class Diagnosis:
     best_accept: float | None = None        # accepted tokens per verify step: the ranking's measure
     served_accept: float | None = None      # the same, under the engine's forward
     assumed_engine: str | None = None       # the release assumed when no --engine was given (said first)
+    text: EvalText | None = None            # the text evaluated, and how much of it
+    growth: str = ""                        # why more of it was evaluated, or why no more could be
 
     @property
     def trained_layout(self) -> tuple[int, ...]:
@@ -95,7 +97,19 @@ class Diagnosis:
             "confident": self.search.confident, "search_seconds": self.search.seconds,
             "search_mode": self.search.mode, "evaluations": self.search.evaluations,
             "ranking": self.search.to_dict(top=10)["ranking"],
+            "text": None if self.text is None else self.text.to_dict() | {"growth": self.growth},
         }
+
+    @property
+    def settled(self) -> bool:
+        """More text would not change what a user acts on: the verdict is decided, its cost measured on
+        enough blocks, and an inferred training layout is the ranking's confident answer."""
+        w = self.wiring
+        if w is None or w.errors:
+            return True
+        if w.mismatch is None or (w.cost is not None and not w.cost.enough):
+            return False
+        return w.trained_known or self.search.confident
 
 
 def diagnose(pair, caps, engine: Engine, steps: int = 3, progress: bool = True,
@@ -128,6 +142,32 @@ def diagnose(pair, caps, engine: Engine, steps: int = 3, progress: bool = True,
     wiring = pair_verdict(pair, caps, engine, served, errors, steps, search=res, rounds_per_s=rounds_per_s,
                           served_score=srv, scores=[best])
     return _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
+
+
+def diagnose_text(pair, caps, engine: Engine, steps: int = 3, *, budget: int, progress: bool = True,
+                  rounds_per_s: float | None = None) -> Diagnosis:
+    """``diagnose``, evaluating more windows of the same text (doubling, up to ``budget`` windows or as
+    many as the text holds) while the diagnosis is not ``settled``; it says which text, how much, and
+    why it stopped."""
+    start = caps.text.windows if caps.text else None
+    d = diagnose(pair, caps, engine, steps, progress, rounds_per_s)
+    while caps.text is not None and not d.settled:
+        n = min(2 * caps.text.windows, budget, caps.text.available)
+        if n <= caps.text.windows:
+            break
+        caps = more_captures(pair, caps, n, progress)
+        d = diagnose(pair, caps, engine, steps, progress, rounds_per_s)
+    d.text = caps.text
+    t = caps.text
+    if t is None or start is None:
+        return d
+    if not d.settled:
+        d.growth = (f"still not settled at {t.windows} windows: the text holds no more; evaluate on more of "
+                    f"your own text (--text)" if t.windows >= t.available else
+                    f"still not settled at {t.windows} windows: the budget (--max-windows {budget}) is spent")
+    elif t.windows > start:
+        d.growth = f"grown from {start} windows until settled"
+    return d
 
 
 def _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring) -> Diagnosis:

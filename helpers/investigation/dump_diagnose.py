@@ -37,7 +37,7 @@ from ..rules.conventions import Engine, read_draft_config, read_target
 from ..rules.wiring import served_plan
 from .dumps import Dump, check_token_ids
 from .evaluate import RANKED_BY, PairedTest, accepted_run, accuracy_table, paired_test, token_blocks
-from .verdict import Settled, WiringVerdict, by_format, judge, read_format
+from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
 
 
 @dataclass
@@ -602,9 +602,11 @@ def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
     bounds = d.slot_boundaries
     confident = [tuple(bounds[s] for s in cs) for cs in d.confident_set
                  if all(bounds[s] is not None for s in cs)]
-    cost, note = None, ""
+    cost, note, at_served, at_trained = None, "", None, None
     if served_acc is not None and trained_slots is not None:
         cost = paired(accs[tuple(trained_slots)], served_acc)
+        at_served = Acceptance.of(_summary(served_acc, d.steps))
+        at_trained = Acceptance.of(_summary(accs[tuple(trained_slots)], d.steps))
     elif trained_slots is None and known:
         note = (f"its cost cannot be measured from this dump: the trained boundaries {trained} are not all "
                 f"(known to be) in its slots {bounds}")
@@ -613,7 +615,7 @@ def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
                 f"not all (known to be) in its slots {bounds}")
     return judge(d.served_layout, trained, known=known, source=source, confident_set=confident, cost=cost,
                  errors=d.served_errors, engine=engine, arch=arch, num_layers=d.num_layers, cost_note=note,
-                 draft=draft, settled=settled)
+                 draft=draft, settled=settled, at_served=at_served, at_trained=at_trained)
 
 
 # --------------------------------------------------------------------------------------

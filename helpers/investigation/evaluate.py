@@ -118,6 +118,33 @@ def paired_test(a_blocks: torch.Tensor, b_blocks: torch.Tensor) -> PairedTest:
     return PairedTest(mean, se, mean / se, nb)
 
 
+@dataclass(frozen=True)
+class EvalText:
+    """The text a target's captures were taken on: where it came from, and how much of it they hold."""
+
+    path: str | None       # None: text given as a string
+    origin: str            # "--text", "beside the target", "the workbook's embedded held-out text", ...
+    tokens: int            # tokens in the whole text
+    window: int            # tokens per window
+    windows: int           # windows captured
+    ids: tuple[int, ...] = field(default=(), repr=False, compare=False)   # the whole text, tokenized
+
+    @property
+    def available(self) -> int:
+        """Windows the whole text holds."""
+        return self.tokens // self.window
+
+    @property
+    def line(self) -> str:
+        where = self.path or "text given as a string"
+        return (f"evaluated on {where} ({self.origin}): {self.windows} windows of {self.window} tokens, "
+                f"{self.windows * self.window:,} of its {self.tokens:,} tokens")
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "origin": self.origin, "tokens": self.tokens, "window": self.window,
+                "windows": self.windows, "windows_available": self.available}
+
+
 @dataclass
 class TargetCaptures:
     """Every boundary's state on some text, and what the target itself predicts there."""
@@ -128,6 +155,7 @@ class TargetCaptures:
     num_layers: int
     draft_probs: torch.Tensor | None = None   # [N, T, Vd] target distribution over a draft vocab
     loss_mask: torch.Tensor | None = None
+    text: EvalText | None = None              # what text, and how much of it (``pair.eval_captures``)
 
     @property
     def tokens(self) -> int:
@@ -135,6 +163,15 @@ class TargetCaptures:
 
     def fused(self, layout, idx=slice(None)) -> torch.Tensor:
         return torch.cat([self.states[b][idx].float() for b in layout], -1)
+
+    def extended(self, more: TargetCaptures, text: EvalText | None = None) -> TargetCaptures:
+        """These windows followed by ``more``'s (the same boundaries), as one capture."""
+        cat = lambda a, b: None if a is None or b is None else torch.cat([a, b])   # noqa: E731
+        return TargetCaptures(torch.cat([self.input_ids, more.input_ids]),
+                              {b: torch.cat([v, more.states[b]]) for b, v in self.states.items()},
+                              torch.cat([self.target_argmax, more.target_argmax]), self.num_layers,
+                              cat(self.draft_probs, more.draft_probs), cat(self.loss_mask, more.loss_mask),
+                              text or self.text)
 
 
 @torch.no_grad()

@@ -29,11 +29,12 @@ from ..rules.sglang.source import fetch_sglang
 from ..rules.wiring import ids_for_layout
 
 
-def check_record_layout(draft, layout, before=None, target=None, num_layers: int | None = None) -> None:
+def check_record_layout(draft, layout, before=None, target=None, num_layers: int | None = None) -> str | None:
     """A layout a user is about to record must be one this draft can have been trained on: distinct
     boundaries, as many as its fc has slots, none past the target's last (known from ``num_layers``,
-    ``target``'s config, or the record already there, whose captured boundaries end at the target's
-    final one). Refused with what was expected before anything is written."""
+    ``target``'s config, the record already there, whose captured boundaries end at the target's final
+    one, or a ``target`` folder beside the draft). Refused with what was expected before anything is
+    written; returns why the last boundary could not be checked, when it could not."""
     from ..model.checkpoint import config_from_json
     from ..rules.conventions import read_target
 
@@ -49,9 +50,16 @@ def check_record_layout(draft, layout, before=None, target=None, num_layers: int
     if num_layers is None and before is not None and before.captured_boundaries:
         num_layers = max(before.captured_boundaries)
         where = f"{before.path}'s captured_boundaries (the last is the target's final state)"
-    if num_layers is not None and max(layout) > num_layers:
+    beside = Path(draft).resolve().parent / "target"
+    if num_layers is None and (beside / "config.json").is_file():
+        num_layers, where = read_target(beside).num_layers, f"{beside}'s config (beside the draft)"
+    if num_layers is None:
+        return ("the boundaries were not checked against the target's layer count: pass --target DIR (or "
+                "--num-layers N) to check that none is past its last")
+    if max(layout) > num_layers:
         raise BadOption(f"--layout {layout}: boundary {max(layout)} is past the target's last, {num_layers} "
                         f"(from {where}); expected boundaries 0..{num_layers}")
+    return None
 
 
 def _fresh_copy(draft_dir: Path, out_dir: Path) -> Path:

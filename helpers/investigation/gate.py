@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,7 +48,7 @@ from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, write
 from ..rules.wiring import ids_for_layout, resolve
 from .evidence import Basis, output_evidence, training_evidence
 from .trainer_output import read_trainer_output
-from .verdict import candidate_table, ways_out, writer_candidates
+from .verdict import candidate_table, deploy_command, ways_out, writer_candidates
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
 # ``Problem`` (boundaries) is the one shape of a finding: the resolvers' problems carry a ProblemKind and
@@ -264,12 +265,6 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
 DEPLOY_SETTLES = ("layout-mismatch", "ids-key", "ids-missing", "speculators-format")
 
 
-def deploy_command(draft: str, target: str, engine: str) -> str:
-    """The one command that writes a copy ``engine`` serves at the trained layout, checked first."""
-    return (f"python -m helpers fixes deploy --draft {draft} --target {target} --engine {engine} "
-            f"--out {str(draft).rstrip('/')}-deploy")
-
-
 def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
     """The first problem the deploy command settles names it, the others point to it, so a fix is a
     command to run, never a hand edit (with the trained layout known; without one there is nothing to
@@ -415,7 +410,8 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
                     "config-vs-trainer", f"the draft config's ids are not the ones its trainer captured: "
                     f"{ev.note.split('; ')[-1]}",
                     f"record what was captured: python -m helpers fixes record --draft {draft_dir} --layout "
-                    f"{','.join(map(str, ev.layout or ()))}; then fixes ids writes the ids the engine reads",
+                    f"{','.join(map(str, ev.layout or ()))}; then python -m helpers fixes deploy writes the "
+                    f"ids each engine reads",
                     blocking=False))
             if ev.layout is not None:
                 return
@@ -665,10 +661,15 @@ def format_releases(r: CheckReport) -> list[str]:
     if not r.served_across_releases:
         return []
     lines = [f"  across releases ({r.releases_from}):"]
-    for e in r.served_across_releases:
-        span = e["first"] if e["first"] == e["last"] else f"{e['first']} .. {e['last']}"
-        served = r._label(e["served_layout"]) if e["served_layout"] else "nothing"
-        lines.append(f"    {span:<26} {served:<34} {e['note'][:90]}")
+    rows = [(e["first"] if e["first"] == e["last"] else f"{e['first']} .. {e['last']}",
+             r._label(e["served_layout"]) if e["served_layout"] else "nothing", e["note"])
+            for e in r.served_across_releases]
+    w_span, w_served = (max(len(row[i]) for row in rows) for i in (0, 1))
+    indent = " " * (4 + w_span + 1 + w_served + 1)
+    for span, served, note in rows:     # the note whole, wrapped at words under its own column
+        wrapped = textwrap.wrap(note, width=max(40, 110 - len(indent))) or [""]
+        lines.append(f"    {span:<{w_span}} {served:<{w_served}} {wrapped[0]}")
+        lines += [indent + more for more in wrapped[1:]]
     if r.release_drift:
         lines.append(f"  release drift: {r.release_drift}")
     return lines

@@ -7,7 +7,7 @@ layout search). Everything downstream compares the two.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from ..model.draft import Eagle3Draft
 from ..model.target import load_target
 from ..rules.conventions import DEFAULT_ENGINE, Engine, read_draft_config
 from ..rules.wiring import served_plan
-from .evaluate import EvalInputError, TargetCaptures, attach_draft_probs, capture_text
+from .evaluate import EvalInputError, EvalText, TargetCaptures, attach_draft_probs, capture_text
 from .layout_search import search
 from .prompts import read_prompts  # noqa: F401  (notebooks read prompts through the pair module)
 
@@ -157,25 +157,63 @@ def default_text(pair: Pair) -> Path:
     raise FileNotFoundError("no heldout.txt beside the target; pass a text file")
 
 
-def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12,
-                 min_windows: int = 2) -> torch.Tensor:
-    ids = tokenizer(text, verbose=False)["input_ids"]
+# what a diagnosis says when it falls back on the embedded pair's text: it is not the user's domain
+EMBEDDED_TEXT = "the workbook's embedded held-out text, not your target's domain: pass your own with --text"
+
+
+def eval_text(pair: Pair, path: Path | None = None) -> tuple[str, str, str]:
+    """The text to evaluate on, where it is and why it was chosen: ``path`` (the user's), else a
+    ``heldout.txt`` beside the target, else the embedded pair's (said as such)."""
+    if path is not None:
+        return read_text_file(path, "text file"), str(path), "--text"
+    found = default_text(pair)
+    origin = "beside the target" if found.parent == pair.target_dir.parent else EMBEDDED_TEXT
+    return read_text_file(found, "held-out text"), str(found), origin
+
+
+def _windows_of(ids, window: int, max_windows: int, min_windows: int = 2) -> torch.Tensor:
     n = min(len(ids) // window, max_windows)
     if n < min_windows:
         raise EvalInputError(f"text gives {len(ids)} tokens; need at least {min_windows * window} "
                              f"({min_windows} windows of {window}) to evaluate a draft")
-    return torch.tensor(ids[: n * window], dtype=torch.long).view(n, window)
+    return torch.tensor(list(ids[: n * window]), dtype=torch.long).view(n, window)
+
+
+def text_windows(tokenizer, text: str, window: int = 256, max_windows: int = 12,
+                 min_windows: int = 2) -> torch.Tensor:
+    return _windows_of(tokenizer(text, verbose=False)["input_ids"], window, max_windows, min_windows)
+
+
+def _capture(pair: Pair, windows: torch.Tensor, progress: bool) -> TargetCaptures:
+    caps = capture_text(pair.target, windows.to(pair.target.device), progress=progress)
+    attach_draft_probs(pair.target, caps, pair.draft.draft_token_ids)
+    return caps
 
 
 def eval_captures(pair: Pair, text: str | None = None, window: int = 256, max_windows: int = 12,
-                  progress: bool = False) -> TargetCaptures:
-    """Every boundary captured once on held-out text, with the target's draft-vocab distribution."""
+                  progress: bool = False, *, where: str | None = None,
+                  origin: str = "given") -> TargetCaptures:
+    """Every boundary captured once on held-out text, with the target's draft-vocab distribution; the
+    captures say which text (``where``, ``origin``; without ``text``, ``eval_text``'s choice) and how much."""
     if text is None:
-        text = read_text_file(default_text(pair), "held-out text")
-    windows = text_windows(pair.tokenizer, text, window, max_windows).to(pair.target.device)
-    caps = capture_text(pair.target, windows, progress=progress)
-    attach_draft_probs(pair.target, caps, pair.draft.draft_token_ids)
+        text, where, origin = eval_text(pair)
+    ids = pair.tokenizer(text, verbose=False)["input_ids"]
+    caps = _capture(pair, _windows_of(ids, window, max_windows), progress)
+    caps.text = EvalText(where, origin, len(ids), window, caps.input_ids.shape[0], tuple(ids))
     return caps
+
+
+def more_captures(pair: Pair, caps: TargetCaptures, windows: int, progress: bool = False) -> TargetCaptures:
+    """``caps`` grown to ``windows`` windows of the same text (as many as it holds), capturing only the
+    new ones."""
+    t = caps.text
+    if t is None:
+        raise ValueError("these captures do not say which text they were taken on")
+    n = min(windows, t.available)
+    if n <= t.windows:
+        return caps
+    new = torch.tensor(list(t.ids[t.windows * t.window: n * t.window]), dtype=torch.long).view(-1, t.window)
+    return caps.extended(_capture(pair, new, progress), replace(t, windows=n))
 
 
 def plan_problems(pair: Pair, plan: CapturePlan) -> list[str]:

@@ -160,17 +160,87 @@ def _patch_then_ids(eng, arch: str, num_layers: int, ascending: Layout, where: s
     return None
 
 
+def deploy_command(draft, target, engine) -> str:
+    """The one command that writes a copy ``engine`` serves at the trained layout, checked first."""
+    return (f"python -m helpers fixes deploy --draft {draft} --target {target} --engine {engine} "
+            f"--out {str(draft).rstrip('/')}-deploy")
+
+
 def layout_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
                root=None) -> str | None:
     """The shortest way to serve ``trained`` (``WaysOut.shortest``); None when something it needs is
     missing. ``check`` lists every way out with its conditions."""
+    ways = _ways(trained, served, engine, arch, num_layers, root)
+    return None if ways is None else ways.shortest
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A verdict's fix as data: the sentence, the ids that serve the trained layout (None: no ids alone
+    do) and the command that writes a deployable copy with them (None: no paths, or no ids)."""
+
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    command: str | None = None
+
+
+def verdict_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
+                paths: tuple[str, str] | None = None, root=None) -> Fix:
+    """The shortest way out as a :class:`Fix`. ``paths`` (the draft's and the target's folders): where ids
+    alone serve the trained layout, the fix is the ``fixes deploy`` command, the hand edit beside it."""
+    ways = _ways(trained, served, engine, arch, num_layers, root)
+    if ways is None:
+        return Fix()
+    ids = ways.of(WayKind.WRITE_IDS)
+    if ids is None or paths is None:
+        return Fix(ways.shortest, ids.ids if ids else None)
+    command = deploy_command(*paths, ways.engine)
+    hand = ("permute the fc columns, then " if ways.of(WayKind.REORDER_FC) else "") + (
+        f"ids {list(ids.ids)} in {_SHORT_WHERE[ids.where]}")
+    return Fix(f"`{command}` (by hand: {hand}), or retrain the draft on {ways.served}", ids.ids, command)
+
+
+def _ways(trained, served, engine, arch, num_layers, root) -> WaysOut | None:
     if trained is None or served is None or not arch or num_layers is None or engine is None:
         return None
-    return ways_out(trained, served, engine, arch, num_layers, root=root).shortest
+    return ways_out(trained, served, engine, arch, num_layers, root=root)
 
 
 # --------------------------------------------------------------------------------------
 # The verdict
+
+# A gain under this fraction of the accept length wired as trained changes throughput by less than any
+# benchmark of a few prompts resolves: a fix that buys it does not explain (or cure) low acceptance.
+MATERIAL = 0.02
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What a draft accepts at one layout on the evaluated text: tokens per verify step (one more than
+    the accepted draft tokens) and, per draft position i, the share of steps whose tokens 0..i were all
+    accepted."""
+
+    accept_length: float
+    per_step: tuple[float, ...]
+
+    @classmethod
+    def of(cls, score) -> Acceptance:
+        """From a ``LayoutScore`` (a target's captures) or a dump's summary row (a dict)."""
+        if isinstance(score, dict):
+            return cls(float(score["sim_accept_length"]), tuple(float(x) for x in score["full_acc"]))
+        return cls(float(score.sim_accept_length), tuple(float(x) for x in score.full_acc))
+
+    @property
+    def steps(self) -> int:
+        return len(self.per_step)
+
+    def text(self) -> str:
+        return (f"{self.accept_length:.2f} of at most {self.steps + 1} (per draft position "
+                f"{', '.join(f'{x:.2f}' for x in self.per_step)})")
+
+    def to_dict(self) -> dict:
+        return {"accept_length": round(self.accept_length, 4),
+                "per_step": [round(x, 4) for x in self.per_step], "at_most": self.steps + 1}
 
 
 @dataclass
@@ -201,6 +271,11 @@ class WiringVerdict:
     # the config format's writers, when no record named the layout, and why they did not settle it
     candidates: list[dict] = field(default_factory=list)
     format_note: str = ""
+    # what the draft accepts as served and as trained (its ceiling wired right), on the same text
+    at_served: Acceptance | None = None
+    at_trained: Acceptance | None = None
+    fix_ids: tuple[int, ...] | None = None     # the fix's ids and command, as data (``Fix``)
+    fix_command: str | None = None
 
     @property
     def forward_mismatch(self) -> bool:
@@ -253,6 +328,54 @@ class WiringVerdict:
                      f"{c.half_width * self.rounds_per_s:.1f} tok/s at the bench's {self.rounds_per_s:.1f} "
                      f"verify steps per second")
         return text
+
+    @property
+    def figures(self) -> str | None:
+        """Accept length as served, wired as trained (the gain a fix buys, with its interval), and what the
+        draft reaches at most wired right; None when either side was not measured."""
+        s, t, c = self.at_served, self.at_trained, self.cost
+        if s is None or t is None or c is None:
+            return None
+        trained = "at the training layout" if self.trained_known else "at the best-scoring layout"
+        return (f"accept length {s.accept_length:.2f} as served, {t.accept_length:.2f} {trained} "
+                f"({_signed(c)} tokens per step); the draft wired right reaches {t.text()}")
+
+    @property
+    def symptom(self) -> str | None:
+        """One sentence: is the wiring why acceptance is what it is? From the measured gain, its interval
+        and its size against the accept length wired as trained (``MATERIAL``); None when unmeasured."""
+        if self.errors:
+            return ("the engine cannot feed this draft as configured: nothing is accepted until the wiring "
+                    "is fixed")
+        t, c = self.at_trained, self.cost
+        if t is None or c is None:
+            return None
+        what = "the engine's forward" if self.forward and self.mismatch is False else "the wiring"
+        size = f"{c.difference:.2f} [{c.difference - c.half_width:.2f}, {c.difference + c.half_width:.2f}]"
+        tops = f"the draft itself tops out at {t.accept_length:.2f} here"
+        m = self.mismatch
+        if m is False and not self.forward:
+            return f"the wiring is right, so acceptance is the draft's own: {tops}"
+        if not c.enough:
+            return (f"{what} costs {size} accepted tokens per step on {c.blocks} blocks of tokens, too few "
+                    f"to size it: evaluate on more of your own text (--text, --windows)")
+        if c.significant and c.difference - c.half_width >= MATERIAL * t.accept_length:
+            if m is None:
+                return (f"{what} may cost {size} accepted tokens per step against the best-scoring layout, a "
+                        f"real loss if that layout is the training one: settle which it is")
+            return (f"{what} costs {size} accepted tokens per step: fix it, and the draft reaches "
+                    f"{t.accept_length:.2f}")
+        if c.significant and c.difference < 0:
+            return (f"the served layout accepts {-c.difference:.2f} [{-c.difference - c.half_width:.2f}, "
+                    f"{-c.difference + c.half_width:.2f}] more tokens per step than the training layout on "
+                    f"this text: the wiring does not explain low acceptance; {tops}")
+        return f"{what} costs {size}: fixing it will not recover acceptance; {tops}"
+
+    @property
+    def head(self) -> list[str]:
+        """The verdict's first lines, as every command prints them: the judgement, what the draft accepts
+        each way, and the one sentence on the user's symptom."""
+        return [x for x in (self.line, self.figures, self.symptom) if x]
 
     def at_most(self) -> str:
         """What serving costs against the best-scoring layout, read as its interval's upper end: what an
@@ -309,7 +432,17 @@ class WiringVerdict:
                 "cost": cost, "significant": self.significant,
                 "trained_known": self.trained_known, "trained_source": self.trained_source,
                 "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line,
-                "candidates": self.candidates, "exit_code": self.exit_code}
+                "candidates": self.candidates, "exit_code": self.exit_code,
+                "accept_length": {"served": self.at_served.to_dict() if self.at_served else None,
+                                  "trained": self.at_trained.to_dict() if self.at_trained else None},
+                "symptom": self.symptom,
+                "fix_ids": list(self.fix_ids) if self.mismatch and self.fix_ids is not None else None,
+                "fix_command": self.fix_command if self.mismatch else None}
+
+
+def _signed(c: PairedTest) -> str:
+    """A gain with its interval: ``+1.41 [1.30, 1.52]``."""
+    return f"{c.difference:+.2f} [{c.difference - c.half_width:.2f}, {c.difference + c.half_width:.2f}]"
 
 
 def _short(layouts, n: int = 4) -> str:
@@ -320,17 +453,21 @@ def _short(layouts, n: int = 4) -> str:
 def judge(served, trained, *, known: bool, source: str, confident_set=(), cost: PairedTest | None = None,
           errors: Sequence[str] = (), engine: Engine | None = None, arch: str | None = None,
           num_layers: int | None = None, cost_note: str = "", rounds_per_s: float | None = None, draft=None,
-          settled: Settled | None = None) -> WiringVerdict:
+          settled: Settled | None = None, at_served: Acceptance | None = None,
+          at_trained: Acceptance | None = None, paths: tuple[str, str] | None = None) -> WiringVerdict:
     """The verdict on what each side settled: ``served`` (None: not resolved) against ``trained``, known by
     rule or inferred (then ``confident_set`` decides), with the cost measured elsewhere; the fix is the
     shortest way out (``ways_out``). ``draft``: the served layout was scored under the engine's forward,
     so the forward flags the engine never runs are named too. ``settled``: the format's writers, listed
-    when they did not settle the layout."""
+    when they did not settle the layout. ``at_served`` / ``at_trained``: what the draft accepts at each,
+    on the text the cost was measured on. ``paths``: the draft's and the target's folders, for the fix's
+    command (only when the training layout is known: an inferred one is not deployed to)."""
     served = tuple(served) if served is not None else None
     trained = tuple(trained) if trained is not None else None
-    v = WiringVerdict(served, trained, known, source, [tuple(c) for c in confident_set], cost,
-                      layout_fix(trained, served, engine, arch, num_layers) if trained else None,
-                      list(errors), cost_note, rounds_per_s)
+    fix = verdict_fix(trained, served, engine, arch, num_layers, paths=paths if known else None)
+    v = WiringVerdict(served, trained, known, source, [tuple(c) for c in confident_set], cost, fix.text,
+                      list(errors), cost_note, rounds_per_s, at_served=at_served, at_trained=at_trained,
+                      fix_ids=fix.ids, fix_command=fix.command)
     if draft is not None and engine is not None:
         v.forward, v.forward_fix = forward_verdict(draft, engine)
     if settled is not None:
@@ -375,7 +512,10 @@ def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], step
     return judge(tuple(served.layout) or None, settled.layout, known=settled.known, source=settled.source,
                  confident_set=confident, cost=cost, errors=errors, engine=engine, arch=pair.arch,
                  num_layers=pair.num_layers, rounds_per_s=rounds_per_s,
-                 draft=pair.draft if not errors else None, settled=settled)
+                 draft=pair.draft if not errors else None, settled=settled,
+                 at_served=Acceptance.of(served_score) if cost else None,
+                 at_trained=Acceptance.of(ref) if cost else None,
+                 paths=(str(pair.draft_dir), str(pair.target_dir)))
 
 
 def format_settled(pair, engine: Engine, served, search=None) -> Settled:

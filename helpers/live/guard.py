@@ -213,7 +213,8 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
           ids: Sequence[int] | None = None, evidence: Evidence | None = None,
           ignored: Sequence[tuple[str, str, str]] = (), ids_for: Callable[[tuple[int, ...]], list | None]
           | None = None, ids_key: str = "eagle_aux_hidden_state_layer_ids", basis: str = "",
-          hazards: dict[int, str] | None = None, feeds_draft: bool = True, settle: str = "") -> GuardVerdict:
+          hazards: dict[int, str] | None = None, feeds_draft: bool = True, settle: str = "",
+          target: str | None = None) -> GuardVerdict:
     """Compare the live capture with what the draft was trained on (``evidence``: the record, a named
     trainer, the config's own trainer, or the format's writers; ``investigation.evidence``).
 
@@ -223,7 +224,7 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
     what else serving it needs on this engine (vLLM's boundary-0 residual; SGLang 0.5.9's), added to an ids
     fix. ``feeds_draft`` False: a rank that does not feed the draft (a pipeline stage before the last), never
     judged miswired. ``settle``: the command that measures the
-    served layout, named where only a prior spoke.
+    served layout, named where only a prior spoke. ``target``: the target's folder, for the fix's command.
     """
     served, dropped = served_layout(indices, highest)
     ev = evidence or Evidence(None, Basis.NONE, "")
@@ -249,11 +250,11 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
     ascending = tuple(sorted(trained)) == trained
     want = ids_for(trained) if (ids_for and ascending) else None
     if want is not None:
-        family = engine.split()[0]
+        release = "==".join(engine.split()[:2])
         fix = (f"set {ids_key} to {list(want)} (this engine's own setter turns them into {trained}): "
-               f"python -m helpers fixes ids --draft {draft} --out {Path(draft).name}-ids --engine {family} "
-               f"--ids {_csv(want)} --layout {_csv(trained)}; or retrain the "
-               f"draft on {served}")
+               f"python -m helpers fixes deploy --draft {draft} --target {target or 'TARGET'} --engine "
+               f"{release} --out {Path(draft).name}-deploy writes that copy, checked before it is written; "
+               f"or retrain the draft on {served}")
         needs = [note for b, note in (hazards or {}).items() if b in trained]
         if needs:
             fix += "; " + "; ".join(needs)
@@ -472,7 +473,8 @@ def at_load(*, family: str, version: str, draft, holder, attr: str, highest: int
         verdict = judge(engine=f"{family} {version}", draft=folder, indices=indices, highest=highest,
                         ids=ids, evidence=evidence, ignored=ignored, ids_for=ids_for, ids_key=ids_key,
                         hazards=hazards, basis=f"{type(holder).__name__}.{attr} = {indices} (live model)",
-                        feeds_draft=feeds_draft, settle=settle_command(family, folder))
+                        feeds_draft=feeds_draft, settle=settle_command(family, folder),
+                        target=getattr(getattr(holder, "config", None), "_name_or_path", None) or None)
     except Exception as exc:      # noqa: BLE001 - the engine's start must not die of the guard in warn
         return _unjudged(how, draft, exc, started, report)
     return _decided(verdict, folder, how, started, report)
