@@ -168,3 +168,22 @@ def test_the_built_server_runs_here():
     out = subprocess.run([found.server, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "version" in (out.stdout + out.stderr)
     assert found.build == "b11434" and found.size_bytes == found.server.stat().st_size
+
+
+def test_the_target_gguf_takes_the_asked_weight_type(monkeypatch, capsys):
+    """``bench --outtype``: llama.cpp's target GGUF in the weight type asked (the converter's own
+    ``--outtype``), every wiring's draft in f32; a backend that runs the checkpoint itself refuses it."""
+    from helpers.live.bench import LiveWiring
+    from helpers.live.llamacpp import bench as llb
+
+    asked = []
+    monkeypatch.setattr(llb, "convert", lambda src, *, target_dir=None, log=None, outtype="f32":
+                        asked.append((Path(src).name, target_dir is None, outtype)) or object())
+    monkeypatch.setattr(llb, "describe", lambda c: "")
+    llb.convert_wirings(Path("/m/target"), [LiveWiring("a", Path("/m/draft"), (0, 3, 7))], lambda s: None,
+                        "f16")
+    assert asked == [("target", True, "f16"), ("draft", False, "f32")]
+    with pytest.raises(SystemExit) as refused:           # argparse's own error, before anything loads
+        cli(["bench", "--outtype", "f16", "--backend", "reference"])
+    assert refused.value.code == 2
+    assert "--outtype is the GGUF weight type llama.cpp runs" in capsys.readouterr().err

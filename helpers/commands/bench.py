@@ -35,6 +35,7 @@ from ..investigation.prompts import read_prompts
 from ..live import guard
 from ..live.backends import choose
 from ..live.bench import LiveWiring
+from ..live.llamacpp.convert import OUTTYPES
 from ..live.reference import BenchResult, encode_prompts, reference_figures, run_bench
 from ..live.timing import speed_phrase
 from ..model.draft import run_as
@@ -68,6 +69,10 @@ def main(argv=None) -> int:
                     help="bench a copy of the target whose feed-forward blocks are FACTOR times as wide, "
                          "zero-padded (the same function, checked; model.widen): a decode step that waits on "
                          "memory as a large target's does. Written once into the cache")
+    ap.add_argument("--outtype", choices=OUTTYPES, default=None,
+                    help="--backend llamacpp: the target GGUF's weight type (default f32, the pair's weights "
+                         "exactly; f16 or bf16 read half as much per decode step, and which is cheaper to "
+                         "verify with depends on the CPU: docs/timing.md)")
     ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
                     help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
                          f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
@@ -82,6 +87,9 @@ def main(argv=None) -> int:
         ap.error(f"--max-new-tokens must be at least 1, got {a.max_new_tokens}")
     if a.num_prompts is not None and a.num_prompts < 1:
         ap.error(f"--num-prompts must be at least 1, got {a.num_prompts}")
+    if a.outtype is not None and a.backend != "llamacpp":
+        ap.error(f"--outtype is the GGUF weight type llama.cpp runs; --backend {a.backend} runs the "
+                 f"checkpoint's own weights")
     backend, assumed = None, None
     try:
         a.guard = guard_mode(a.guard, os.environ)
@@ -199,7 +207,7 @@ def _live(a, backend, pair, plan, ref: BenchResult, prompt_ids, notes: list[str]
         rows = backend.bench(pair.target_dir, [LiveWiring(a.layout, draft, tuple(plan.layout))],
                              [p.tolist() for p in prompt_ids], steps=a.steps, max_new_tokens=a.max_new_tokens,
                              repeats=a.repeats, progress=not a.json, log_dir=Path(tmp) / "logs",
-                             guard=a.guard)
+                             guard=a.guard, outtype=a.outtype or "f32")
     row = rows[0]
     row.reference = reference_figures(ref)
     if a.json:

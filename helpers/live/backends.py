@@ -82,9 +82,10 @@ class Backend:
 
     def bench(self, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *, steps: int,
               max_new_tokens: int, repeats: int, log_dir: Path | None = None,
-              progress: bool = True, guard: Mode = Mode.WARN) -> list[LiveRow]:
+              progress: bool = True, guard: Mode = Mode.WARN, outtype: str = "f32") -> list[LiveRow]:
         """Each wiring against one baseline engine on this backend (``helpers.live.bench``); ``guard``: the
-        engine guard's mode in every launch (``helpers.live.guard``)."""
+        engine guard's mode in every launch (``helpers.live.guard``); ``outtype``: llama.cpp's target GGUF
+        weight type (the Python engines run the checkpoint's own)."""
         if isinstance(self.install, VllmInstall):
             return vllm_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                          max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
@@ -97,7 +98,7 @@ class Backend:
         if isinstance(self.install, ServerBuild):
             return llamacpp_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
                                              max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
-                                             progress=progress, log_dir=log_dir, guard=guard)
+                                             progress=progress, log_dir=log_dir, guard=guard, outtype=outtype)
         raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
 
     def refuses(self, named: Engine | None) -> str | None:

@@ -537,12 +537,14 @@ def profile_expectation(folder: Path) -> str:
 
 def before_llamacpp(*, engine: Engine, draft, target_layers: Sequence[int], num_layers: int,
                     arch: str | None, gguf: str | Path, how: Mode | None = None,
-                    report: Callable[[dict], None] | None = None) -> GuardVerdict | None:
+                    report: Callable[[dict], None] | None = None,
+                    target: str | Path | None = None) -> GuardVerdict | None:
     """llama.cpp's guard, run before ``llama-server`` starts (it has no plugin system): the draft GGUF's
     ``eagle3.target_layers`` (the ids its converter wrote; the engine feeds the input of each listed layer)
     judged against what ``draft`` (the Hugging Face folder it was converted from) was trained on. The same
     verdicts, lines and modes as ``at_load``; a draft that cannot be judged starts in ``warn`` and is
-    refused in ``refuse``. Returns the verdict (None when off or unjudged); raises ``GuardRefused``."""
+    refused in ``refuse``. ``target``: the target's folder, named in the fix's command. Returns the verdict
+    (None when off or unjudged); raises ``GuardRefused``."""
     how = mode() if how is None else how
     if how is Mode.OFF:
         return None
@@ -561,6 +563,7 @@ def before_llamacpp(*, engine: Engine, draft, target_layers: Sequence[int], num_
                         ids_for=lambda layout: list(layout),
                         ids_key="the top-level eagle_aux_hidden_state_layer_ids, then convert again,",
                         basis=f"{Path(gguf).name}: eagle3.target_layers = {indices}",
+                        target=None if target is None else str(target),
                         settle=(f"python -m helpers bench --backend llamacpp --target TARGET --draft "
                                 f"{folder} (llama.cpp's accept length beside the reference engine's for "
                                 f"the served layout), then python -m helpers diagnose --draft {folder} "

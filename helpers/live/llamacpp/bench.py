@@ -34,10 +34,11 @@ def host_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def convert_wirings(target: Path, wirings: list[LiveWiring], log=say) -> tuple[Converted,
-                                                                                 dict[Path, Converted]]:
-    """The target's GGUF and each wiring's draft GGUF (cached while their inputs are unchanged)."""
-    tgt = convert(target, log=log)
+def convert_wirings(target: Path, wirings: list[LiveWiring], log=say,
+                    outtype: str = "f32") -> tuple[Converted, dict[Path, Converted]]:
+    """The target's GGUF (its weights as ``outtype``) and each wiring's draft GGUF (f32: the draft's
+    arithmetic is the reference engine's), cached while their inputs are unchanged."""
+    tgt = convert(target, log=log, outtype=outtype)
     drafts = {}
     for w in wirings:
         drafts[Path(w.draft)] = c = convert(w.draft, target_dir=target, log=log)
@@ -48,14 +49,16 @@ def convert_wirings(target: Path, wirings: list[LiveWiring], log=say) -> tuple[C
 def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
                steps: int = 3, max_new_tokens: int = 64, repeats: int = 2, rules: Engine,
                progress: bool = True, log_dir: Path | None = None, guard: Mode = Mode.WARN,
-               threads: int | None = None, log=say) -> list[LiveRow]:
-    """``helpers.live.bench.live_bench`` on ``llama-server``: every wiring's layout is its GGUF's."""
+               threads: int | None = None, outtype: str = "f32", log=say) -> list[LiveRow]:
+    """``helpers.live.bench.live_bench`` on ``llama-server``: every wiring's layout is its GGUF's.
+    ``outtype``: the target GGUF's weight type (f32 holds the pair's bf16-rounded weights exactly; f16 and
+    bf16 halve what a decode step reads and change which kernels multiply them)."""
     spec = read_target(target)
     num_layers = int(spec.num_layers)
     longest = max((len(p) for p in prompt_ids), default=0)
     ctx = -(-(longest + max_new_tokens + steps + 64) // 256) * 256
     threads = threads or host_threads()
-    tgt, drafts = convert_wirings(target, wirings, log)
+    tgt, drafts = convert_wirings(target, wirings, log, outtype)
     served = [replace(w, served_layout=tuple(drafts[Path(w.draft)].target_layers)) for w in wirings]
     verdicts: dict[Path, dict] = {}
 
@@ -66,6 +69,7 @@ def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prom
         try:
             guard_mod.before_llamacpp(engine=rules, draft=draft, target_layers=c.target_layers,
                                       num_layers=num_layers, arch=spec.arch, gguf=c.gguf, how=guard,
+                                      target=target,
                                       report=lambda v: verdicts.__setitem__(Path(draft), v))
         except guard_mod.GuardRefused as exc:     # llama-server never starts: nothing served
             raise LlamacppEngineError(f"llama-server not started: {exc}") from None
