@@ -117,3 +117,30 @@ def test_an_unsettled_diagnosis_evaluates_more_text(tmp_path):
     spent = diagnose_text(pair, little, engine, steps=2, budget=2, progress=False)
     assert not spent.settled and spent.text.windows == 2 and spent.wiring.mismatch is None
     assert spent.growth == "still not settled at 2 windows: the budget (--max-windows 2) is spent"
+
+
+def test_notebook_02_says_the_verdict_the_figures_and_the_symptom():
+    from helpers.notebook.story import verdict
+
+    v = _verdict((3, 6, 8), (2, 5, 7), 0.42, 0.02, served_accept=1.50)
+    text = verdict(v, from_dump=False).split("\n\n")
+    assert text[0] == f"**Verdict.** {v.line}"
+    assert text[1].startswith("**Accept length.** 1.50 as served, 1.92 at the training layout (+0.42")
+    assert text[2] == ("**What it means.** The wiring costs 0.42 [0.36, 0.48] accepted tokens per step: fix "
+                       "it, and the draft reaches 1.92.")
+
+
+def test_an_undecided_verdict_bounds_what_rewiring_can_buy():
+    cost = PairedTest(0.0, 0.006, 0.0, 200)
+    close = judge((0, 3, 7), (0, 3, 7), known=False, source="inferred by the layout search",
+                  confident_set=[(0, 3, 7), (0, 2, 7)], cost=cost, at_served=AT_TRAINED,
+                  at_trained=AT_TRAINED)
+    assert close.mismatch is None and close.exit_code == 3
+    assert close.symptom == ("the served layout scores within 0.00 [-0.02, 0.02] of the best-scoring one: "
+                             "whichever the training layout is, rewiring will not recover acceptance; the "
+                             "draft itself tops out at 1.92 here")
+    wide = judge((0, 3, 7), (0, 2, 7), known=False, source="inferred by the layout search",
+                 confident_set=[(0, 3, 7), (0, 2, 7)], cost=PairedTest(0.1, 0.05, 2.0, 200),
+                 at_served=AT_TRAINED, at_trained=AT_TRAINED)
+    assert wide.symptom == ("the wiring may cost up to 0.25 accepted tokens per step against the "
+                            "best-scoring layout: settle which layout the draft was trained on")

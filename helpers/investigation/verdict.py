@@ -359,10 +359,13 @@ class WiringVerdict:
         if not c.enough:
             return (f"{what} costs {size} accepted tokens per step on {c.blocks} blocks of tokens, too few "
                     f"to size it: evaluate on more of your own text (--text, --windows)")
+        if m is None:         # undecided: the best-scoring layout stands in for the training one
+            if c.difference + c.half_width < MATERIAL * t.accept_length:
+                return (f"the served layout scores within {size} of the best-scoring one: whichever the "
+                        f"training layout is, rewiring will not recover acceptance; {tops}")
+            return (f"{what} may cost up to {c.difference + c.half_width:.2f} accepted tokens per step "
+                    f"against the best-scoring layout: settle which layout the draft was trained on")
         if c.significant and c.difference - c.half_width >= MATERIAL * t.accept_length:
-            if m is None:
-                return (f"{what} may cost {size} accepted tokens per step against the best-scoring layout, a "
-                        f"real loss if that layout is the training one: settle which it is")
             return (f"{what} costs {size} accepted tokens per step: fix it, and the draft reaches "
                     f"{t.accept_length:.2f}")
         if c.significant and c.difference < 0:

@@ -21,6 +21,23 @@ def symptom(layout_label: str, served, live_row=None) -> str:
             f"{_phrase(served.timing)}.")
 
 
+def verdict(wiring, from_dump: bool) -> str:
+    """Notebook 02's verdict, after its finding: served against trained (by rule where the training layout
+    is known or a dump's format names it; notebook 03 decides an inferred one), what the draft accepts each
+    way, and whether the wiring is why acceptance is low."""
+    if wiring.trained_known or from_dump:
+        parts = [f"**Verdict.** {wiring.line}"]
+    else:
+        parts = [f"**Cost.** {wiring.cost_text() or 'not measured'}. The training layout is inferred here, "
+                 "so whether the served one equals it is decided in notebook 03, from the search's "
+                 "confidence set."]
+    if wiring.figures:
+        parts.append(f"**Accept length.** {wiring.figures[len('accept length '):]}.")
+    if wiring.symptom:
+        parts.append(f"**What it means.** {wiring.symptom[0].upper()}{wiring.symptom[1:]}.")
+    return "\n\n".join(parts)
+
+
 def fixes_once(rows) -> list[str]:
     """What the workbook changed inside an engine, one line per change and engine however many wirings it
     was applied to (``LiveRow.fixes``), the wirings named."""
