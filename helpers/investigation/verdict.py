@@ -214,6 +214,11 @@ def _ways(trained, served, engine, arch, num_layers, root) -> WaysOut | None:
 MATERIAL = 0.02
 
 
+def material(gain: float, accept_length: float) -> bool:
+    """A gain in accepted tokens per step worth a fix: at least ``MATERIAL`` of the accept length."""
+    return gain >= MATERIAL * accept_length
+
+
 @dataclass(frozen=True)
 class Acceptance:
     """What a draft accepts at one layout on the evaluated text: tokens per verify step (one more than
@@ -330,15 +335,21 @@ class WiringVerdict:
         return text
 
     @property
-    def figures(self) -> str | None:
-        """Accept length as served, wired as trained (the gain a fix buys, with its interval), and what the
-        draft reaches at most wired right; None when either side was not measured."""
+    def accept_figures(self) -> str | None:
+        """The accept length as served, wired as trained (the gain a fix buys, with its interval), and what
+        the draft reaches at most wired right; None when either side was not measured."""
         s, t, c = self.at_served, self.at_trained, self.cost
         if s is None or t is None or c is None:
             return None
         trained = "at the training layout" if self.trained_known else "at the best-scoring layout"
-        return (f"accept length {s.accept_length:.2f} as served, {t.accept_length:.2f} {trained} "
-                f"({_signed(c)} tokens per step); the draft wired right reaches {t.text()}")
+        return (f"{s.accept_length:.2f} as served, {t.accept_length:.2f} {trained} ({_signed(c)} tokens per "
+                f"step); the draft wired right reaches {t.text()}")
+
+    @property
+    def figures(self) -> str | None:
+        """``accept_figures`` as a command's line."""
+        body = self.accept_figures
+        return None if body is None else f"accept length {body}"
 
     @property
     def symptom(self) -> str | None:
@@ -360,12 +371,12 @@ class WiringVerdict:
             return (f"{what} costs {size} accepted tokens per step on {c.blocks} blocks of tokens, too few "
                     f"to size it: evaluate on more of your own text (--text, --windows)")
         if m is None:         # undecided: the best-scoring layout stands in for the training one
-            if c.difference + c.half_width < MATERIAL * t.accept_length:
+            if not material(c.difference + c.half_width, t.accept_length):
                 return (f"the served layout scores within {size} of the best-scoring one: whichever the "
                         f"training layout is, rewiring will not recover acceptance; {tops}")
             return (f"{what} may cost up to {c.difference + c.half_width:.2f} accepted tokens per step "
                     f"against the best-scoring layout: settle which layout the draft was trained on")
-        if c.significant and c.difference - c.half_width >= MATERIAL * t.accept_length:
+        if c.significant and material(c.difference - c.half_width, t.accept_length):
             return (f"{what} costs {size} accepted tokens per step: fix it, and the draft reaches "
                     f"{t.accept_length:.2f}")
         if c.significant and c.difference < 0:

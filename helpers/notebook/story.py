@@ -2,7 +2,7 @@
 and its result: the symptom (notebook 01), the engine's accommodations said once per engine."""
 from __future__ import annotations
 
-from ..investigation.verdict import MATERIAL
+from ..investigation.verdict import material
 from ..live.timing import speed_phrase
 
 
@@ -32,8 +32,8 @@ def verdict(wiring, from_dump: bool) -> str:
         parts = [f"**Cost.** {wiring.cost_text() or 'not measured'}. The training layout is inferred here, "
                  "so whether the served one equals it is decided in notebook 03, from the search's "
                  "confidence set."]
-    if wiring.figures:
-        parts.append(f"**Accept length.** {wiring.figures[len('accept length '):]}.")
+    if wiring.accept_figures:
+        parts.append(f"**Accept length.** {wiring.accept_figures}.")
     if wiring.symptom:
         parts.append(f"**What it means.** {wiring.symptom[0].upper()}{wiring.symptom[1:]}.")
     return "\n\n".join(parts)
@@ -66,12 +66,6 @@ def summary_rows(served, live_row, wiring: str = "deployed") -> list[dict]:
     return rows
 
 
-def _material(trained_row, served_row) -> bool:
-    """The served wiring loses a share of the accept length worth fixing (``verdict.MATERIAL``)."""
-    t = trained_row.sim_accept_length
-    return t - served_row.sim_accept_length >= MATERIAL * t
-
-
 def isolated(result, val: dict) -> str:
     """Notebook 02's finding from its rows (``isolate.Isolated``): the draft fed its trained wiring against
     the served one, step-0 accuracy and the simulated accept length, and what the token embeddings alone
@@ -96,7 +90,8 @@ def isolated(result, val: dict) -> str:
                + (f" (training reported {val['full_acc'][0]:.1%}); " if val.get("full_acc") else "; ")
                + f"fed the layout the engine serves, **{s_row.full_acc_0:.1%}**{note}. The simulated accept "
                f"length goes from {t_row.sim_accept_length:.2f} to {s_row.sim_accept_length:.2f}. "
-               + ("The draft is fine; its input is wrong." if _material(t_row, s_row) else
+               + ("The draft is fine; its input is wrong." if material(
+                  t_row.sim_accept_length - s_row.sim_accept_length, t_row.sim_accept_length) else
                   "The served input costs the draft little: its acceptance is its own."))
         if z_row is not None:
             msg += (f" With every feature zeroed it still gets {z_row.full_acc_0:.1%} (simulated accept "
