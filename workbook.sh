@@ -145,10 +145,9 @@ setup_engines() {
 }
 
 # llama.cpp's llama-server, built once per machine into the cache (helpers/live/llamacpp/build.py): about
-# 9 minutes on 2 cores, so `test` (and `run` when it is asked to measure on llama.cpp) starts it in the
-# background while the engines' venvs install (mostly downloads), and waits for it before the work that
-# uses it. A host that cannot build it gets one line and the other engines measure. WORKBOOK_LLAMACPP=0
-# skips it.
+# 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
+# (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
+# line and the other engines measure. WORKBOOK_LLAMACPP=0 skips it.
 LLAMACPP_PID=""
 start_llamacpp() {
   [ "${WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
@@ -156,8 +155,14 @@ start_llamacpp() {
     return 0
   fi
   echo "[llamacpp] building llama-server in the background (log: $VENV.llamacpp-build.log)"
-  nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
+  # a process group of its own, so stop_llamacpp ends the compilers with it
+  setsid nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
   LLAMACPP_PID=$!
+}
+# A build still running when `run` ends (a failed notebook, Ctrl-C) is stopped, compilers and all; the
+# build installs into the cache only when it completes, so nothing half-built is left to be used.
+stop_llamacpp() {
+  [ -n "$LLAMACPP_PID" ] && kill -INT -- "-$LLAMACPP_PID" 2> /dev/null || true
 }
 wait_llamacpp() {
   [ -z "$LLAMACPP_PID" ] && return 0
@@ -175,12 +180,16 @@ shift || true
 case "$cmd" in
   run)
     setup
-    # llama.cpp measures only when asked (--backend llamacpp, -p ENGINE="llamacpp"): a default run never
-    # waits on its build
-    case " $* " in *llamacpp*) start_llamacpp ;; esac
+    # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
+    # told not to (-p KERNELS=null, --small). The build starts now, in the background, while the engines'
+    # venvs install and notebook 01's first half runs; the notebook waits for the process named in
+    # WORKBOOK_LLAMACPP_BUILD_PID. --backend llamacpp needs it before the first notebook.
+    case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
     setup_engines
-    wait_llamacpp
-    exec "$VENV/bin/python" -m helpers run-workbook "$@"
+    case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*ENGINE=*llamacpp*) wait_llamacpp ;; esac
+    export WORKBOOK_LLAMACPP_BUILD_PID="$LLAMACPP_PID" WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"
+    trap stop_llamacpp EXIT
+    "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
     setup

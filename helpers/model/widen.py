@@ -55,11 +55,12 @@ class Widened:
         mb = lambda b: f"{b / 2**20:,.0f} MiB"   # noqa: E731
         moe = (f", {self.experts_per_token} of {self.experts} routed experts per token, so a verify of k+1 "
                f"tokens reads the union of theirs" if self.experts else "")
-        return (f"the target is {self.source.name} with its feed-forward blocks zero-padded to "
+        src = self.source
+        name = f"{src.parent.name}/{src.name}" if src.name == "target" else src.name
+        return (f"the target is {name} with its feed-forward blocks zero-padded to "
                 f"{self.factor}x their width (the same function, checked on real text): "
                 f"{mb(self.bytes_total)} of weights, "
-                f"{mb(self.bytes_per_token)} read per decode token{moe}, far beyond this CPU's caches, so a "
-                f"decode step waits on memory as a large target's does")
+                f"{mb(self.bytes_per_token)} read per decode token{moe}")
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "source": str(self.source), "factor": self.factor,

@@ -21,7 +21,7 @@ from ..progress import interactive_frontend
 
 # The small settings: ``run-workbook --small``, the notebook tests and ``WORKBOOK_SMALL=1`` share them.
 SMALL = {"NUM_PROMPTS": 2, "MAX_NEW_TOKENS": 24, "REPEATS": 1, "EVAL_WINDOWS": 3, "DRAFT_STEPS": 3,
-         "SEARCH_WINDOWS": 2}
+         "SEARCH_WINDOWS": 2, "KERNELS": None}
 
 
 def overrides(params: dict, environ=None, interactive: bool | None = None) -> dict:

@@ -79,6 +79,7 @@ class BaselineStep:
     live: dict | None = _optional()        # the deployed wiring on the real engine (ENGINE="vllm")
     bench: dict | None = _optional()       # what the measurement depended on (``measurement_key``):
                                            # notebook 06 reuses it when its own is the same
+    kernels: dict | None = _optional()     # the deployed wiring on llama.cpp's kernels (``KernelsRun``)
 
 
 @dataclass
@@ -184,16 +185,18 @@ class Summary:
     # what the table cannot say (which rows are faster beyond their interval, why a timing is noisy, the
     # break-even, which runs disagree): printed after the table in summary.md and the index page
     notes: str | None = _optional()
+    kernels: dict | None = _optional()  # every wiring on llama.cpp's kernels at a real target's cost
 
     def after_table(self) -> str:
         """The prose under the table: the notes, or the headline for a summary written before they were."""
         return self.notes or self.headline
 
     def table(self) -> list[dict]:
-        """The table a person reads first: a row per wiring and engine (the real engine's row, then the
-        reference engine's), the engine named in each, from the fields this record holds."""
+        """The table a person reads first: a row per wiring and engine (llama.cpp's kernels at a real
+        target's cost first where they ran, then the real engine's row and the reference engine's), the
+        engine named in each, from the fields this record holds."""
         live = {r.get("wiring"): r for r in self.live or []}
-        out = []
+        out = kernel_rows(self.kernels)
         for row in self.rows:
             w = row["wiring"]
             lr = live.get(w)
@@ -225,6 +228,22 @@ class Summary:
         parts = [f"{r['wiring']} {_accepts(r)}" for r in rows if r["engine"] == engine]
         name = "the reference engine" if engine == "reference" else engine
         return f"On {name}, against no speculation: " + "; ".join(parts) + "."
+
+
+def kernel_rows(kernels: dict | None) -> list[dict]:
+    """A ``kernels.KernelsRun`` record's rows in ``Summary.table``'s shape, the engine named with the
+    target it ran (``llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16``)."""
+    if not kernels:
+        return []
+    st = kernels.get("settings", {})
+    engine = (f"{kernels.get('engine', '')}, {Path(str(st.get('pair', ''))).name} x{st.get('widen')} "
+              f"{st.get('outtype')}")
+    return [{"wiring": r["wiring"], "engine": engine, "layout": r.get("served_layout"),
+             "accept_length": r.get("accept_length"), "per_position": r.get("accepted_per_position"),
+             "speedup": r.get("speedup"), "speedup_interval": r.get("speedup_interval"),
+             "timing": r.get("timing"), "baseline_tok_s": r.get("baseline_tok_s"),
+             "spec_tok_s": r.get("spec_tok_s"), "lossless": r.get("lossless")}
+            for r in kernels.get("rows", [])]
 
 
 def _direction(r: dict) -> str:

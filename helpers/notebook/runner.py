@@ -23,6 +23,7 @@ from ..errors import BadOption, InputError
 from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..model.checkpoint import config_from_json
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_draft_config
+from . import kernels
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
 from .parameters import NAMES
 from .reports import ORDER, TABLE_HEAD, Summary, read_summary, table_cells
@@ -516,6 +517,10 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     if isinstance(params.get("DRAFT_STEPS"), int) and params["DRAFT_STEPS"] > MAX_STEPS:
         problems.append(f"DRAFT_STEPS must be at most {MAX_STEPS} (draft tokens per verify step), "
                         f"got {params['DRAFT_STEPS']}")
+    try:
+        kernels.parse(params.get("KERNELS"))
+    except ValueError as exc:
+        problems.append(str(exc))
     try:
         check_device(params.get("DEVICE", "cpu"))
     except ValueError as exc:

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from ..investigation.verdict import material
 from ..live.timing import speed_phrase
+from .kernels import finding as kernels_finding
+from .kernels import summary_rows as kernel_rows
 
 
 def _phrase(timing) -> str:
     return "not timed" if timing is None else speed_phrase(timing)
 
 
-def symptom(layout_label: str, served, live_row=None) -> str:
-    """Notebook 01's finding in one sentence: the deployed wiring's accept length and speed, on the real
-    engine where one ran (its own counters), else on the reference engine."""
+def symptom(layout_label: str, served, live_row=None, kernels_run=None) -> str:
+    """Notebook 01's finding: the deployed wiring on llama.cpp's kernels at a real target's cost where the
+    chapter ran (``kernels``), then its accept length and speed on the real engine where one ran (its own
+    counters), else on the reference engine."""
+    first = kernels_finding(kernels_run) + " " if kernels_run is not None and kernels_run.rows else ""
     if live_row is not None:
-        return (f"Deployed as served, {layout_label}, on {live_row.backend}, the draft is accepted for "
-                f"{live_row.accept_length:.2f} tokens per verify step; speculation against none: "
+        return (f"{first}Deployed as served, {layout_label}, on {live_row.backend}, the draft is accepted "
+                f"for {live_row.accept_length:.2f} tokens per verify step; speculation against none: "
                 f"{_phrase(live_row.timing)}.")
-    return (f"Deployed as served, {layout_label}, on the reference engine, the draft is accepted for "
+    return (f"{first}Deployed as served, {layout_label}, on the reference engine, the draft is accepted for "
             f"{served.tau:.2f} tokens per verify step; speculation against none: "
             f"{_phrase(served.timing)}.")
 
@@ -50,9 +54,10 @@ def fixes_once(rows) -> list[str]:
             for (backend, fix, state, why), w in seen.items()]
 
 
-def summary_rows(served, live_row, wiring: str = "deployed") -> list[dict]:
-    """Notebook 01's rows in ``Summary.table``'s shape, for ``plots.summary_figure``."""
-    rows = []
+def summary_rows(served, live_row, kernels_run=None, wiring: str = "deployed") -> list[dict]:
+    """Notebook 01's rows in ``Summary.table``'s shape, for ``plots.summary_figure``: llama.cpp's kernels
+    first where that chapter ran, then the real engine's, then the reference engine's."""
+    rows = kernel_rows(kernels_run)
     if live_row is not None:
         rows.append({"wiring": wiring, "engine": live_row.backend, "layout": live_row.served_layout,
                      "accept_length": live_row.accept_length, "per_position": live_row.accepted_per_position,

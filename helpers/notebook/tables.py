@@ -22,6 +22,7 @@ WORDS = {
     "break_even_tau": "break-even accept length", "slower_prompts": "prompts slower than no speculation",
     "prompts": "prompts", "tau_gap": "accept length minus reference", "ref_tau": "reference accept length",
     "ref_speedup": "reference speedup (x)", "drafts": "drafts", "position": "draft position",
+    "verify_decodes": "verify of k+1 (decode steps)",
 }
 
 

@@ -1,0 +1,281 @@
+"""The symptom on a real engine's kernels: notebooks 01 and 06's chapter ``KERNELS``.
+
+The embedded targets sit in a CPU's caches, where a verify of k+1 tokens costs what its arithmetic costs,
+so their speed ratios say little about a deployment (docs/timing.md). This chapter measures the same
+miswiring where a decode step waits on memory, as a large target's does, on llama.cpp's own kernels:
+
+- the pair is the Llama sibling ``data/tiny-llama`` (llama.cpp's graph feeds no DeepSeek draft): its draft
+  was trained on (0, 3, 7), and llama.cpp's converter serves it the config's ids (2, 6, 9);
+- its target is widened (``model.widen``: feed-forward blocks ``WIDEN`` times as wide, zero-padded, the
+  same function, checked on its text) and converted by llama.cpp's own converter in ``OUTTYPE``;
+- ``llama-server`` serves it with ``STEPS`` draft tokens per round: the deployed draft (notebook 01), fix A
+  (``fixes deploy``'s copy for this build) and fix B (the draft retrained on the served layout) (notebook
+  06), each against the same baseline, paired and interleaved, with the round's costs in decode steps
+  (``live.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
+
+``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install and notebook 01's
+first half runs, and names the build's process in ``BUILD_PID_ENV``; ``server`` waits for it. Outcomes are
+data (``KernelsRun``), the sentences are built here, and the notebooks print them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..investigation.fixes import deploy
+from ..investigation.pair import REPO, load_pair
+from ..investigation.prompts import read_prompts
+from ..live.backends import Backend, choose
+from ..live.bench import LiveRow, LiveWiring
+from ..live.llamacpp.build import ServerBuild, find_server
+from ..live.reference import encode_prompts, reference_figures, run_bench
+from ..model.checkpoint import load_draft
+from ..model.widen import Widened, same_function, widen
+from ..rules.conventions import read_draft_config
+from ..rules.wheels import cache_root
+from .reports import kernel_rows
+
+PAIR = REPO / "data" / "tiny-llama"
+WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
+OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
+STEPS = 3           # draft tokens per round: a verify of 4 stays cheap where a round of 5 does not
+BUILD_PID_ENV = "WORKBOOK_LLAMACPP_BUILD_PID"     # set by `bash workbook.sh run`: the build it started
+BUILD_LOG_ENV = "WORKBOOK_LLAMACPP_BUILD_LOG"
+NAMES = ("deployed", "fix A", "fix B")
+ENGINES = ("llamacpp",)
+
+
+def parse(text) -> int | None:
+    """The notebooks' ``KERNELS`` (``"llamacpp x96"``: the engine, then how much wider the target is) as the
+    widening factor; None skips the chapter. Raises ``ValueError`` naming what was expected."""
+    if text is None:
+        return None
+    parts = str(text).split()
+    if (len(parts) == 2 and parts[0] in ENGINES and parts[1][:1] == "x" and parts[1][1:].isdigit()
+            and int(parts[1][1:]) >= 1):
+        return int(parts[1][1:])
+    raise ValueError(f"KERNELS must be None or 'llamacpp xFACTOR' (e.g. 'llamacpp x{WIDEN}'), got {text!r}")
+
+
+@dataclass
+class KernelsRun:
+    """What the chapter measured: a row per wiring on llama-server, what the target is, and the settings
+    a later notebook compares before it reuses a row; ``unavailable`` says why nothing was measured."""
+
+    rows: list[LiveRow] = field(default_factory=list)
+    engine: str = ""                      # llama.cpp's build, as its rows name it
+    target: dict | None = None            # ``Widened.to_dict``: what a decode step reads
+    target_sentence: str = ""
+    settings: dict = field(default_factory=dict)
+    unavailable: str | None = None
+    lines: list[str] = field(default_factory=list)   # what was done, for the folded log
+
+    def row(self, name: str) -> LiveRow | None:
+        return next((r for r in self.rows if r.wiring == name), None)
+
+    def to_dict(self) -> dict:
+        return {"rows": [r.to_dict() for r in self.rows], "engine": self.engine, "target": self.target,
+                "target_sentence": self.target_sentence, "settings": self.settings,
+                "unavailable": self.unavailable}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> KernelsRun | None:
+        if not d:
+            return None
+        return cls([LiveRow.from_dict(r) for r in d.get("rows", [])], d.get("engine", ""), d.get("target"),
+                   d.get("target_sentence", ""), d.get("settings", {}), d.get("unavailable"))
+
+
+def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int = WIDEN,
+             outtype: str = OUTTYPE, steps: int = STEPS) -> dict:
+    return {"pair": str(PAIR), "widen": widen_by, "outtype": outtype, "steps": steps,
+            "prompts": num_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats}
+
+
+def server(progress: bool = True) -> ServerBuild | str:
+    """The llama-server this host has, waiting first for the build ``bash workbook.sh run`` started in the
+    background (``BUILD_PID_ENV``); else why there is none, in one line."""
+    pid = os.environ.get(BUILD_PID_ENV, "")
+    if pid.isdigit() and _alive(int(pid)):
+        from tqdm.auto import tqdm
+
+        with tqdm(desc="waiting for llama-server's build", unit="s", disable=not progress,
+                  bar_format="{desc}: {elapsed}") as bar:
+            while _alive(int(pid)):
+                time.sleep(2)
+                bar.update(2)
+    found = find_server()
+    if found is not None:
+        return found
+    log = os.environ.get(BUILD_LOG_ENV, "")
+    if pid.isdigit() and log:
+        return f"llama-server's build did not complete on this host (its log: {log})"
+    return choose("llamacpp").unavailable or "llama-server is not built on this host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:     # a finished child of this process that was not reaped yet is not running
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def wide_target(widen_by: int = WIDEN) -> Widened:
+    """The widened copy of the pair's target, written once into the cache and checked to compute what the
+    original does."""
+    wide = widen(PAIR / "target", cache_root("widened") / f"{PAIR.name}-target-x{widen_by}", widen_by)
+    same_function(wide)
+    return wide
+
+
+def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repeats: int,
+            reuse: KernelsRun | None = None, widen_by: int = WIDEN, outtype: str = OUTTYPE,
+            steps: int = STEPS, progress: bool = True) -> KernelsRun:
+    """``names`` (of ``NAMES``) on llama-server at a real target's cost; a row of ``reuse`` (notebook 01's
+    run) stands in for its wiring when it was measured with the same settings."""
+    want = settings(num_prompts, max_new_tokens, repeats, widen_by, outtype, steps)
+    run = KernelsRun(settings=want)
+    found = server(progress)
+    if isinstance(found, str):
+        run.unavailable = found
+        return run
+    backend = Backend("llamacpp", found.engine, found)
+    run.engine = backend.label
+    wide = wide_target(widen_by)
+    run.target, run.target_sentence = wide.to_dict(), wide.sentence()
+    pair = load_pair(PAIR / "target", PAIR / "draft", "cpu")
+    prompt_ids = encode_prompts(pair.tokenizer, read_prompts(PAIR / "prompts.jsonl")[:num_prompts], "cpu")
+    out = Path(reports) / "kernels"
+    kept = {r.wiring: r for r in (reuse.rows if reuse and reuse.settings == want else [])}
+    todo = []
+    for name in names:
+        if name in kept:
+            run.rows.append(kept[name])
+            run.lines.append(f"{name}: notebook 01's measurement (same pair and settings), not measured "
+                             f"twice")
+            continue
+        draft_dir = _draft_for(name, pair, backend, out, run.lines)
+        if draft_dir is None:
+            continue
+        draft = pair.draft if name == "deployed" else load_draft(draft_dir, target=pair.target, device="cpu")
+        plan = pair.served(backend.rules, config=read_draft_config(draft_dir))
+        run.lines.append(f"{name:9s} {plan.label:22s} {plan.source}")
+        ref = run_bench(pair.target, draft, plan, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
+                        repeats=1, progress=False, label=name)
+        todo.append((LiveWiring(name, draft_dir, tuple(plan.layout)), ref))
+    if todo:
+        rows = backend.bench(wide.path, [w for w, _ in todo], [p.tolist() for p in prompt_ids], steps=steps,
+                             max_new_tokens=max_new_tokens, repeats=repeats, log_dir=out / "logs",
+                             progress=progress, outtype=outtype)
+        for row, (_, ref) in zip(rows, todo):
+            row.reference = reference_figures(ref)
+        run.rows += rows
+    order = {n: i for i, n in enumerate(NAMES)}
+    run.rows.sort(key=lambda r: order.get(r.wiring, len(order)))
+    return run
+
+
+def _draft_for(name: str, pair, backend: Backend, out: Path, lines: list[str]) -> Path | None:
+    """The draft folder each wiring serves: the deployed draft as it ships, fix A the copy ``fixes deploy``
+    writes for this build (its rules run on the copy first), fix B the retrained draft."""
+    if name == "deployed":
+        return Path(pair.draft_dir)
+    if name == "fix B":
+        retrained = PAIR / "draft-retrained"
+        if not retrained.is_dir():
+            lines.append(f"fix B: no retrained draft at {retrained}")
+            return None
+        return retrained
+    dest = out / "fix-a"
+    shutil.rmtree(dest, ignore_errors=True)
+    dep = deploy(pair.draft_dir, dest, [backend.rules], target=pair.target_dir)
+    fix = dep.fixes[0]
+    if not dep.ok:
+        lines.append(f"fix A: {fix.verdict}")
+        return None
+    lines.append(f"fix A: python -m helpers fixes deploy --draft {pair.draft_dir} --target {pair.target_dir} "
+                 f"--engine {backend.rules} --out {dest}: ids {list(fix.ids)} ({fix.key}); {fix.verdict}")
+    return fix.folder
+
+
+# --------------------------------------------------------------------------------------
+# The sentences
+
+
+def regime(run: KernelsRun) -> str:
+    """What the target is and why a round costs what it does here, from the first row's own costs."""
+    row = next((r for r in run.rows if r.costs), None)
+    if row is None:
+        return run.target_sentence
+    c = row.costs
+    per_token = (run.target or {}).get("bytes_per_token")
+    rate = (f" ({per_token / c['decode'] / 1e6:.1f} GB/s of weights: a decode step waits on reading them, "
+            f"as a large target's does)" if per_token and c["decode"] else "")
+    return (f"{run.target_sentence[0].upper()}{run.target_sentence[1:]}; llama.cpp runs it converted to "
+            f"{run.settings.get('outtype', OUTTYPE)}. On this CPU it decodes a token in {c['decode']:.1f} ms"
+            f"{rate} and verifies {row.steps + 1} in {c['verify']:.1f} ms ({c['verify_over_decode']:.2f} "
+            f"decode steps: one read of the weights serves them all); a draft step costs "
+            f"{c['draft_step']:.2f} ms, so a round of {row.steps} draft steps breaks even at an accept "
+            f"length of {c['break_even_tau']:.2f}")
+
+
+def prediction(row: LiveRow) -> float | None:
+    """The speedup a round's costs predict for this row's accept length: accept length / break-even."""
+    if not row.costs or not row.costs.get("break_even_tau"):
+        return None
+    return row.accept_length / row.costs["break_even_tau"]
+
+
+def table(run: KernelsRun) -> list[dict]:
+    """One row per wiring, columns in words with units (``tables.words`` renders them)."""
+    out = []
+    for r in run.rows:
+        c = r.costs or {}
+        p = prediction(r)
+        out.append({"wiring": r.wiring, "layout": r.served_layout, "accept_length": round(r.accept_length, 3),
+                    "ref_tau": (r.reference or {}).get("tau"),
+                    "decode_ms": c.get("decode"), "verify_ms": c.get("verify"),
+                    "verify_decodes": c.get("verify_over_decode"), "draft_step_ms": c.get("draft_step"),
+                    "break_even_tau": c.get("break_even_tau"),
+                    "predicted_speedup": None if p is None else round(p, 3),
+                    "speedup": round(r.speedup, 3), "speedup_interval": r.speedup_interval,
+                    "timing": r.timing_verdict, "lossless": r.lossless})
+    return out
+
+
+def summary_rows(run: KernelsRun | None) -> list[dict]:
+    """The chapter's rows in ``reports.Summary.table``'s shape (``reports.kernel_rows``)."""
+    return kernel_rows(None if run is None else run.to_dict())
+
+
+def _ratio(row: LiveRow) -> str:
+    """``0.76x [0.72, 0.80] of no speculation``, the side the whole interval lies on, and a timing that is
+    not clean."""
+    lo, hi = row.speedup_interval
+    side = ("slower than" if hi < 1 else "faster than" if lo > 1 else "not separable from")
+    flag = "" if row.timing_verdict == "ok" else f", timing {row.timing_verdict}"
+    return f"{side} no speculation, {row.speedup:.2f}x [{lo:.2f}, {hi:.2f}]{flag}"
+
+
+def finding(run: KernelsRun) -> str:
+    """The chapter in one sentence: each wiring's speed against no speculation, its accept length and the
+    break-even, on llama.cpp's kernels."""
+    if run.unavailable or not run.rows:
+        return f"Not measured on llama.cpp's kernels: {run.unavailable or 'no wiring could be served'}."
+    parts = []
+    for r in run.rows:
+        be = (r.costs or {}).get("break_even_tau")
+        parts.append(f"{r.wiring} {tuple(r.served_layout)} runs {_ratio(r)}, at an accept length of "
+                     f"{r.accept_length:.2f}"
+                     + (f" against a break-even of {be:.2f}" if be else ""))
+    return f"On {run.engine}'s own kernels, at a real target's cost: " + "; ".join(parts) + "."
