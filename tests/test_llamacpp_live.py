@@ -247,14 +247,17 @@ def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
 def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     """ENGINE="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
     it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (0, 3, 7), fix B retrained on
-    (2, 6, 9); llama.cpp's accept length beside the reference engine's for each."""
-    from helpers.notebook import reports
+    (2, 6, 9); llama.cpp's accept length beside the reference engine's for each. The same run has the
+    KERNELS chapter (a target widened 2x here, 96x by default): notebook 01 measures the deployed wiring,
+    notebook 06 reuses that row and adds fix A (``fixes deploy``'s copy) and fix B, each with llama.cpp's
+    round costs, and both findings and the summary's table lead with it."""
+    from helpers.notebook import kernels, reports
     from helpers.notebook.lab import SMALL
     from helpers.notebook.runner import run_workbook
     out = tmp_path / "reports"
     params = {**SMALL, "ENGINE": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
               "TARGET": str(PAIR / "target"), "DRAFT": str(PAIR / "draft"),
-              "RETRAINED_DRAFT": str(PAIR / "draft-retrained")}
+              "RETRAINED_DRAFT": str(PAIR / "draft-retrained"), "KERNELS": "llamacpp x2"}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
                         render=False, progress=False)
     assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]
@@ -267,6 +270,25 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
         assert r["lossless"] and abs(r["tau_gap"]) <= 0.15, r
     assert live["deployed"]["accept_length"] < min(live["fix A"]["accept_length"],
                                                    live["fix B"]["accept_length"])
+    # the chapter on llama.cpp's kernels: 01's deployed row reused by 06, fixes measured there
+    k01 = kernels.KernelsRun.from_dict(base.kernels)
+    summary = reports.read_summary(out)
+    k06 = kernels.KernelsRun.from_dict(summary.kernels)
+    assert [r.wiring for r in k01.rows] == ["deployed"] and k06.settings["widen"] == 2
+    assert [r.wiring for r in k06.rows] == ["deployed", "fix A", "fix B"]
+    assert k06.rows[0].to_dict() == k01.rows[0].to_dict()           # measured once, in notebook 01
+    assert [r.served_layout for r in k06.rows] == [[2, 6, 9], [0, 3, 7], [2, 6, 9]]
+    for r in k06.rows:
+        assert r.lossless and abs(r.tau_gap) <= 0.15 and r.costs["break_even_tau"] > 1.0, r
+        assert kernels.prediction(r) == pytest.approx(r.accept_length / r.costs["break_even_tau"])
+    table = summary.table()
+    assert table[0]["engine"].endswith("tiny-llama x2 f16") and [r["wiring"] for r in table[:3]] == \
+        ["deployed", "fix A", "fix B"]
+    assert summary.finding().startswith("On llama.cpp b11434") and summary.headline.startswith("On llama.cpp")
+    assert "every decode token" not in kernels.regime(k06) and "decode steps" in kernels.regime(k06)
+    first = json.loads((out / "01_baseline_throughput.ipynb").read_text())
+    finding = next(c for c in first["cells"] if "finding" in c["metadata"].get("tags", []))
+    assert "deployed (2, 6, 9) runs" in json.dumps(finding["outputs"])
 
 
 @needs_server

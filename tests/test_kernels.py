@@ -1,0 +1,81 @@
+"""Notebooks 01 and 06's chapter on llama.cpp's kernels (``helpers.notebook.kernels``), without a server.
+
+``tests/kernels/llamacpp_x96_f16.json`` is a run the chapter recorded on llama.cpp b11434 (tiny-llama x96,
+f16, 3 draft steps, 6 prompts x 64 tokens, 2 paired repeats; an Intel Xeon with AMX, 2 cores): its sentences,
+its table and the summary's rows are built from it here. ``tests/test_llamacpp_live.py`` runs the chapter
+itself, through the notebooks, where llama-server is built."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.notebook import kernels
+from helpers.notebook.reports import Summary, kernel_rows
+from helpers.notebook.runner import check_run_inputs
+
+RUN = json.loads((Path(__file__).parent / "kernels" / "llamacpp_x96_f16.json").read_text())
+
+
+def test_the_parameter_names_an_engine_and_a_factor():
+    assert kernels.parse("llamacpp x96") == 96 and kernels.parse(None) is None
+    for bad in ("llamacpp", "vllm x96", "llamacpp 96", "llamacpp x0", "llamacpp x96 f16"):
+        with pytest.raises(ValueError, match="KERNELS must be None or 'llamacpp xFACTOR'"):
+            kernels.parse(bad)
+    assert any("KERNELS must be" in p for p in check_run_inputs({"KERNELS": "llamacpp"}, None))
+    assert not any("KERNELS" in p for p in check_run_inputs({"KERNELS": None}, None))
+
+
+def test_the_finding_says_each_side_of_one_from_the_whole_interval():
+    run = kernels.KernelsRun.from_dict(RUN)
+    text = kernels.finding(run)
+    assert text.startswith("On llama.cpp b11434 (llama-server, cpu)'s own kernels, at a real target's cost: ")
+    dep, fix_a, fix_b = run.rows
+    assert dep.speedup_interval[1] < 1 < fix_a.speedup_interval[0] and fix_b.speedup_interval[0] > 1
+    assert (f"deployed (2, 6, 9) runs slower than no speculation, {dep.speedup:.2f}x "
+            f"[{dep.speedup_interval[0]:.2f}, {dep.speedup_interval[1]:.2f}], at an accept length of "
+            f"{dep.accept_length:.2f} against a break-even of {dep.costs['break_even_tau']:.2f}") in text
+    assert "fix A (0, 3, 7) runs faster than no speculation" in text
+    # an interval across 1 is said to be one
+    across = SimpleNamespace(speedup=1.0, speedup_interval=[0.9, 1.1], timing_verdict="noisy")
+    assert kernels._ratio(across) == "not separable from no speculation, 1.00x [0.90, 1.10], timing noisy"
+    assert kernels.finding(kernels.KernelsRun(unavailable="no server")).startswith(
+        "Not measured on llama.cpp's kernels: no server")
+
+
+def test_the_regime_is_said_from_the_runs_own_costs():
+    run = kernels.KernelsRun.from_dict(RUN)
+    c = run.rows[0].costs
+    text = kernels.regime(run)
+    assert text.startswith("The target is tiny-llama/target with its feed-forward blocks zero-padded to 96x")
+    assert f"decodes a token in {c['decode']:.1f} ms" in text
+    assert f"verifies 4 in {c['verify']:.1f} ms ({c['verify_over_decode']:.2f} decode steps" in text
+    assert f"breaks even at an accept length of {c['break_even_tau']:.2f}" in text
+    rate = RUN["target"]["bytes_per_token"] / c["decode"] / 1e6
+    assert f"({rate:.1f} GB/s of weights" in text
+
+
+def test_the_table_puts_the_prediction_beside_the_measured_ratio():
+    run = kernels.KernelsRun.from_dict(RUN)
+    rows = kernels.table(run)
+    assert [r["wiring"] for r in rows] == ["deployed", "fix A", "fix B"]
+    for r, row in zip(rows, run.rows):
+        assert r["predicted_speedup"] == round(row.accept_length / row.costs["break_even_tau"], 3)
+        assert r["break_even_tau"] == row.costs["break_even_tau"] and r["ref_tau"] == row.reference["tau"]
+        assert r["verify_decodes"] == row.costs["verify_over_decode"]
+
+
+def test_the_summary_leads_with_the_kernels_rows_naming_their_engine():
+    rows = kernel_rows(RUN)
+    assert rows == kernels.summary_rows(kernels.KernelsRun.from_dict(RUN))
+    assert {r["engine"] for r in rows} == {"llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16"}
+    summary = Summary(headline="", engine="sglang==0.5.9", draft_steps=3, max_new_tokens=64, prompts=6,
+                      repeats=2, target="t", draft="d", rows=[{"wiring": "deployed", "engine": "reference",
+                                                                "tau": 1.6, "speedup": 1.1}],
+                      costs=[], details={}, kernels=RUN)
+    table = summary.table()
+    assert [r["engine"] for r in table] == [rows[0]["engine"]] * 3 + ["reference"]
+    assert summary.finding().startswith("On llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16, against "
+                                        "no speculation: deployed 1.08 tokens per step at 0.76x")
