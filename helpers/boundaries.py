@@ -61,6 +61,26 @@ class ProblemKind(StrEnum):
     RULE_NOT_RUN = "rule-not-run"              # the rule is recorded from docs or sources, not run
     SOURCE_CHECKED = "source-checked"          # the rule checked against the release's own files: it holds
     SOURCE_DISAGREES = "source-disagrees"      # the release's own files disagree with the recorded rule
+    # check's own findings, from the deployment's files (``investigation.gate``)
+    LAYOUT_MISMATCH = "layout-mismatch"        # the engine serves other boundaries than training's
+    TRAINING_UNKNOWN = "training-unknown"      # nothing states the training layout
+    ENGINE_CANNOT_CAPTURE = "engine-cannot-capture"   # a resolver's blocking problem, as check reports it
+    FC_WIDTH = "fc-width"                      # the fc's input width is not the features the ids give
+    IDS_KEY = "ids-key"                        # the ids sit where this engine does not read them
+    IDS_MISSING = "ids-missing"                # no ids where this engine reads them: its default is served
+    SPECULATORS_FORMAT = "speculators-format"  # a speculators-format draft this engine does not load
+    TRAINER = "trainer"                        # the named trainer's rule cannot be run on these ids
+    ALGORITHM = "algorithm"                    # the draft is not an EAGLE-3 draft
+    CONFIG_VS_TRAINER = "config-vs-trainer"    # the config's ids and the trainer's rule disagree
+    RECORD_VS_TRAINER = "record-vs-trainer"    # the training record and the trainer's rule disagree
+    MEASURED_DIFFERS = "measured-differs"      # what the engine captured is not what its rule predicts
+    TOPOLOGY = "topology"                      # tensor or pipeline parallel sizes the target cannot take
+    VOCAB = "vocab"                            # the draft's vocabulary does not fit the target's
+    # forward flags the draft was trained with that the engine never runs (``rules.flags``)
+    NORM_BEFORE_RESIDUAL = "norm-before-residual"
+    NORM_BEFORE_FC = "norm-before-fc"
+    FC_NORM = "fc-norm"
+    NORM_OUTPUT = "norm-output"
     OTHER = "other"
 
 

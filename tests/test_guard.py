@@ -13,6 +13,7 @@ import pytest
 
 from helpers.commands.fixes import main as fixes
 from helpers.errors import BadConfig, BadOption
+from helpers.judgement import Judgement
 from helpers.live import guard
 from helpers.record import read_record, write_record
 from helpers.rules.conventions import parse_engine
@@ -50,28 +51,28 @@ def test_mode_is_parsed_once_and_a_typo_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("indices, trained, kind", [
-    ([3, 7, 10], (3, 7, 10), guard.Kind.MATCH),
-    ([2, 6, 9], (0, 3, 7), guard.Kind.MISWIRED),
-    ([0, 3, 7], (7, 0, 3), guard.Kind.ORDER),
+    ([3, 7, 10], (3, 7, 10), Judgement.MATCH),
+    ([2, 6, 9], (0, 3, 7), Judgement.MISWIRED),
+    ([0, 3, 7], (7, 0, 3), Judgement.ORDER),
 ])
 def test_kinds(indices, trained, kind):
     v = guard.judge(engine="sglang 0.5.23", draft="d", indices=indices, highest=11, evidence=_record(trained))
     assert v.kind is kind and v.served == tuple(sorted(indices)) and v.trained == trained
-    assert v.blocking == (kind is not guard.Kind.MATCH)
+    assert v.blocking == (kind is not Judgement.MATCH)
 
 
 def test_no_record_says_so_and_does_not_guess():
     v = guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12, evidence=None)
-    assert v.kind is guard.Kind.UNKNOWN and not v.blocking and v.trained is None
+    assert v.kind is Judgement.UNKNOWN and not v.blocking and v.trained is None
     assert not v.refused_by(guard.Mode.REFUSE) and v.refused_by(guard.Mode.STRICT)
     assert "does not guess" in guard.render(v)
 
 
 def test_indices_past_the_loop_are_dropped_not_served():
     v = _judge([3, 7, 12], (3, 7, 12))
-    assert v.served == (3, 7) and v.dropped == (12,) and v.kind is guard.Kind.MISWIRED
+    assert v.served == (3, 7) and v.dropped == (12,) and v.kind is Judgement.MISWIRED
     v = _judge([3, 7, 12], (3, 7, 12), highest=12, engine="vllm 0.32.0")
-    assert v.kind is guard.Kind.MATCH      # a loop that also captures after the last layer serves L
+    assert v.kind is Judgement.MATCH      # a loop that also captures after the last layer serves L
 
 
 def _setter(rule):
@@ -96,13 +97,13 @@ def test_the_fix_is_found_by_running_the_engines_own_setter_and_the_model_is_res
     ids_for = guard.probe_ids(set_ids, lambda: holder.layers_to_capture, 11, restore)
     v = guard.judge(engine="sglang 0.5.23", draft="d", indices=original, highest=11,
                     evidence=_record((0, 3, 7)), ids_for=ids_for)
-    assert v.kind is guard.Kind.MISWIRED and f"to {want}" in v.fix
+    assert v.kind is Judgement.MISWIRED and f"to {want}" in v.fix
     assert holder.layers_to_capture is original
 
 
 def test_non_ascending_training_has_no_ids_fix():
     v = _judge([2, 6, 9], (7, 0, 3), ids_for=lambda layout: [0, 0, 0])
-    assert v.kind is guard.Kind.MISWIRED and "no ids serve" in v.fix and "ascending" in v.fix
+    assert v.kind is Judgement.MISWIRED and "no ids serve" in v.fix and "ascending" in v.fix
 
 
 def test_a_flag_the_engine_does_not_run_blocks_even_on_the_right_layout():
@@ -111,7 +112,7 @@ def test_a_flag_the_engine_does_not_run_blocks_even_on_the_right_layout():
     assert [f for f, _, _ in ignored] == ["norm_before_residual"]
     assert guard.ignored_flags(cfg, parse_engine("vllm==0.32.0")) == []
     v = _judge([0, 3, 7], (0, 3, 7), ignored=ignored)
-    assert v.kind is guard.Kind.IGNORED_FLAG and v.blocking and "vllm>=" in v.fix
+    assert v.kind is Judgement.IGNORED_FLAG and v.blocking and "vllm>=" in v.fix
 
 
 def test_warn_logs_once_refuse_raises_only_when_blocking(capsys):

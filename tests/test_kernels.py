@@ -77,5 +77,5 @@ def test_the_summary_leads_with_the_kernels_rows_naming_their_engine():
                       costs=[], details={}, kernels=RUN)
     table = summary.table()
     assert [r["engine"] for r in table] == [rows[0]["engine"]] * 3 + ["reference"]
-    assert summary.finding().startswith("On llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16, against "
-                                        "no speculation: deployed 1.08 tokens per step at 0.76x")
+    assert summary.finding().startswith("On llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16, "
+                                        "against no speculation: deployed 1.08 tokens per step at 0.76x")

@@ -200,9 +200,9 @@ def test_verdict_keeps_the_two_questions_apart():
     import pandas as pd
 
     from helpers.investigation.diagnosis import Diagnosis
-    from helpers.investigation.evaluate import PairedTest
     from helpers.investigation.layout_search import SearchResult
     from helpers.investigation.verdict import WiringVerdict
+    from helpers.judgement import PairedTest
 
     ranking = pd.DataFrame({"rank": [1, 2, 3], "layout": [(3, 5, 7), (2, 5, 7), (0, 1, 2)],
                             "sim_accept_length": [1.92, 1.91, 1.2], "ce": [4.0662, 4.0678, 5.2],

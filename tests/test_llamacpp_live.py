@@ -18,6 +18,7 @@ import pytest
 from conftest import unavailable
 
 from helpers.__main__ import main as cli
+from helpers.judgement import Judgement
 from helpers.live import guard
 from helpers.live.llamacpp import convert as lc
 from helpers.live.llamacpp.build import find_server
@@ -66,7 +67,7 @@ def test_guard_before_llamacpp_refuses_a_gguf_that_serves_another_layout(capsys)
     v = guard.before_llamacpp(engine=ENGINE, draft=KIMI / "draft", target_layers=[0, 3, 7], num_layers=12,
                               arch="DeepseekV3ForCausalLM", gguf="draft.gguf", how=guard.Mode.WARN,
                               report=report)
-    assert v.kind == guard.Kind.MATCH and not seen[-1]["refused"]
+    assert v.kind == Judgement.MATCH and not seen[-1]["refused"]
 
 
 def test_guard_before_llamacpp_fails_closed_when_it_cannot_judge(tmp_path):

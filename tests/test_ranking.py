@@ -21,15 +21,13 @@ from _pairs import ROOT, assert_in_front, tiny_default, tiny_draft, tiny_dump, t
 from safetensors.torch import save_file
 
 from helpers.investigation.evaluate import (
-    BLOCK,
-    MIN_BLOCKS,
-    PairedTest,
     accepted_run,
     accuracy_table,
     paired_test,
     token_blocks,
 )
 from helpers.investigation.verdict import WiringVerdict
+from helpers.judgement import BLOCK, MIN_BLOCKS, PairedTest
 from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parent.parent

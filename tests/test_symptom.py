@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from _pairs import tiny_llama
 
-from helpers.investigation.evaluate import PairedTest
 from helpers.investigation.verdict import MATERIAL, Acceptance, judge
+from helpers.judgement import PairedTest
 from helpers.rules.conventions import parse_engine
 
 AT_TRAINED = Acceptance(1.92, (0.71, 0.16, 0.05))

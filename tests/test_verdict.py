@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from _pairs import tiny_llama
 
-from helpers.investigation.evaluate import PairedTest
 from helpers.investigation.verdict import (
     Settled,
     WayKind,
@@ -23,6 +22,7 @@ from helpers.investigation.verdict import (
     ways_out,
     writer_candidates,
 )
+from helpers.judgement import PairedTest
 from helpers.rules.conventions import parse_engine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,3 +284,49 @@ def test_ids_converted_across_conventions(tmp_path):
     assert enough.verdict.startswith("MISMATCH: served (1, 3, 5) is outside the confidence set ((0, 2, 4)")
     assert "the ranking separates that layout from the best" in enough.verdict
     assert w.fix.startswith("ids [-1, 1, 3] in eagle_config")
+
+
+def test_every_judge_says_one_verdict_with_one_exit_code():
+    """check (the files), the guard (inside the engine) and diagnose (a measured cost) each say what they
+    found as one ``judgement.Verdict``: the same judgement for the same miswiring, the same exit code, and the
+    fix as ``fixes deploy``'s command where ids alone serve the trained layout."""
+    from helpers.investigation.gate import check
+    from helpers.judgement import Judgement
+    from helpers.live import guard
+
+    engine = parse_engine("sglang==0.5.23")
+    report = check(TINY_KIMI / "draft", engine, target=TINY_KIMI / "target").judged
+    served = report.served                           # SGLang 0.5.23's own setter on the config's ids
+    watched = guard.judge(engine="sglang 0.5.23", draft=str(TINY_KIMI / "draft"), indices=list(served),
+                          highest=11, evidence=guard.record_evidence((0, 3, 7)), ids_for=lambda t: [-1, 2, 6],
+                          ids_key="eagle_config.eagle_aux_hidden_state_layer_ids",
+                          target=str(TINY_KIMI / "target")).judged
+    costly = judge(served, (0, 3, 7), known=True, source="training record", engine=engine,
+                   arch="DeepseekV3ForCausalLM", num_layers=12, cost=PairedTest(1.2, 0.05, 24.0, 24),
+                   paths=(str(TINY_KIMI / "draft"), str(TINY_KIMI / "target"))).judged
+    for v, who in ((report, "check"), (watched, "guard"), (costly, "diagnose")):
+        assert (v.judge, v.judgement, v.served, v.trained, v.exit_code) == (
+            who, Judgement.MISWIRED, served, (0, 3, 7), 1), v
+        assert v.fix_command.startswith(f"python -m helpers fixes deploy --draft {TINY_KIMI / 'draft'} "), v
+        assert json.loads(json.dumps(v.to_dict()))["judgement"] == "miswired"
+    # a difference measured on enough text to cost nothing: the same judgement, exit 0, said so
+    costless = judge((0, 3, 8), (0, 3, 7), known=True, source="training record",
+                     cost=PairedTest(0.01, 0.01, 1.0, 24)).judged
+    assert costless.judgement is Judgement.MISWIRED and costless.costless and costless.exit_code == 0
+    assert not costless.blocking
+    # nothing settles the training layout: UNKNOWN, exit 3, whoever judged
+    assert guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12,
+                       evidence=None).judged.exit_code == 3
+    assert judge((3, 7, 10), (3, 7, 10), known=False, source="inferred",
+                 confident_set=[(3, 7, 10), (3, 7, 11)]).judged.judgement is Judgement.UNKNOWN
+
+
+def test_the_judges_load_no_torch():
+    """check and the guard run where a deployment runs (a CI gate, an engine's start): their verdict, its
+    fixes and its statistics import no torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, helpers.investigation.gate, helpers.investigation.verdict, helpers.live.guard, "
+            "helpers.judgement; sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0

@@ -14,11 +14,12 @@ from .. import cli
 from ..boundaries import layout_label
 from ..errors import BadOption, InputError, fail, print_json, read_text_file
 from ..investigation.diagnosis import diagnose_text
-from ..investigation.evaluate import MIN_BLOCKS, EvalInputError
+from ..investigation.evaluate import EvalInputError
 from ..investigation.exports import parse_duration, read_served
 from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair
 from ..investigation.verdict import candidate_table
+from ..judgement import MIN_BLOCKS
 from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile, write_profile
 from .dump import run_dump_diagnosis

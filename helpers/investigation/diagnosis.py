@@ -4,15 +4,16 @@ candidate layout scored and ranked, the best compared with the layout the engine
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..boundaries import ExitCode, layout_label
 from ..errors import check_finite
-from ..model.draft import run_as
+from ..model.draft import forward_verdict, run_as
 from ..rules.conventions import Engine
-from .evaluate import RANKED_BY, EvalText, evaluate_layout
+from .evaluate import RANKED_BY, EvalText, evaluate_layout, paired_test
 from .layout_search import SearchResult, search
 from .pair import more_captures, plan_problems
-from .verdict import WiringVerdict, format_settled, pair_verdict
+from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
 
 
 @dataclass
@@ -180,3 +181,70 @@ def _diagnosis(res, best, srv, served, notes, pair, steps, errors, rows, wiring)
                                f"accuracy beside it",
                      wiring=wiring, best_accept=round(best.sim_accept_length, 4),
                      served_accept=None if srv is None else round(srv.sim_accept_length, 4))
+
+
+# --------------------------------------------------------------------------------------
+# The verdict measured on a target's captures
+
+
+def bench_rounds_per_s(bench) -> float | None:
+    """A bench's verify steps per second (tok/s over accept length): the cost in tok/s. ``bench``: notebook
+    01's report (its ``served`` row), or None."""
+    served = getattr(bench, "served", None) if bench is not None else None
+    return served["spec_tok_s"] / served["tau"] if served and served.get("tau") else None
+
+
+def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], steps: int, *, search=None,
+                 trained=None, rounds_per_s: float | None = None, served_score=None,
+                 scores: Sequence = ()) -> WiringVerdict:
+    """The verdict from a target's captures (``diagnose``, notebooks 02 and 03). The training layout:
+    ``trained`` (a plan whose source says how it was settled: 'training record' and 'stated' are known,
+    anything else is a guess) or else the pair's record, or else every writer of the config's format
+    (confirmed by the ``search``), or else the search's best. The cost: trained minus served on ``caps``,
+    the served layout run as ``engine`` runs it. ``served_score`` (under the engine's forward) and
+    ``scores`` (under the draft's own) are reused when they were scored with ``steps`` already."""
+    if trained is not None:
+        layout = tuple(trained.layout) or None
+        known = trained.source in ("training record", "stated")
+        settled = Settled(layout, trained.source, known)
+        confident = [layout] if known and layout else []
+    else:
+        if search is None:
+            raise ValueError("pair_verdict needs the search's ranking or a trained plan")
+        confident = search.confident_set
+        settled = _settle(pair, engine, served, search)
+    cost = None
+    if not errors and settled.layout:
+        if served_score is None:
+            with run_as(pair.draft, engine):
+                served_score = evaluate_layout(pair.draft, caps, served.layout, steps)
+        ref = next((s for s in scores if tuple(s.layout) == tuple(settled.layout) and s.steps == steps), None)
+        ref = ref or evaluate_layout(pair.draft, caps, settled.layout, steps)
+        cost = paired_test(ref.blocks(), served_score.blocks())
+    return judge(tuple(served.layout) or None, settled.layout, known=settled.known, source=settled.source,
+                 confident_set=confident, cost=cost, errors=errors, engine=engine, arch=pair.arch,
+                 num_layers=pair.num_layers, rounds_per_s=rounds_per_s,
+                 forward=forward_verdict(pair.draft, engine) if not errors else None, settled=settled,
+                 at_served=Acceptance.of(served_score) if cost else None,
+                 at_trained=Acceptance.of(ref) if cost else None,
+                 paths=(str(pair.draft_dir), str(pair.target_dir)))
+
+
+def format_settled(pair, engine: Engine, served, search=None) -> Settled:
+    """The pair's config format read for its training layout against the ``served`` plan: before any
+    ranking (``search`` None) the layout to score, after it confirmed or refused."""
+    candidates = read_format(pair.draft_config, engine, pair.arch, pair.num_layers, tuple(served.layout),
+                             served.errors)
+    ranked = list(search.ranking["layout"]) if search is not None else ()
+    return by_format(candidates, width=pair.draft.cfg.num_aux, ranked=ranked,
+                     confident_set=search.confident_set if search is not None else ())
+
+
+def _settle(pair, engine, served, search) -> Settled:
+    recorded = pair.recorded_layout
+    if recorded:
+        return Settled(tuple(recorded), "training record", True)
+    fmt = format_settled(pair, engine, served, search)
+    if fmt.known:
+        return fmt
+    return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, fmt.note)

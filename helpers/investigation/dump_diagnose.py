@@ -28,15 +28,16 @@ from tqdm.auto import tqdm
 
 from ..boundaries import ExitCode, layout_label
 from ..errors import BadCheckpoint, BadOption, BadText
+from ..judgement import PairedTest
 from ..model.capture import decoder_parts, run_and_capture
 from ..model.checkpoint import NoEmbeddingError, load_draft
-from ..model.draft import run_as
+from ..model.draft import forward_verdict, run_as
 from ..model.target import load_target
 from ..model.target_heads import HEAD_KEYS, load_target_heads
 from ..rules.conventions import Engine, read_draft_config, read_target
 from ..rules.wiring import served_plan
 from .dumps import Dump, check_token_ids
-from .evaluate import RANKED_BY, PairedTest, accepted_run, accuracy_table, paired_test, token_blocks
+from .evaluate import RANKED_BY, accepted_run, accuracy_table, paired_test, token_blocks
 from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
 
 
@@ -615,7 +616,8 @@ def _wiring(d: DumpDiagnosis, accs: dict, served_acc: _Acc | None, engine, arch,
                 f"not all (known to be) in its slots {bounds}")
     return judge(d.served_layout, trained, known=known, source=source, confident_set=confident, cost=cost,
                  errors=d.served_errors, engine=engine, arch=arch, num_layers=d.num_layers, cost_note=note,
-                 draft=draft, settled=settled, at_served=at_served, at_trained=at_trained)
+                 forward=None if draft is None or engine is None else forward_verdict(draft, engine),
+                 settled=settled, at_served=at_served, at_trained=at_trained)
 
 
 # --------------------------------------------------------------------------------------

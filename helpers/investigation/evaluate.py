@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from ..boundaries import check_layout
 from ..errors import InputError
+from ..judgement import BLOCK, PairedTest
 from ..model.capture import capture_boundaries, decoder_parts
 from ..rules.acceptance import Sampler, Verify
 
@@ -37,9 +38,6 @@ class EvalInputError(InputError):
     """Text too short, or a layout the draft cannot take."""
 
 
-Z_NOISE = 3.0      # two layouts closer than this many standard errors are within noise of each other
-BLOCK = 64         # tokens per block of the paired test: neighbouring tokens are not independent
-MIN_BLOCKS = 8     # fewer blocks than this: no claim of confidence, whatever z says
 RANKED_BY = "expected accepted tokens per verify step (greedy verification, simulated accept length)"
 
 
@@ -69,38 +67,6 @@ def token_blocks(values: torch.Tensor | list[torch.Tensor], masks=None) -> torch
         if v.numel():
             out += [p.mean() for p in torch.tensor_split(v, max(1, round(v.numel() / BLOCK)))]
     return torch.stack(out) if out else torch.zeros(0)
-
-
-@dataclass
-class PairedTest:
-    """``a`` minus ``b`` in the ranking's measure, block by block."""
-
-    difference: float     # mean of a - b (accepted tokens per verify step)
-    se: float             # its standard error over blocks (floored: see ``paired_test``)
-    z: float              # difference / se: bounded, always a number
-    blocks: int
-
-    @property
-    def enough(self) -> bool:
-        return self.blocks >= MIN_BLOCKS
-
-    @property
-    def significant(self) -> bool:
-        """The test separates them: enough blocks, and ``|z|`` at least ``Z_NOISE``."""
-        return self.enough and abs(self.z) >= Z_NOISE
-
-    @property
-    def half_width(self) -> float:
-        """The interval's half width, ``Z_NOISE`` standard errors: significant exactly when the
-        interval excludes zero, so the interval and the verdict never disagree."""
-        return Z_NOISE * self.se
-
-    def to_dict(self) -> dict:
-        return {"difference": round(self.difference, 4), "half_width": round(self.half_width, 4),
-                "interval": [round(self.difference - self.half_width, 4),
-                             round(self.difference + self.half_width, 4)],
-                "se": round(self.se, 4), "z": round(self.z, 2), "blocks": self.blocks,
-                "units": "accepted tokens per verify step", "significant": self.significant}
 
 
 def paired_test(a_blocks: torch.Tensor, b_blocks: torch.Tensor) -> PairedTest:

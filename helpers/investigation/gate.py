@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..boundaries import ExitCode, Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
+from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
 from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_file
+from ..judgement import Judgement, Verdict, compare, deploy_command
 from ..record import read_record
 from ..rules import matrix as releases
 from ..rules.conventions import (
@@ -48,13 +49,12 @@ from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, write
 from ..rules.wiring import ids_for_layout, resolve
 from .evidence import Basis, output_evidence, training_evidence
 from .trainer_output import read_trainer_output
-from .verdict import candidate_table, deploy_command, ways_out, writer_candidates
+from .verdict import candidate_table, ways_out, writer_candidates
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
 # ``Problem`` (boundaries) is the one shape of a finding: the resolvers' problems carry a ProblemKind and
-# a command as their fix (or None); check's own kinds ('layout-mismatch', 'fc-width', ...) are strings
-# with an instruction as the fix; the engine's blocking problems are reported as ENGINE_CANNOT_CAPTURE.
-ENGINE_CANNOT_CAPTURE = "engine-cannot-capture"
+# a command as their fix (or None); check's own kinds (``ProblemKind.LAYOUT_MISMATCH``, ``FC_WIDTH``, ...)
+# carry an instruction as the fix; the engine's blocking problems are reported as ENGINE_CANNOT_CAPTURE.
 
 
 @dataclass
@@ -85,6 +85,7 @@ class CheckReport:
     assumed_engine: str | None = None
     # what the training layout rests on (``evidence.Basis``: record, trainer, config; none when unsettled)
     evidence: str = "none"
+    fix_command: str | None = None       # fixes deploy, where ids alone serve the trained layout
 
     @property
     def agree(self) -> bool | None:
@@ -110,13 +111,29 @@ class CheckReport:
                 f"problem(s) remain")
 
     @property
-    def exit_code(self) -> int:
-        """``boundaries.ExitCode``: 0 OK; 1 a mismatch or a blocking problem; 3 no training layout to judge
-        by and nothing else wrong."""
+    def judgement(self) -> Judgement:
+        """The verdict's kind: MATCH (OK), MISWIRED or ORDER (MISMATCH), BLOCKED (the layouts agree, or none
+        is known, and a problem blocks it), UNKNOWN (no training layout and nothing else wrong)."""
         if self.ok:
-            return ExitCode.OK
-        other = [p for p in self.problems if p.blocking and p.kind != "training-unknown"]
-        return ExitCode.UNDECIDED if self.training_layout is None and not other else ExitCode.PROBLEM
+            return Judgement.MATCH
+        if self.training_layout is None:
+            other = [p for p in self.problems if p.blocking and p.kind != ProblemKind.TRAINING_UNKNOWN]
+            return Judgement.BLOCKED if other else Judgement.UNKNOWN
+        return Judgement.BLOCKED if self.agree else compare(self.served_layout, self.training_layout)
+
+    @property
+    def judged(self) -> Verdict:
+        """This report as every judge says a verdict (``judgement.Verdict``)."""
+        fix = next((p.fix for p in self.problems if p.blocking and p.fix), None)
+        return Verdict(self.judgement, "check", self.engine, tuple(self.served_layout),
+                       None if self.training_layout is None else tuple(self.training_layout),
+                       self.training_source, self.verdict, fix, self.fix_command)
+
+    @property
+    def exit_code(self) -> int:
+        """``boundaries.ExitCode``, by the judgement: 0 OK; 1 a mismatch or a blocking problem; 3 no
+        training layout to judge by and nothing else wrong."""
+        return self.judgement.exit_code
 
     def _label(self, layout) -> str:
         return f"{tuple(layout)} {layout_label(layout, self.num_layers)}" if layout else "nothing"
@@ -125,7 +142,8 @@ class CheckReport:
         d = {"assumed_engine": self.assumed_engine} | asdict(self)     # first, as the text's first line
         d.update(training_layout=list(self.training_layout) if self.training_layout else None,
                  served_layout=list(self.served_layout), agree=self.agree, ok=self.ok, verdict=self.verdict,
-                 exit_code=self.exit_code, mismatch=None if self.agree is None else not self.agree,
+                 exit_code=self.exit_code, judgement=str(self.judgement),
+                 mismatch=None if self.agree is None else not self.agree,
                  cost=None, significant=None)
         return d
 
@@ -235,7 +253,7 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
     for p in served.problems:
         if p.blocking:
             fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
-            problems.append(Problem(ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
+            problems.append(Problem(ProblemKind.ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
     _layout_fixes(report, served, engine, root)
     _ids_key(report, cfg, ids, where, eng)
     _fc_width(report, cfg, shapes, spec, engine, served)
@@ -244,7 +262,7 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
     _vocab(report, cfg, shapes, spec)
     if algorithm.upper() == "EAGLE":
         problems.append(Problem(
-            "algorithm", "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
+            ProblemKind.ALGORITHM, "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
             "for this EAGLE-3 draft, whose fc then sees the wrong input; "
             "it serves at accept length 1.00 with no warning "
             "(SGLang PR #21272, Kimi-K2.5)",
@@ -262,7 +280,8 @@ def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None
 
 
 # The problems ``fixes deploy`` settles: the ids, their key, the format. Its command heads their fix.
-DEPLOY_SETTLES = ("layout-mismatch", "ids-key", "ids-missing", "speculators-format")
+DEPLOY_SETTLES = (ProblemKind.LAYOUT_MISMATCH, ProblemKind.IDS_KEY, ProblemKind.IDS_MISSING,
+                  ProblemKind.SPECULATORS_FORMAT)
 
 
 def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
@@ -280,7 +299,7 @@ def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
     cmd = deploy_command(report.draft, str(target), report.engine)
     first = True
     for i, p in enumerate(report.problems):
-        if p.kind not in DEPLOY_SETTLES or (p.kind == "layout-mismatch"
+        if p.kind not in DEPLOY_SETTLES or (p.kind == ProblemKind.LAYOUT_MISMATCH
                                             and len(report.training_layout) != len(report.served_layout)):
             continue
         head = (f"`{cmd}` writes a copy {report.engine} serves at the trained layout, checked before it is "
@@ -288,6 +307,7 @@ def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
                 else "the deploy command above settles this too")
         report.problems[i] = replace(p, fix=f"{head}; by hand: {p.fix}")
         first = False
+    report.fix_command = None if first else cmd
 
 
 def _releases(report: CheckReport, eng: Engine, spec: TargetSpec, cfg: dict) -> None:
@@ -315,7 +335,8 @@ def _topology(report: CheckReport, eng: Engine, arch: str, n: int, tp: int, pp: 
         what = ("the engine refuses EAGLE-3 with pipeline parallelism for this target"
                 if topo.carried is None else "their aux states never reach the draft")
         report.problems.append(Problem(
-            "topology", f"--pp {pp} splits the layers {topo.stages}: boundaries {topo.off_last} are captured "
+            ProblemKind.TOPOLOGY,
+            f"--pp {pp} splits the layers {topo.stages}: boundaries {topo.off_last} are captured "
             f"before the last stage, and {what} ({topo.evidence})", topo.fix))
     elif pp > 1:
         report.notes.append(f"--pp {pp}: {topo.evidence}")
@@ -365,7 +386,8 @@ def _measured(report: CheckReport, dump: Path) -> None:
                             f"predicted ({report.served_source})")
     else:
         report.problems.append(Problem(
-            "measured-differs", f"measured {tuple(got)} by {report.measured_source}, but the rules predict "
+            ProblemKind.MEASURED_DIFFERS,
+            f"measured {tuple(got)} by {report.measured_source}, but the rules predict "
             f"{tuple(report.served_layout)}", "trust the measurement: rerun check with --engine naming the "
             "release that wrote the dump, and report the rule that predicted otherwise"))
 
@@ -407,7 +429,8 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
                 report.notes.append(f"trainer output: {ev.note}")
             if "exported config" in ev.note:
                 report.problems.append(Problem(
-                    "config-vs-trainer", f"the draft config's ids are not the ones its trainer captured: "
+                    ProblemKind.CONFIG_VS_TRAINER,
+                    f"the draft config's ids are not the ones its trainer captured: "
                     f"{ev.note.split('; ')[-1]}",
                     f"record what was captured: python -m helpers fixes record --draft {draft_dir} --layout "
                     f"{','.join(map(str, ev.layout or ()))}; then python -m helpers fixes deploy writes the "
@@ -425,7 +448,7 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
                 return
             report.training_source = "unknown"
             report.problems.append(Problem(
-                "training-unknown", "no training record (training.json) and no trainer named, "
+                ProblemKind.TRAINING_UNKNOWN, "no training record (training.json) and no trainer named, "
                 "so the layout the fc learned is unknown",
                 f"name the trainer (--trainer {_writer_example(cfg)} [--train-ids ...]), "
                 f"or measure it: `python -m "
@@ -437,7 +460,7 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
     res = _trainer_side(trainer, train_ids, cfg, n, spec.arch)
     report.notes += [f"trainer: {w}" for w in res.warnings]
     for e in res.errors:
-        report.problems.append(Problem("trainer", e, "retrain the draft on boundaries"))
+        report.problems.append(Problem(ProblemKind.TRAINER, e, "retrain the draft on boundaries"))
     if res.training_layout is None:
         return
     k = _fc_slots(shapes, spec)
@@ -448,7 +471,7 @@ def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | No
             f"rule on ids {res.ids} ({res.read_from})")
     if report.training_layout is not None and tuple(layout) != tuple(report.training_layout):
         report.problems.append(Problem(
-            "record-vs-trainer",
+            ProblemKind.RECORD_VS_TRAINER,
             f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
             "check which trainer release and ids produced the features, or measure with `diagnose`"))
         return
@@ -483,7 +506,7 @@ def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, root) 
     trained = report.training_layout
     ways = ways_out(trained, served.served_layout, engine, report.arch, report.num_layers, root=root)
     report.problems.append(Problem(
-        "layout-mismatch", f"served {tuple(served.served_layout)} "
+        ProblemKind.LAYOUT_MISMATCH, f"served {tuple(served.served_layout)} "
         f"{layout_label(served.served_layout, report.num_layers)} != trained {trained} "
         f"{layout_label(trained, report.num_layers)} ({report.training_source})", ways.listed))
 
@@ -494,13 +517,13 @@ def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> 
         return   # TensorRT-LLM reads its capture layers from the speculative config, never the draft's
     if ids is None:
         report.problems.append(Problem(
-            "ids-missing",
+            ProblemKind.IDS_MISSING,
             f"the draft config carries no {IDS_KEY}: {eng.name} serves its default boundaries (vLLM "
             f"PR #50170: about 1% acceptance when those are not the trained ones)",
             f"write the trained ids into {'eagle_config' if home == IdsAt.EAGLE_CONFIG else 'the top level'}",
             blocking=False))
     elif (misplaced := eng.rules.misplaced_ids(cfg, ids, where, eng, report.arch)) is not None:
-        report.problems.append(Problem("ids-key", *misplaced, blocking=False))
+        report.problems.append(Problem(ProblemKind.IDS_KEY, *misplaced, blocking=False))
 
 
 def _fc_width(report: CheckReport, cfg: dict, shapes, spec: TargetSpec, engine: Engine,
@@ -513,7 +536,8 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, spec: TargetSpec, engine: 
         fed = len(served.served_layout)
         if built is not None and fed and fed != built and not served.errors:
             report.problems.append(Problem(
-                "fc-width", f"{report.engine} builds fc for {built} states ({rule}) but feeds it {fed} "
+                ProblemKind.FC_WIDTH,
+                f"{report.engine} builds fc for {built} states ({rule}) but feeds it {fed} "
                 f"({tuple(served.served_layout)}): the first draft forward fails on the shape",
                 f"give the engine {built} ids where it reads them (vLLM: top level; SGLang: eagle_config)"))
         return
@@ -526,7 +550,7 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, spec: TargetSpec, engine: 
     name, width = fc
     if width % h:
         report.problems.append(Problem(
-            "fc-width",
+            ProblemKind.FC_WIDTH,
             f"{name} takes {width} inputs, not a multiple of the target's hidden_size {h}: this draft "
             f"was trained for another target", "retrain (or pair it with the target it was trained for)"))
         return
@@ -536,12 +560,12 @@ def _fc_width(report: CheckReport, cfg: dict, shapes, spec: TargetSpec, engine: 
         report.notes.append(f"fc is {k} states wide; {rule}")
     elif built != k:
         report.problems.append(Problem(
-            "fc-width",
+            ProblemKind.FC_WIDTH,
             f"{report.engine} builds fc for {built} states ({rule}) but {name} is {width} = {k} x {h} "
             f"wide: loading the weights fails", f"set num_aux_hidden_states = {k} in the draft config"))
     if served.served_layout and len(served.served_layout) != k and not served.errors:
         report.problems.append(Problem(
-            "fc-width", f"{report.engine} feeds {len(served.served_layout)} states, fc takes {k}",
+            ProblemKind.FC_WIDTH, f"{report.engine} feeds {len(served.served_layout)} states, fc takes {k}",
             f"give {k} ids"))
 
 
@@ -550,7 +574,7 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
     if rules.reads_speculators_format is False and is_speculators_format(cfg):
         archs = ", ".join(architectures(cfg) or ("no architectures",))
         report.problems.append(Problem(
-            "speculators-format", f"speculators-format draft ({archs}): "
+            ProblemKind.SPECULATORS_FORMAT, f"speculators-format draft ({archs}): "
             "SGLang registers no such architecture in the releases read so far; "
             "its llama_eagle3 would skip layers.0.* weights silently",
             "convert it: architectures LlamaForCausalLMEagle3, the ids under eagle_config in SGLang's "
@@ -561,7 +585,7 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
         head = f"the EAGLE reference code's head ({archs} with a draft_vocab_size)"
         if rules.builds_reference_head is False:
             report.problems.append(Problem(
-                "draft-class",
+                ProblemKind.DRAFT_CLASS,
                 f"{head}: SGLang builds the draft from architectures[0] as written (configs/model_config.py "
                 f"renames only MTP classes), i.e. a plain {archs} whose load_weights skips the names it has "
                 f"no parameter for: fc.* and midlayer.* never load and the aux states are never read",
@@ -575,7 +599,7 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
                                 f"recorded here")
     if sets_norm_before_residual(cfg) and honours_norm_before_residual(engine) is False:
         report.problems.append(Problem(
-            "norm-before-residual",
+            ProblemKind.NORM_BEFORE_RESIDUAL,
             f"the draft was trained with norm_before_residual=true; {report.engine}'s "
             f"llama_eagle3 ignores the flag and runs another forward",
             "serve with vLLM, or retrain without it"))
@@ -586,8 +610,8 @@ def _forward_flags(report: CheckReport, cfg: dict, engine: Engine) -> None:
 def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> None:
     """SGLang builds the draft from architectures[0] and refuses a name no model file registers
     (vLLM's Eagle3LlamaForCausalLM, say), read from the release's own EntryClass lists."""
-    if not eng.rules.runs_release_source or any(p.kind in ("draft-class", "speculators-format")
-                                                 for p in report.problems):
+    if not eng.rules.runs_release_source or any(
+            p.kind in (ProblemKind.DRAFT_CLASS, ProblemKind.SPECULATORS_FORMAT) for p in report.problems):
         return
     arch = next(iter(architectures(cfg)), "")
     try:
@@ -602,7 +626,8 @@ def _sglang_draft_class(report: CheckReport, cfg: dict, eng: Engine, root) -> No
     drafts = sorted(a for a in registered if "eagle3" in a.lower())
     want = MLA_DRAFT_ARCH if cfg.get("kv_lora_rank") else SGLANG_DRAFT_ARCH   # MLA drafts carry the latent
     report.problems.append(Problem(
-        "draft-class", f"{report.engine} registers no model class named {arch} (its EAGLE-3 draft classes: "
+        ProblemKind.DRAFT_CLASS,
+        f"{report.engine} registers no model class named {arch} (its EAGLE-3 draft classes: "
         f"{', '.join(drafts) or 'none'}): models/registry.py falls back to the Transformers backend, which "
         f"has no EAGLE-3 head, or refuses the name",
         f"write architectures as [\"{want}\"] in the draft's config.json (the weights need no change "
@@ -619,7 +644,7 @@ def _vocab(report: CheckReport, cfg: dict, shapes, spec: TargetSpec) -> None:
         return
     if "d2t" not in shapes:
         report.problems.append(Problem(
-            "vocab",
+            ProblemKind.VOCAB,
             f"reduced draft vocabulary ({draft_vocab} of {vocab}) but no d2t tensor: the engine cannot map "
             f"draft tokens to target tokens, so nearly every draft token is rejected",
             "add d2t (target_id - draft_id for each draft token) from the trainer's vocabulary mapping"))

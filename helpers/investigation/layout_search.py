@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..boundaries import check_layout, layout_label
+from ..judgement import MIN_BLOCKS
 from .evaluate import (
-    MIN_BLOCKS,
     RANKED_BY,
     EvalInputError,
     LayoutScore,

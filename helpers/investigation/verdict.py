@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Sequence
 
-from ..boundaries import ExitCode, Layout, ProblemKind, WiringError
-from ..model.draft import forward_verdict, run_as
+from ..boundaries import Layout, ProblemKind, WiringError
+from ..judgement import Judgement, PairedTest, Verdict, compare, deploy_command
 from ..rules.conventions import IDS_KEY, Engine, expect_engine
 from ..rules.wiring import ids_for_layout, resolve
-from .evaluate import PairedTest, evaluate_layout, paired_test
 from .evidence import Settled, agreed_layout, by_format, candidate_table, read_format, writer_candidates  # noqa: F401
 
 # --------------------------------------------------------------------------------------
@@ -160,12 +159,6 @@ def _patch_then_ids(eng, arch: str, num_layers: int, ascending: Layout, where: s
     return None
 
 
-def deploy_command(draft, target, engine) -> str:
-    """The one command that writes a copy ``engine`` serves at the trained layout, checked first."""
-    return (f"python -m helpers fixes deploy --draft {draft} --target {target} --engine {engine} "
-            f"--out {str(draft).rstrip('/')}-deploy")
-
-
 def layout_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
                root=None) -> str | None:
     """The shortest way to serve ``trained`` (``WaysOut.shortest``); None when something it needs is
@@ -281,6 +274,7 @@ class WiringVerdict:
     at_trained: Acceptance | None = None
     fix_ids: tuple[int, ...] | None = None     # the fix's ids and command, as data (``Fix``)
     fix_command: str | None = None
+    engine: str = ""                           # whose rules served it
 
     @property
     def forward_mismatch(self) -> bool:
@@ -305,19 +299,40 @@ class WiringVerdict:
         return None if self.cost is None else self.cost.significant
 
     @property
-    def exit_code(self) -> int:
-        """The one convention (``boundaries.ExitCode``): 0 served = trained, or a difference measured on
-        enough text to cost nothing measurable; 1 a problem found; 3 cannot decide. (2, bad input, is the
-        edge's.)"""
-        if self.errors or self.forward:
-            return ExitCode.PROBLEM
+    def judgement(self) -> Judgement:
+        """The verdict's kind: BLOCKED (the engine cannot feed the draft), MISWIRED or ORDER (served is not
+        trained), IGNORED_FLAG (the layouts agree, the engine runs another forward), UNKNOWN (undecided),
+        MATCH."""
+        if self.errors:
+            return Judgement.BLOCKED
         m = self.mismatch
-        if m is None or self.served is None:
-            return ExitCode.UNDECIDED
-        if not m:
-            return ExitCode.OK
+        if m:
+            kind = compare(self.served, self.trained)
+            return kind if kind is not Judgement.MATCH else Judgement.MISWIRED
+        if self.forward:
+            return Judgement.IGNORED_FLAG
+        return Judgement.UNKNOWN if m is None or self.served is None else Judgement.MATCH
+
+    @property
+    def costless(self) -> bool:
+        """A mismatch measured on enough text to cost nothing measurable, the forward the draft's own."""
         c = self.cost
-        return ExitCode.OK if c is not None and c.enough and not c.significant else ExitCode.PROBLEM
+        return (self.judgement in (Judgement.MISWIRED, Judgement.ORDER) and not self.forward
+                and c is not None and c.enough and not c.significant)
+
+    @property
+    def judged(self) -> Verdict:
+        """This verdict as every judge says one (``judgement.Verdict``)."""
+        return Verdict(self.judgement, "diagnose", self.engine, self.served, self.trained,
+                       self.trained_source, self.line, self.fix if self.mismatch else self.forward_fix,
+                       self.fix_command if self.mismatch else None, self.costless)
+
+    @property
+    def exit_code(self) -> int:
+        """The one convention (``boundaries.ExitCode``, by ``judged``): 0 served = trained, or a difference
+        measured on enough text to cost nothing measurable; 1 a problem found; 3 cannot decide. (2, bad
+        input, is the edge's.)"""
+        return self.judged.exit_code
 
     def cost_text(self) -> str:
         c = self.cost
@@ -443,7 +458,7 @@ class WiringVerdict:
                              "half_width": round(self.cost.half_width * self.rounds_per_s, 2),
                              "rounds_per_s": round(self.rounds_per_s, 3)}
         return {"mismatch": self.mismatch, "forward_mismatch": self.forward_mismatch, "forward": self.forward,
-                "cost": cost, "significant": self.significant,
+                "cost": cost, "significant": self.significant, "judgement": str(self.judgement),
                 "trained_known": self.trained_known, "trained_source": self.trained_source,
                 "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line,
                 "candidates": self.candidates, "exit_code": self.exit_code,
@@ -466,87 +481,26 @@ def _short(layouts, n: int = 4) -> str:
 
 def judge(served, trained, *, known: bool, source: str, confident_set=(), cost: PairedTest | None = None,
           errors: Sequence[str] = (), engine: Engine | None = None, arch: str | None = None,
-          num_layers: int | None = None, cost_note: str = "", rounds_per_s: float | None = None, draft=None,
-          settled: Settled | None = None, at_served: Acceptance | None = None,
-          at_trained: Acceptance | None = None, paths: tuple[str, str] | None = None) -> WiringVerdict:
+          num_layers: int | None = None, cost_note: str = "", rounds_per_s: float | None = None,
+          forward: tuple[list[str], str | None] | None = None, settled: Settled | None = None,
+          at_served: Acceptance | None = None, at_trained: Acceptance | None = None,
+          paths: tuple[str, str] | None = None) -> WiringVerdict:
     """The verdict on what each side settled: ``served`` (None: not resolved) against ``trained``, known by
     rule or inferred (then ``confident_set`` decides), with the cost measured elsewhere; the fix is the
-    shortest way out (``ways_out``). ``draft``: the served layout was scored under the engine's forward,
-    so the forward flags the engine never runs are named too. ``settled``: the format's writers, listed
-    when they did not settle the layout. ``at_served`` / ``at_trained``: what the draft accepts at each,
-    on the text the cost was measured on. ``paths``: the draft's and the target's folders, for the fix's
-    command (only when the training layout is known: an inferred one is not deployed to)."""
+    shortest way out (``ways_out``). ``forward``: the served layout was scored under the engine's forward,
+    and these are the flags it never runs, with their fix (``model.draft.forward_verdict``). ``settled``:
+    the format's writers, listed when they did not settle the layout. ``at_served`` / ``at_trained``: what
+    the draft accepts at each, on the text the cost was measured on. ``paths``: the draft's and the
+    target's folders, for the fix's command (only when the training layout is known: an inferred one is
+    not deployed to)."""
     served = tuple(served) if served is not None else None
     trained = tuple(trained) if trained is not None else None
     fix = verdict_fix(trained, served, engine, arch, num_layers, paths=paths if known else None)
     v = WiringVerdict(served, trained, known, source, [tuple(c) for c in confident_set], cost, fix.text,
                       list(errors), cost_note, rounds_per_s, at_served=at_served, at_trained=at_trained,
-                      fix_ids=fix.ids, fix_command=fix.command)
-    if draft is not None and engine is not None:
-        v.forward, v.forward_fix = forward_verdict(draft, engine)
+                      fix_ids=fix.ids, fix_command=fix.command, engine="" if engine is None else str(engine))
+    if forward is not None:
+        v.forward, v.forward_fix = list(forward[0]), forward[1]
     if settled is not None:
         v.candidates, v.format_note = list(settled.candidates), "" if settled.known else settled.note
     return v
-
-
-def bench_rounds_per_s(bench) -> float | None:
-    """A bench's verify steps per second (tok/s over accept length): the cost in tok/s. ``bench``: notebook
-    01's report (its ``served`` row), or None."""
-    served = getattr(bench, "served", None) if bench is not None else None
-    return served["spec_tok_s"] / served["tau"] if served and served.get("tau") else None
-
-
-def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], steps: int, *, search=None,
-                 trained=None, rounds_per_s: float | None = None, served_score=None,
-                 scores: Sequence = ()) -> WiringVerdict:
-    """The verdict from a target's captures (``diagnose``, notebooks 02 and 03). The training layout:
-    ``trained`` (a plan whose source says how it was settled: 'training record' and 'stated' are known,
-    anything else is a guess) or else the pair's record, or else every writer of the config's format
-    (confirmed by the ``search``), or else the search's best. The cost: trained minus served on ``caps``,
-    the served layout run as ``engine`` runs it. ``served_score`` (under the engine's forward) and
-    ``scores`` (under the draft's own) are reused when they were scored with ``steps`` already."""
-    if trained is not None:
-        layout = tuple(trained.layout) or None
-        known = trained.source in ("training record", "stated")
-        settled = Settled(layout, trained.source, known)
-        confident = [layout] if known and layout else []
-    else:
-        if search is None:
-            raise ValueError("pair_verdict needs the search's ranking or a trained plan")
-        confident = search.confident_set
-        settled = _settle(pair, engine, served, search)
-    cost = None
-    if not errors and settled.layout:
-        if served_score is None:
-            with run_as(pair.draft, engine):
-                served_score = evaluate_layout(pair.draft, caps, served.layout, steps)
-        ref = next((s for s in scores if tuple(s.layout) == tuple(settled.layout) and s.steps == steps), None)
-        ref = ref or evaluate_layout(pair.draft, caps, settled.layout, steps)
-        cost = paired_test(ref.blocks(), served_score.blocks())
-    return judge(tuple(served.layout) or None, settled.layout, known=settled.known, source=settled.source,
-                 confident_set=confident, cost=cost, errors=errors, engine=engine, arch=pair.arch,
-                 num_layers=pair.num_layers, rounds_per_s=rounds_per_s,
-                 draft=pair.draft if not errors else None, settled=settled,
-                 at_served=Acceptance.of(served_score) if cost else None,
-                 at_trained=Acceptance.of(ref) if cost else None,
-                 paths=(str(pair.draft_dir), str(pair.target_dir)))
-
-
-def format_settled(pair, engine: Engine, served, search=None) -> Settled:
-    """The pair's config format read for its training layout against the ``served`` plan: before any
-    ranking (``search`` None) the layout to score, after it confirmed or refused."""
-    candidates = read_format(pair.draft_config, engine, pair.arch, pair.num_layers, tuple(served.layout),
-                             served.errors)
-    ranked = list(search.ranking["layout"]) if search is not None else ()
-    return by_format(candidates, width=pair.draft.cfg.num_aux, ranked=ranked,
-                     confident_set=search.confident_set if search is not None else ())
-
-
-def _settle(pair, engine, served, search) -> Settled:
-    recorded = pair.recorded_layout
-    if recorded:
-        return Settled(tuple(recorded), "training record", True)
-    fmt = format_settled(pair, engine, served, search)
-    if fmt.known:
-        return fmt
-    return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, fmt.note)

@@ -32,6 +32,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..boundaries import ProblemKind
 from ..errors import InputError
 from ..investigation.evidence import (
     PROVEN,
@@ -42,6 +43,7 @@ from ..investigation.evidence import (
     Evidence,
     training_evidence,
 )
+from ..judgement import BLOCKING, Judgement, Verdict, deploy_command
 from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile
 from ..rules.conventions import Engine, read_draft_config
@@ -75,21 +77,11 @@ def mode() -> Mode:
     return mode_from(os.environ.get(GUARD_ENV))
 
 
-class Kind(StrEnum):
-    MATCH = "match"                # serves the trained layout, every flag honoured
-    MISWIRED = "miswired"          # other boundaries than training used
-    ORDER = "order"                # the same boundaries in another fc slot order
-    IGNORED_FLAG = "ignored-flag"  # right layout, a forward flag the draft was trained with is not run
-    UNKNOWN = "unknown"            # nothing settles the training layout: no comparison, no guess made
-    OTHER_RANK = "other-rank"      # this rank does not feed the draft (a pipeline stage before the last)
-
-
-BLOCKING = (Kind.MISWIRED, Kind.ORDER, Kind.IGNORED_FLAG)
 
 
 @dataclass(frozen=True)
 class GuardVerdict:
-    kind: Kind
+    kind: Judgement
     engine: str                          # "sglang 0.5.23", "vllm 0.32.0"
     draft: str
     served: tuple[int, ...]
@@ -105,6 +97,7 @@ class GuardVerdict:
     settle: str = ""                     # the command that measures the served layout (only a prior spoke)
     notes: tuple[str, ...] = field(default=())
     expected: str = ""                   # what the draft's speculation_profile.json expects, as a sentence
+    fix_command: str | None = None       # the fix as the command that writes the copy (``fixes deploy``)
 
     @property
     def blocking(self) -> bool:
@@ -113,10 +106,16 @@ class GuardVerdict:
     @property
     def proven(self) -> bool:
         """A verdict on a statement about this draft (record, trainer), not on its format's writers."""
-        return self.kind is Kind.OTHER_RANK or (self.trained is not None and self.evidence in PROVEN)
+        return self.kind is Judgement.OTHER_RANK or (self.trained is not None and self.evidence in PROVEN)
 
     def refused_by(self, how: Mode) -> bool:
         return how.refusing and (self.blocking or (how is Mode.STRICT and not self.proven))
+
+    @property
+    def judged(self) -> Verdict:
+        """This verdict as every judge says one (``judgement.Verdict``)."""
+        return Verdict(self.kind, "guard", self.engine, self.served, self.trained, self.evidence_source,
+                       render(self), self.fix or None, self.fix_command)
 
     def as_dict(self) -> dict:
         return {"kind": str(self.kind), "engine": self.engine, "draft": self.draft,
@@ -132,7 +131,7 @@ def render(v: GuardVerdict, how: Mode | None = None) -> str:
     """The one line a log or an exception carries: the mode, the verdict, what it rests on, and what the
     draft's speculation profile expects (the figure to watch or gate on once it serves)."""
     line = _render(v, how)
-    return f"{line}; {v.expected}" if v.expected and v.kind is not Kind.OTHER_RANK else line
+    return f"{line}; {v.expected}" if v.expected and v.kind is not Judgement.OTHER_RANK else line
 
 
 def _render(v: GuardVerdict, how: Mode | None) -> str:
@@ -148,23 +147,23 @@ def _render(v: GuardVerdict, how: Mode | None) -> str:
         served += " (no ids read: the engine's default)"
     rests = f" [evidence: {v.evidence_source}]" if v.evidence_source else ""
     refused = how is not None and v.refused_by(how)
-    if v.kind is Kind.OTHER_RANK:
+    if v.kind is Judgement.OTHER_RANK:
         return (f"{head}: {v.engine}: this pipeline stage does not feed the draft ({v.basis}); the last "
                 f"stage does and is judged there; starting")
-    if v.kind is Kind.UNKNOWN:
+    if v.kind is Judgement.UNKNOWN:
         why = "; ".join(v.notes) or "no training record (training.json) and no trainer named"
         end = ("refusing: strict mode serves only a layout it can prove" if refused else
                "the guard cannot compare and does not guess; starting")
         return (f"{head}: {served}; the training layout is not settled ({why}); {end}. Settle it: "
                 f"python -m helpers fixes record --draft {v.draft} --layout B1,B2,B3, or launch with "
                 f"EAGLE3_WORKBOOK_TRAINER=NAME==VERSION [EAGLE3_WORKBOOK_TRAIN_IDS=...]")
-    if v.kind is Kind.MATCH:
+    if v.kind is Judgement.MATCH:
         if v.proven:
             return f"{head}: {served}, the layout it was trained on{rests}; starting"
         end = "refusing: strict mode serves only a layout it can prove" if refused else "starting"
         return (f"{head}: {served}, the layout its config format's writers mean{rests}: a prior, not a "
                 f"measurement; {end}. Measure it on the running engine: {v.settle}")
-    if v.kind is Kind.IGNORED_FLAG:
+    if v.kind is Judgement.IGNORED_FLAG:
         return f"{head}: {served} as trained{rests}, but ignores {', '.join(v.ignored_flags)}; fix: {v.fix}"
     return f"{head}: {served}; it was trained on {v.trained}{rests}; fix: {v.fix}"
 
@@ -232,37 +231,36 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
                   ids=None if ids is None else tuple(int(i) for i in ids), evidence=ev.basis,
                   evidence_source=ev.source, settle=settle)
     if not feeds_draft:
-        return GuardVerdict(Kind.OTHER_RANK, trained=ev.layout, **common)
+        return GuardVerdict(Judgement.OTHER_RANK, trained=ev.layout, **common)
     if ev.layout is None:
-        return GuardVerdict(Kind.UNKNOWN, trained=None, notes=(ev.note,) if ev.note else (), **common)
+        return GuardVerdict(Judgement.UNKNOWN, trained=None, notes=(ev.note,) if ev.note else (), **common)
     trained = ev.layout
     if served == trained:
         if ignored:
             names = tuple(f for f, _, _ in ignored)
-            return GuardVerdict(Kind.IGNORED_FLAG, trained=trained, ignored_flags=names,
+            return GuardVerdict(Judgement.IGNORED_FLAG, trained=trained, ignored_flags=names,
                                 fix="; ".join(dict.fromkeys(fix for _, _, fix in ignored)), **common)
-        return GuardVerdict(Kind.MATCH, trained=trained, **common)
+        return GuardVerdict(Judgement.MATCH, trained=trained, **common)
     if sorted(served) == sorted(trained):
-        return GuardVerdict(Kind.ORDER, trained=trained, fix=(
+        return GuardVerdict(Judgement.ORDER, trained=trained, fix=(
             f"the fc slots are in another order; python -m helpers fixes reorder --draft {draft} --out "
             f"{Path(draft).name}-reordered --served {_csv(served)} permutes them exactly"),
             **common)
     ascending = tuple(sorted(trained)) == trained
     want = ids_for(trained) if (ids_for and ascending) else None
     if want is not None:
-        release = "==".join(engine.split()[:2])
+        command = deploy_command(draft, target or "TARGET", "==".join(engine.split()[:2]))
         fix = (f"set {ids_key} to {list(want)} (this engine's own setter turns them into {trained}): "
-               f"python -m helpers fixes deploy --draft {draft} --target {target or 'TARGET'} --engine "
-               f"{release} --out {Path(draft).name}-deploy writes that copy, checked before it is written; "
-               f"or retrain the draft on {served}")
+               f"{command} writes that copy, checked before it is written; or retrain the draft on {served}")
         needs = [note for b, note in (hazards or {}).items() if b in trained]
         if needs:
             fix += "; " + "; ".join(needs)
     else:
         why = ("it concatenates in ascending layer order" if not ascending else
                "no ids make this engine capture them")
+        command = None
         fix = f"no ids serve {trained} here ({why}): retrain the draft on {served}, or patch the engine"
-    return GuardVerdict(Kind.MISWIRED, trained=trained, fix=fix, **common)
+    return GuardVerdict(Judgement.MISWIRED, trained=trained, fix=fix, fix_command=command, **common)
 
 
 def record_evidence(layout: Sequence[int]) -> Evidence:
@@ -277,7 +275,7 @@ def ignored_flags(cfg: dict, engine: Engine) -> list[tuple[str, str, str]]:
     from ..rules.vllm.rule import VLLM_HONOURS_NORM_BEFORE_RESIDUAL
 
     out = [(kind.replace("-", "_"), why, fix) for kind, why, fix in ignored_flag_problems(cfg, engine)
-           if kind != "draft-class"]      # a missing class fails the engine's own load first
+           if kind != ProblemKind.DRAFT_CLASS]      # a missing class fails the engine's own load first
     if sets_norm_before_residual(cfg) and not honours_norm_before_residual(engine):
         out.append(("norm_before_residual", f"{engine} does not implement norm_before_residual",
                     f"serve with vllm>={VLLM_HONOURS_NORM_BEFORE_RESIDUAL}, or retrain without "

@@ -38,7 +38,7 @@ class Isolated:
     def verdict(self, pair, rules, steps: int, rounds_per_s=None):
         """Does the served wiring equal the trained one, and what the difference costs (accepted tokens per
         verify step; tok/s where notebook 01's bench gives the rounds per second)."""
-        from ..investigation.verdict import pair_verdict
+        from ..investigation.diagnosis import pair_verdict
 
         if self.dump is not None:
             return dataclasses.replace(self.dump.wiring, rounds_per_s=rounds_per_s)

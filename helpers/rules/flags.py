@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..boundaries import ProblemKind
 from .conventions import (
     MLA_DRAFT_ARCHS,
     SGLANG_DRAFT_ARCH,
@@ -166,14 +167,14 @@ def ignored_flag_problems(cfg: dict, engine: Engine) -> list[tuple[str, str, str
         else:
             fix = (f"write the draft's class as {SGLANG_DRAFT_ARCH} "
                    f"(vllm>={VLLM_DRAFT_CLASS_FIRST[SGLANG_DRAFT_ARCH]})")
-        out.append(("draft-class", f"{why}, so it cannot load this draft", fix))
+        out.append((ProblemKind.DRAFT_CLASS, f"{why}, so it cannot load this draft", fix))
         return out
     for flag, on in draft_flags(cfg).items():
         if not on or flag == "norm_before_residual":
             continue
         ok, why = honours_flag(eng, flag, arch, speculators_format=is_speculators_format(cfg))
         if ok is False:
-            out.append((flag.replace("_", "-"),
+            out.append((ProblemKind(flag.replace("_", "-")),
                         f"the draft was trained with {flag}=true; {why}, so {eng} runs another forward",
                         flag_fix(flag, arch, is_speculators_format(cfg))))
     return out
