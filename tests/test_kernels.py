@@ -31,7 +31,8 @@ def test_the_parameter_names_an_engine_and_a_factor():
 def test_the_finding_says_each_side_of_one_from_the_whole_interval():
     run = kernels.KernelsRun.from_dict(RUN)
     text = kernels.finding(run)
-    assert text.startswith("On llama.cpp b11434 (llama-server, cpu)'s own kernels, at a real target's cost: ")
+    assert text.startswith("On the kernels of llama.cpp b11434 (llama-server, cpu), at a real target's cost "
+                           "(tiny-llama x96 f16, 3 draft steps): ")
     dep, fix_a, fix_b = run.rows
     assert dep.speedup_interval[1] < 1 < fix_a.speedup_interval[0] and fix_b.speedup_interval[0] > 1
     assert (f"deployed (2, 6, 9) runs slower than no speculation, {dep.speedup:.2f}x "

@@ -285,7 +285,8 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     table = summary.table()
     assert table[0]["engine"].endswith("tiny-llama x2 f16") and [r["wiring"] for r in table[:3]] == \
         ["deployed", "fix A", "fix B"]
-    assert summary.finding().startswith("On llama.cpp b11434") and summary.headline.startswith("On llama.cpp")
+    assert summary.finding().startswith("On llama.cpp b11434")
+    assert summary.headline.startswith("On the kernels of llama.cpp b11434")
     assert "every decode token" not in kernels.regime(k06) and "decode steps" in kernels.regime(k06)
     first = json.loads((out / "01_baseline_throughput.ipynb").read_text())
     finding = next(c for c in first["cells"] if "finding" in c["metadata"].get("tags", []))

@@ -278,4 +278,7 @@ def finding(run: KernelsRun) -> str:
         parts.append(f"{r.wiring} {tuple(r.served_layout)} runs {_ratio(r)}, at an accept length of "
                      f"{r.accept_length:.2f}"
                      + (f" against a break-even of {be:.2f}" if be else ""))
-    return f"On {run.engine}'s own kernels, at a real target's cost: " + "; ".join(parts) + "."
+    st = run.settings
+    where = f"{PAIR.name} x{st.get('widen')} {st.get('outtype')}, {st.get('steps')} draft steps"
+    return (f"On the kernels of {run.engine}, at a real target's cost ({where}): " + "; ".join(parts)
+            + ".")

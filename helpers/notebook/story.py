@@ -26,6 +26,13 @@ def symptom(layout_label: str, served, live_row=None, kernels_run=None) -> str:
             f"{_phrase(served.timing)}.")
 
 
+def figure_title(head: str, steps: int, kernels_run=None) -> str:
+    """A figure's title naming the draft steps each engine ran: llama.cpp's chapter runs its own."""
+    if kernels_run is not None and kernels_run.rows:
+        return f"{head} ({kernels_run.rows[0].steps} draft steps on llama.cpp, {steps} on the others)"
+    return f"{head}, {steps} draft steps"
+
+
 def verdict(wiring, from_dump: bool) -> str:
     """Notebook 02's verdict, after its finding: served against trained (by rule where the training layout
     is known or a dump's format names it; notebook 03 decides an inferred one), what the draft accepts each
