@@ -159,10 +159,10 @@ start_llamacpp() {
   setsid nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
   LLAMACPP_PID=$!
 }
-# A build still running when `run` ends (a failed notebook, Ctrl-C) is stopped, compilers and all; the
-# build installs into the cache only when it completes, so nothing half-built is left to be used.
+# A build still running when `run` ends (a failed notebook, Ctrl-C) is stopped, compilers and all (TERM:
+# a background job ignores INT); it installs into the cache only when complete, so nothing half-built is used.
 stop_llamacpp() {
-  [ -n "$LLAMACPP_PID" ] && kill -INT -- "-$LLAMACPP_PID" 2> /dev/null || true
+  [ -n "$LLAMACPP_PID" ] && kill -TERM -- "-$LLAMACPP_PID" 2> /dev/null || true
 }
 wait_llamacpp() {
   [ -z "$LLAMACPP_PID" ] && return 0
