@@ -26,7 +26,6 @@ COMMANDS = {
     "releases": ("helpers.commands.releases",
                  "does the workbook know this engine release: its rule, what changed, its guard hook sites"),
     "patch-sglang": ("helpers.commands.patch_sglang", "apply / revert / check the boundary-0 capture patch"),
-    "sglang-bench": ("helpers.commands.sglang_bench", "live SGLang server benchmark on a GPU host"),
     "run-workbook": ("helpers.commands.workbook", "execute notebooks 01-06 and render reports/"),
     "llamacpp-build": ("helpers.commands.llamacpp",
                        "build llama.cpp's llama-server once on this machine (CPU, the pinned release)"),

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from conftest import scaled
 
-from helpers.commands import sglang_bench
 from helpers.investigation.prompts import read_prompts
 from helpers.live.sglang import server as ss
 
@@ -163,49 +162,12 @@ def test_python_from_env(monkeypatch):
 # --------------------------------------------------------------------------- response parsing
 
 # Shapes as SGLang 0.5.9 returns them (keys checked above against tokenizer_manager.py).
-GENERATE_SPEC = {
-    "text": " return self._cache",
-    "output_ids": [11, 12, 13],
-    "meta_info": {
-        "id": "4f1c", "finish_reason": {"type": "length", "length": 64}, "prompt_tokens": 21,
-        "weight_version": "default", "total_retractions": 0, "completion_tokens": 64,
-        "cached_tokens": 0, "spec_accept_rate": 0.55, "spec_accept_length": 2.56,
-        "spec_accept_token_num": 39, "spec_draft_token_num": 75, "spec_verify_ct": 25,
-        "e2e_latency": 0.41,
-    },
-}
-GENERATE_BASELINE = {
-    "text": "x", "meta_info": {"id": "a", "finish_reason": {"type": "stop", "matched": 2},
-                             "prompt_tokens": 9, "completion_tokens": 30, "cached_tokens": 0,
-                             "e2e_latency": 0.3},
-}
 SERVER_INFO = {
     "model_path": "/m/target", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3,
     "internal_states": [{"attention_backend": "fa3", "avg_spec_accept_length": 2.5},
                         {"attention_backend": "fa3", "avg_spec_accept_length": 3.5}],
     "version": "0.5.9",
 }
-
-
-def test_parse_speculative_response():
-    row = ss.parse_generate_response(0, GENERATE_SPEC, wall_s=0.5)
-    assert row.completion_tokens == 64 and row.spec_verify_ct == 25
-    assert row.accept_length == pytest.approx(64 / 25) and row.server_accept_length == pytest.approx(2.56)
-    assert row.tok_s == pytest.approx(128.0) and row.prompt_tokens == 21
-
-
-def test_parse_baseline_response_has_no_tau():
-    row = ss.parse_generate_response(1, [GENERATE_BASELINE], wall_s=0.25)
-    assert row.accept_length is None and row.spec_verify_ct is None and row.tok_s == pytest.approx(120.0)
-    res = ss.summarize("baseline", [row])
-    assert res.median_accept_length is None and res.pooled_accept_length is None
-
-
-def test_summary_medians_and_pooled_tau():
-    rows = [ss.parse_generate_response(i, GENERATE_SPEC, wall_s=w) for i, w in enumerate((0.5, 1.0, 0.25))]
-    res = ss.summarize("speculative", rows)
-    assert res.median_tok_s == pytest.approx(128.0) and res.pooled_accept_length == pytest.approx(64 / 25)
-    assert list(res.to_frame().columns)[:3] == ["index", "prompt_tokens", "completion_tokens"]
 
 
 def test_parse_server_info():
@@ -428,55 +390,3 @@ def _fake_python(tmp_path, probe: dict) -> str:
     path.write_text(f"#!/bin/sh\necho 'PROBE{json.dumps(probe)}'\n")
     path.chmod(0o755)
     return str(path)
-
-
-def test_sglang_available_reasons(tmp_path):
-    ok = ss.sglang_available(_fake_python(tmp_path, {"sglang": "0.5.9", "cuda": True, "gpu": "NVIDIA H200"}))
-    assert ok == (True, ok.reason) and "0.5.9" in ok.reason and "H200" in ok.reason
-    bad = ss.sglang_available(_fake_python(tmp_path,
-                                           {"sglang_error": "ModuleNotFoundError: x", "cuda": False}))
-    assert not bad.ok and "not importable" in bad.reason and "no CUDA GPU" in bad.reason
-    missing = ss.sglang_available(str(tmp_path / "nope" / "python"))
-    assert not missing.ok and "not found" in missing.reason
-
-
-def test_main_dry_run_prints_commands(capsys, tmp_path):
-    import shutil
-
-    data = Path(__file__).resolve().parent.parent / "data" / "tiny-kimi"
-    target = tmp_path / "t dir"
-    target.mkdir()
-    shutil.copy(data / "target" / "config.json", target / "config.json")
-    code = sglang_bench.main(["--target", str(target), "--draft", str(data / "draft"), "--steps", "4",
-                              "--python", "/py", "--dry-run"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "# baseline" in out and "# speculative" in out
-    assert f"'{target}'" in out and "--speculative-num-draft-tokens 5" in out
-    assert "# wiring: SGLang reads eagle_config ids [2, 6, 9]" in out
-
-
-def test_main_checks_input_before_anything(capsys, tmp_path):
-    with pytest.raises(SystemExit):
-        sglang_bench.main(["--target", "T", "--draft", "D", "--steps", "0", "--dry-run"])
-    assert "--steps must be at least 1" in capsys.readouterr().err
-    assert sglang_bench.main(["--target", str(tmp_path / "nope"), "--draft", "D", "--dry-run"]) == 2
-    assert "no config.json" in capsys.readouterr().err
-    assert sglang_bench.main(["--target", "T", "--draft", "D", "--prompts", str(tmp_path / "none.jsonl"),
-                    "--dry-run"]) == 2
-    assert "no prompts file" in capsys.readouterr().err
-
-
-def test_main_dry_run_json(capsys):
-    assert sglang_bench.main(["--target", "T", "--draft", "D", "--no-baseline", "--dry-run", "--json"]) == 0
-    cmds = json.loads(capsys.readouterr().out)["commands"]
-    assert list(cmds) == ["speculative"] and "--speculative-algorithm EAGLE3" in cmds["speculative"]
-
-
-def test_main_without_sglang_exits_2(tmp_path, capsys):
-    py = _fake_python(tmp_path,
-                      {"sglang_error": "ModuleNotFoundError: No module named 'sglang'", "cuda": False})
-    code = sglang_bench.main(["--target", "T", "--draft", "D", "--python", py])
-    assert code == sglang_bench.EXIT_UNAVAILABLE
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "sglang" in err and "GPU" in err

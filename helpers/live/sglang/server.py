@@ -1,10 +1,9 @@
-"""A live SGLang backend: launch the server with EAGLE-3 flags, time requests, read accept length.
+"""A live SGLang server: its launch command with EAGLE-3 flags, its process group from start to stop (on every
+exit path, its shared memory reclaimed), and what ``/server_info`` says about speculation.
 
-The rest of the workbook measures wiring offline with a reference engine. On a GPU host the
-same question has a direct answer: serve the target with and without the draft and compare
-tokens per second and accept length as SGLang itself reports them. This module does only
-that, through SGLang's command line and HTTP API, so it never imports ``sglang`` (which needs
-CUDA) and works with an SGLang installed in a different Python than the notebook's.
+It never imports ``sglang`` (which needs CUDA) and works with an SGLang installed in a different Python
+than the notebook's: ``live.sglang.engine`` drives it, and ``live.sglang.bench`` measures through it (the
+paired, interleaved design of ``live.timing``).
 
 Names read from SGLang's source (0.5.9 and 0.5.23 wheels):
 - CLI flags: ``srt/server_args.py`` (0.5.9); ``srt/arg_groups/fields/{model,spec,parallel,
@@ -19,7 +18,6 @@ Names read from SGLang's source (0.5.9 and 0.5.23 wheels):
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import os
 import shlex
@@ -34,30 +32,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any
 
 from ...errors import check_loopback
-from ...rules.conventions import IdsAt, ids_in_config, read_draft_config
-from ...rules.sglang.rule import ids_sglang_reads
 from ..stopping import reclaim_shm, shm_names
 
 DEFAULT_PORT = 30000
 HEALTH_PATH = "/health_generate"  # runs a one-token generation, so 200 means it can decode
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # new name first; old kept as alias
-
-# Code-like prompts: the embedded tiny target was trained on Python source, so these give
-# it something it can continue fluently, which is what makes accept length meaningful.
-DEFAULT_PROMPTS = (
-    "def read_config(path):\n    \"\"\"Return the parsed configuration file.\"\"\"\n",
-    "class LRUCache:\n    def __init__(self, maxsize=128):\n",
-    "import os\nimport sys\n\n\ndef main(argv=None):\n",
-    "    for key, value in sorted(mapping.items()):\n",
-    "def _check_arg(name, value, expected_type):\n    if not isinstance(value, expected_type):\n",
-    "    try:\n        with open(filename, 'rb') as f:\n",
-    "class Error(Exception):\n    \"\"\"Base class for exceptions in this module.\"\"\"\n",
-    "    def __repr__(self):\n        return '%s(%r)' % (",
-)
-
 
 # --------------------------------------------------------------------------- launch spec
 
@@ -337,45 +319,7 @@ class SGLangServer:
         self.stop()
 
 
-# --------------------------------------------------------------------------- measurements
-
-
-@dataclass
-class RequestRow:
-    """One timed request; ``accept_length`` is None when the server did not speculate."""
-
-    index: int
-    prompt_tokens: int | None
-    completion_tokens: int
-    wall_s: float
-    tok_s: float
-    spec_verify_ct: int | None
-    accept_length: float | None
-    server_accept_length: float | None
-    e2e_latency: float | None
-    finish_reason: Any
-    text: str
-
-
-@dataclass
-class LiveBenchResult:
-    """Per-request rows and their medians, for one server (baseline or speculative)."""
-
-    label: str
-    rows: list[RequestRow]
-    median_tok_s: float
-    median_accept_length: float | None
-    pooled_accept_length: float | None
-    server_avg_accept_length: float | None = None
-    command: list[str] | None = None
-
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame([dataclasses.asdict(r) for r in self.rows])
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+# --------------------------------------------------------------------------- what /server_info says
 
 
 @dataclass
@@ -386,82 +330,6 @@ class ServerInfo:
     speculative_algorithm: str | None
     avg_spec_accept_length: float | None
     raw: dict
-
-
-def _positive_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def parse_generate_response(index: int, body: dict, wall_s: float) -> RequestRow:
-    """Accept length = completion_tokens / spec_verify_ct, the bonus token included (SGLang's).
-
-    We compute it rather than trust ``spec_accept_length`` so baseline and speculative rows
-    are derived the same way; SGLang's own value is kept beside it as a cross-check.
-    """
-    if isinstance(body, list):  # a batched request returns a list; we send one prompt
-        body = body[0]
-    meta = body.get("meta_info", {})
-    completion = int(meta.get("completion_tokens", 0))
-    verify = _positive_int(meta.get("spec_verify_ct"))
-    server_tau = meta.get("spec_accept_length")
-    return RequestRow(
-        index=index,
-        prompt_tokens=meta.get("prompt_tokens"),
-        completion_tokens=completion,
-        wall_s=wall_s,
-        tok_s=completion / wall_s if wall_s > 0 else float("nan"),
-        spec_verify_ct=verify,
-        accept_length=completion / verify if verify else None,
-        server_accept_length=float(server_tau) if server_tau is not None else None,
-        e2e_latency=meta.get("e2e_latency"),
-        finish_reason=meta.get("finish_reason"),
-        text=body.get("text", ""),
-    )
-
-
-def summarize(label: str, rows: list[RequestRow], command: list[str] | None = None) -> LiveBenchResult:
-    """Medians resist the odd slow request; the pooled tau matches SGLang's server-wide figure."""
-    taus = [r.accept_length for r in rows if r.accept_length is not None]
-    verify = sum(r.spec_verify_ct or 0 for r in rows if r.accept_length is not None)
-    done = sum(r.completion_tokens for r in rows if r.accept_length is not None)
-    return LiveBenchResult(
-        label=label,
-        rows=rows,
-        median_tok_s=statistics.median(r.tok_s for r in rows) if rows else float("nan"),
-        median_accept_length=statistics.median(taus) if taus else None,
-        pooled_accept_length=done / verify if verify else None,
-        command=command,
-    )
-
-
-def run_prompts(
-    base_url: str,
-    prompts: Sequence[str],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    label: str = "server",
-    warmup: int = 1,
-    timeout: float = 600.0,
-) -> LiveBenchResult:
-    """Send prompts one at a time (batch size 1, the latency regime speculation targets).
-
-    ``warmup`` requests are sent first and not counted: the first request after start pays
-    for lazy initialisation that would otherwise sit in one row.
-    """
-    url = base_url.rstrip("/") + "/generate"
-
-    def payload(text: str) -> dict:
-        return {"text": text,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature}}
-
-    for text in list(prompts)[:warmup]:
-        http_json(url, payload(text), timeout=timeout)
-    rows = []
-    for i, text in enumerate(prompts):
-        t0 = time.perf_counter()
-        body = http_json(url, payload(text), timeout=timeout)
-        rows.append(parse_generate_response(i, body, time.perf_counter() - t0))
-    return summarize(label, rows)
 
 
 def parse_server_info(info: dict) -> ServerInfo:
@@ -488,179 +356,3 @@ def read_server_info(base_url: str, timeout: float = 30.0) -> ServerInfo:
         except (RuntimeError, urllib.error.URLError) as e:
             errors.append(f"{path}: {e}")
     raise RuntimeError("no server info endpoint answered: " + "; ".join(errors))
-
-
-# --------------------------------------------------------------------------- bench
-
-
-@dataclass
-class LiveBenchComparison:
-    """Baseline vs speculative; ``speedup`` > 1 means the draft pays for itself."""
-
-    speculative: LiveBenchResult | None
-    baseline: LiveBenchResult | None
-    speedup: float | None
-    commands: dict[str, list[str]]
-    log_paths: dict[str, str] = field(default_factory=dict)
-    dry_run: bool = False
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def _serve_and_measure(
-    spec: ServerSpec, speculative: bool, prompts: list[str], max_new_tokens: int,
-    temperature: float, startup_timeout: float, log_path: str,
-) -> LiveBenchResult:
-    label = "speculative" if speculative else "baseline"
-    with SGLangServer(spec, speculative=speculative, log_path=log_path,
-                      startup_timeout=startup_timeout) as server:
-        result = run_prompts(server.base_url, prompts, max_new_tokens, temperature, label=label)
-        if speculative:
-            result.server_avg_accept_length = read_server_info(server.base_url).avg_spec_accept_length
-        result.command = server.command
-    return result
-
-
-def live_bench(
-    target: str,
-    draft: str,
-    prompts: Sequence[str],
-    *,
-    steps: int = 3,
-    topk: int = 1,
-    draft_tokens: int | None = None,
-    python: str | None = None,
-    port: int = DEFAULT_PORT,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    baseline: bool = True,
-    tp_size: int = 1,
-    mem_fraction: float | None = None,
-    extra_args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    startup_timeout: float = 900.0,
-    log_dir: str | os.PathLike | None = None,
-    dry_run: bool = False,
-) -> LiveBenchComparison:
-    """Serve the target without, then with, the draft, one server at a time on one port.
-
-    One after the other rather than side by side so both get the whole GPU and the ratio is
-    fair. ``dry_run`` only builds the commands, so a notebook can show exactly what would run.
-    """
-    spec = ServerSpec(
-        target=target, draft=draft, port=port, python=python or default_python(), steps=steps,
-        topk=topk, draft_tokens=draft_tokens, tp_size=tp_size, mem_fraction=mem_fraction,
-        extra_args=tuple(extra_args), env=dict(env or {}),
-    )
-    order = (["baseline"] if baseline else []) + ["speculative"]
-    commands = {name: build_launch_command(spec, speculative=name == "speculative") for name in order}
-    if dry_run:
-        return LiveBenchComparison(speculative=None, baseline=None, speedup=None, commands=commands,
-                                   dry_run=True)
-    log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="sglang-bench-"))
-    logs = {name: str(log_dir / f"{name}.log") for name in order}
-    results = {
-        name: _serve_and_measure(spec, name == "speculative", list(prompts), max_new_tokens,
-                                 temperature, startup_timeout, logs[name])
-        for name in order
-    }
-    base, spec_res = results.get("baseline"), results["speculative"]
-    speedup = spec_res.median_tok_s / base.median_tok_s if base and base.median_tok_s > 0 else None
-    return LiveBenchComparison(speculative=spec_res, baseline=base, speedup=speedup, commands=commands,
-                               log_paths=logs)
-
-
-# --------------------------------------------------------------------------- availability
-
-_PROBE = r"""
-import json, importlib
-out = {}
-try:
-    import sglang
-    out["sglang"] = getattr(sglang, "__version__", "unknown")
-except Exception as e:
-    out["sglang_error"] = f"{type(e).__name__}: {e}"
-try:
-    import torch
-    out["cuda"] = bool(torch.cuda.is_available())
-    if out["cuda"]:
-        out["gpu"] = torch.cuda.get_device_name(0)
-except Exception as e:
-    out["torch_error"] = f"{type(e).__name__}: {e}"
-print("PROBE" + json.dumps(out))
-"""
-
-
-class Availability(NamedTuple):
-    ok: bool
-    reason: str
-
-
-def _nvidia_smi_gpu() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [line for line in out.stdout.splitlines() if line.startswith("GPU")]
-    return lines[0] if out.returncode == 0 and lines else None
-
-
-def _probe(python: str, timeout: float) -> dict | str:
-    try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        return f"python {python!r} not found"
-    except subprocess.TimeoutExpired:
-        return f"probing {python} timed out after {timeout:.0f} s"
-    for line in out.stdout.splitlines():
-        if line.startswith("PROBE"):
-            return json.loads(line[5:])
-    return f"probing {python} failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}"
-
-
-def sglang_available(python: str | None = None, timeout: float = 120.0) -> Availability:
-    """Can this host serve with SGLang? Probed in a subprocess so this process never imports it.
-
-    Both conditions are checked and both failures named, so a notebook can say exactly why it
-    falls back to the reference engine.
-    """
-    python = python or default_python()
-    probe = _probe(python, timeout)
-    if isinstance(probe, str):
-        return Availability(False, probe)
-    problems = []
-    if "sglang" not in probe:
-        problems.append(f"sglang is not importable in {python} ({probe.get('sglang_error')})")
-    gpu = probe.get("gpu") or (None if probe.get("cuda") is False else _nvidia_smi_gpu())
-    if not gpu:
-        why = "torch.cuda.is_available() is False" if probe.get("cuda") is False else "nvidia-smi finds none"
-        problems.append(f"no CUDA GPU is visible ({why})")
-    if problems:
-        return Availability(False, "; ".join(problems))
-    return Availability(True, f"sglang {probe['sglang']} in {python}; GPU: {gpu}")
-
-
-# --------------------------------------------------------------------------- prompts and CLI
-
-
-def looks_local(ref: str) -> bool:
-    """A path the user typed (absolute or relative), as opposed to a hub id like org/name."""
-    return ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
-
-
-def draft_wiring_notes(draft: str) -> list[str]:
-    """What SGLang will read from a local draft's config: only the nested eagle_config ids."""
-    if not looks_local(draft):
-        return [f"{draft} is not a local directory; its ids are not checked here"]
-    cfg = read_draft_config(draft)
-    ids, where = ids_in_config(cfg)
-    chosen = ids_sglang_reads(cfg)
-    if chosen.ids is not None:
-        return [f"SGLang reads eagle_config ids {chosen.ids}; `python -m helpers wiring --engine "
-                f"sglang==VERSION` says which boundaries that version captures for them"] + chosen.warnings
-    if where == IdsAt.TOP_LEVEL:
-        return [f"the ids {ids} are top-level (speculators/vLLM format): SGLang ignores them and captures "
-                f"its defaults; write them into eagle_config (helpers.investigation.fixes.with_engine_ids) "
-                f"if they are the training layout"]
-    return ["the draft config carries no ids: SGLang captures its defaults"]
