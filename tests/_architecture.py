@@ -66,9 +66,17 @@ def imports(known: dict[str, Path]) -> dict[str, tuple[set[str], set[str]]]:
                 continue
             funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
             inner = any(isinstance(p, funcs) for p in _ancestors(tree, node))
+            # as Python runs it: importing a.b.c first runs the packages a and a.b (their __init__)
+            targets = [x for t in targets for x in (*_packages(t, known), t)]
             (lazy if inner else top).update(t for t in targets if t != name)
         out[name] = (top, lazy - top)
     return out
+
+
+def _packages(module: str, known) -> list[str]:
+    """The packages Python runs before ``module``: each enclosing package with an ``__init__`` of its own."""
+    parts = module.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in known]
 
 
 def _ancestors(tree: ast.AST, target: ast.AST) -> list[ast.AST]:

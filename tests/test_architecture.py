@@ -16,8 +16,10 @@ ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def test_no_cycle_even_counting_imports_inside_functions():
-    """A lazy import is still a dependency: counted, helpers/ has no cycle. ``Engine.rules`` reaches the
-    engine rooms by registration (helpers.rules loads engines, which registers), not by importing up."""
+    """A lazy import is still a dependency, and so is every package an import runs (``from helpers.rules
+    import x`` runs ``helpers/rules/__init__.py``): counted both ways, helpers/ has no cycle. ``Engine.rules``
+    reaches the engine rooms by registration (``conventions.rules_of`` loads ``rules.engines`` by name on
+    first use, which registers), not by importing up."""
     found = {tuple(g): g for g in cycles(imports(modules()))}
     assert set(found) <= set(ALLOWED_CYCLES), [g for k, g in found.items() if k not in ALLOWED_CYCLES]
 
@@ -29,7 +31,7 @@ def test_the_docs_module_table_is_the_codes():
 # The folders top to bottom as docs/architecture.md draws them; everything else (cli, boundaries, record,
 # errors, progress) sits at the bottom, except cli, drawn at the top, which parses --engine.
 FOLDERS = ["commands", "notebook", "live", "investigation", "model", "rules"]
-EXCEPTIONS = {("helpers.cli", "helpers.rules.conventions")}
+EXCEPTIONS = {("helpers.cli", "helpers.rules.conventions"), ("helpers.cli", "helpers.rules")}  # + its package
 
 
 def test_imports_between_folders_point_down_the_picture():

@@ -11,6 +11,7 @@ where and at which release each rule was read.
 """
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -115,17 +116,20 @@ DEFAULT_ENGINES = (CASE_ENGINE, DEFAULT_ENGINE, Engine("vllm"))
 
 
 _FAMILIES: dict[str, Any] = {}    # family name -> its rule object, registered by helpers.rules.engines
+FAMILIES_MODULE = "helpers.rules.engines"   # where the rule objects live: loaded by name on first use
 
 
 def register_rules(families: dict[str, Any]) -> None:
-    """``helpers.rules.engines`` hands each family's rule object here when it loads (the package
-    ``helpers.rules`` loads it first thing), so this module, below every engine room, never imports
-    the rooms: the rule objects reach ``Engine.rules`` by registration, not by an upward import."""
+    """``helpers.rules.engines`` hands each family's rule object here when it loads, so this module, below
+    every engine room, never imports the rooms: the rule objects reach ``Engine.rules`` by registration."""
     _FAMILIES.update(families)
 
 
 def rules_of(name: str):
-    """The rule object of the family ``name`` (one of ENGINES)."""
+    """The rule object of the family ``name`` (one of ENGINES). The first call loads ``FAMILIES_MODULE`` by
+    name, as an engine loads a plugin from its entry point, which registers every family."""
+    if not _FAMILIES:
+        importlib.import_module(FAMILIES_MODULE)
     return _FAMILIES[name]
 
 
