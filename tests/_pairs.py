@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(os.environ.get("WORKBOOK_TEST_PAIRS") or tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
 COMMITTED = Path(__file__).resolve().parent / "pairs"
 # the modules whose code builds the pairs (with every helper module they import, at any depth)
-BUILDERS = ("helpers.investigation.embedded_pair", "helpers.investigation.dump_writer")
+BUILDERS = ("helpers.factory.embedded_pair", "helpers.factory.dump_writer")
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,7 +97,7 @@ def built(out: Path) -> Path:
 @functools.lru_cache(maxsize=None)
 def tiny_default() -> Path:
     """``build-default --tiny``: DeepSeek-V3 target, SGLang-format draft trained on (0, 3, 7)."""
-    from helpers.investigation.embedded_pair import build_default
+    from helpers.factory.embedded_pair import build_default
 
     out = ROOT / "tiny-kimi"
     if ready(out, "build.json"):
@@ -109,7 +109,7 @@ def tiny_default() -> Path:
 @functools.lru_cache(maxsize=None)
 def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
     """Another draft on the same tiny target, trained on ``layout``."""
-    from helpers.investigation.embedded_pair import TINY, build_draft
+    from helpers.factory.embedded_pair import TINY, build_draft
 
     base = tiny_default()
     out = ROOT / f"draft-{'-'.join(map(str, layout))}-{fmt}"
@@ -122,7 +122,7 @@ def tiny_draft(layout: tuple[int, ...], fmt: str = "sglang") -> Path:
 @functools.lru_cache(maxsize=None)
 def tiny_llama() -> Path:
     """A second family: Llama target with a speculators-format draft, 8 layers."""
-    from helpers.investigation.embedded_pair import build_default
+    from helpers.factory.embedded_pair import build_default
 
     out = ROOT / "tiny-llama"
     if ready(out, "build.json"):
@@ -136,7 +136,7 @@ def tiny_llama() -> Path:
 def tiny_dump(fmt: str, bounds: tuple = (0, 3, 7, 10, 12), records: int = 6) -> Path:
     """``dump`` of the tiny target in a trainer's layout: the trained (0, 3, 7) and served (3, 7, 10)
     inside."""
-    from helpers.investigation.dump_writer import write_from_text
+    from helpers.factory.dump_writer import write_from_text
 
     out = ROOT / f"dump-{fmt}-{'-'.join(map(str, bounds))}-{records}"
     if ready(out, "."):

@@ -30,7 +30,7 @@ def test_the_docs_module_table_is_the_codes():
 
 # The folders top to bottom as docs/architecture.md draws them; everything else (cli, boundaries, record,
 # errors, progress) sits at the bottom, except cli, drawn at the top, which parses --engine.
-FOLDERS = ["commands", "notebook", "live", "investigation", "model", "rules"]
+FOLDERS = ["commands", "notebook", "live", "factory", "investigation", "model", "rules"]
 EXCEPTIONS = {("helpers.cli", "helpers.rules.conventions"), ("helpers.cli", "helpers.rules")}  # + its package
 
 

@@ -52,7 +52,7 @@ def test_draft_weights_are_sglang_layout():
 
 
 def test_samples_follow_standardize_data_v1():
-    from helpers.investigation.draft_training import generate_samples, standardize_data_v1
+    from helpers.factory.draft_training import generate_samples, standardize_data_v1
     from helpers.model.target import load_target
 
     target, tok = load_target(tiny_default() / "target")
@@ -81,7 +81,8 @@ def test_second_family_speculators_format():
 def test_target_training_is_deterministic():
     from transformers import AutoModelForCausalLM
 
-    from helpers.model.target import target_config, train_target
+    from helpers.factory.target_training import train_target
+    from helpers.model.target import target_config
 
     ids = torch.arange(4000) % 97
     losses = []

@@ -76,7 +76,7 @@ def test_committed_pairs_are_copied_only_while_current(monkeypatch, tmp_path):
 def test_the_build_runs_end_to_end_on_a_micro_scale(monkeypatch, tmp_path):
     """The committed pairs spare the suite the tiny build's minutes; the build code still runs whole here:
     corpus, tokenizer, target, a draft in SGLang's format, the build record."""
-    from helpers.investigation import embedded_pair
+    from helpers.factory import embedded_pair
 
     micro = dataclasses.replace(embedded_pair.TINY, corpus_chars=40_000, vocab=300, hidden=32, target_steps=3,
                                 target_batch=2, draft_vocab=64, train_samples=4, val_samples=2, seq_len=32,

@@ -43,7 +43,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
     """The embedded recipe with a sixth of its training steps: a draft that has learned its layout
     only roughly, whose later steps are poor for every layout."""
-    from helpers.investigation.embedded_pair import TINY, build_draft
+    from helpers.factory.embedded_pair import TINY, build_draft
 
     out = ROOT / f"draft-weak-{'-'.join(map(str, layout))}"
     if _pairs.ready(out, "training.json"):
@@ -56,7 +56,7 @@ def weak_draft(layout: tuple[int, ...] = (0, 3, 7)) -> Path:
 @functools.lru_cache(maxsize=None)
 def llama_dump() -> Path:
     """The second family's dump, speculators >= 0.5 layout: its training (0, 2, 4) and the final boundary."""
-    from helpers.investigation.dump_writer import write_from_text
+    from helpers.factory.dump_writer import write_from_text
 
     out = ROOT / "dump-llama-0-2-4-6-8"
     if _pairs.ready(out, "."):

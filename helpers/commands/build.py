@@ -2,7 +2,7 @@
 
 Builds, with fixed seeds, a target trained from scratch, a draft trained on a stated layout and saved
 with the deployed ids, and (full builds) a draft retrained on the served layout:
-``helpers.investigation.embedded_pair`` does the work; this module parses the options, calls it and
+``helpers.factory.embedded_pair`` does the work; this module parses the options, calls it and
 prints.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import cli
 from ..boundaries import check_layout, parse_layout
-from ..investigation.embedded_pair import FAMILIES, build_default
+from ..factory.embedded_pair import FAMILIES, build_default
 
 
 def main(argv=None) -> int:

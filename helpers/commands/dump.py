@@ -13,8 +13,8 @@ from pathlib import Path
 from .. import cli
 from ..boundaries import layout_label, parse_layout
 from ..errors import BadOption, BadText, fail, print_json
+from ..factory.dump_writer import write_from_text
 from ..investigation.dump_diagnose import RANKED_BY, diagnose_dump, load_for_dump
-from ..investigation.dump_writer import write_from_text
 from ..investigation.dumps import FORMATS, check_new_dir, open_dump
 from ..investigation.pair import check_device
 from ..record import read_record

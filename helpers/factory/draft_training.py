@@ -17,14 +17,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..investigation.evaluate import TargetCaptures, accuracy_table, step_correct, verifier_logits
 from ..model.capture import capture_boundaries, decoder_parts
 from ..model.checkpoint import save_draft
-from ..model.corpus import stdlib_corpus
 from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
-from ..model.target import load_target, write_json
+from ..model.target import load_target
 from ..profile import from_record, write_profile
 from ..record import read_record
-from .evaluate import TargetCaptures, accuracy_table, step_correct, verifier_logits
+from .corpus import stdlib_corpus
+from .target_training import write_json
 
 
 @dataclass

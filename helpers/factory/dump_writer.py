@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from ..errors import BadOption, read_text_file
+from ..investigation.dumps import write_dump
+from ..investigation.pair import text_windows
 from ..model.target import check_target_folder, load_target
 from ..rules.conventions import read_target_config
-from .dumps import write_dump
-from .pair import text_windows
 
 
 def dump_text_path(target_dir, text_path=None) -> tuple[Path, bool]:

@@ -19,22 +19,15 @@ import torch
 from ..boundaries import check_layout
 from ..errors import BadOption
 from ..model.checkpoint import save_draft
-from ..model.corpus import prompt_chunks, save_hf_tokenizer, special_ids, stdlib_corpus, train_tokenizer
 from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
-from ..model.target import (
-    describe,
-    eval_loss,
-    load_target,
-    save_target,
-    target_config,
-    train_target,
-    write_json,
-)
+from ..model.target import describe, load_target, target_config
 from ..profile import from_record, write_profile
 from ..record import read_record
 from ..rules.conventions import default_ids
 from ..rules.sglang.rule import sglang_plus_one
+from .corpus import prompt_chunks, save_hf_tokenizer, special_ids, stdlib_corpus, train_tokenizer
 from .draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
+from .target_training import eval_loss, save_target, train_target, write_json
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_OUT = DATA / "tiny-kimi"
