@@ -85,6 +85,12 @@ def test_the_report_view_puts_the_finding_first_and_folds_logs():
     assert "(30 lines)" in view.cells[3].outputs[0].data["text/html"]       # long output folds too
     assert view.cells[4].outputs[0].output_type == "stream"                  # a short one stays
     assert [c.source for c in nb.cells][1] == "run()"                        # the executed notebook unchanged
+    # a title cell with an intro: the heading, the finding, then the intro (a phone's first screen finds it)
+    nb.cells[0].source = "# 06 · title\n\nWhat this notebook does.\n\nAnd why."
+    view = report_order(nb)
+    assert [c.source for c in view.cells][:3] == ["# 06 · title", "finding()",
+                                                  "What this notebook does.\n\nAnd why."]
+    assert nb.cells[0].source.startswith("# 06 · title\n\nWhat")               # unchanged in the notebook
 
 
 def test_tables_in_words_without_an_index():

@@ -83,10 +83,12 @@ def _folded(text: str) -> dict:
 
 
 def report_order(nb):
-    """The report view of an executed notebook: its title, then the cells tagged ``finding`` (one sentence
-    and one figure), then the rest in order; the printed lines of cells tagged ``log``, and any printed
-    output longer than ``FOLD_LINES`` lines, folded under their first line."""
+    """The report view of an executed notebook: its heading, then the cells tagged ``finding`` (one sentence
+    and one figure), then the heading's intro and the rest in order; the printed lines of cells tagged
+    ``log``, and any printed output longer than ``FOLD_LINES`` lines, folded under their first line."""
     import copy
+
+    import nbformat
 
     nb = copy.deepcopy(nb)
     cells = nb.cells
@@ -109,7 +111,14 @@ def report_order(nb):
         if log:
             outs.insert(at, _folded("".join(t if t.endswith("\n") else t + "\n" for t in log)))
         cell["outputs"] = outs
-    nb.cells = title + found + rest
+    intro = []
+    if title and found:     # the heading, then the finding, then the intro: a phone's first screen finds it
+        src = "".join(title[0].source)
+        head, sep, body = src.partition("\n\n")
+        if head.startswith("#") and body.strip():
+            title[0].source = head
+            intro = [nbformat.v4.new_markdown_cell(body)]
+    nb.cells = title + found + intro + rest
     return nb
 
 
