@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from ..investigation.fixes import deploy
 from ..investigation.pair import REPO, load_pair
 from ..investigation.prompts import read_prompts
@@ -73,9 +75,6 @@ class KernelsRun:
     unavailable: str | None = None
     lines: list[str] = field(default_factory=list)   # what was done, for the folded log
 
-    def row(self, name: str) -> LiveRow | None:
-        return next((r for r in self.rows if r.wiring == name), None)
-
     def to_dict(self) -> dict:
         return {"rows": [r.to_dict() for r in self.rows], "engine": self.engine, "target": self.target,
                 "target_sentence": self.target_sentence, "settings": self.settings,
@@ -100,8 +99,6 @@ def server(progress: bool = True) -> ServerBuild | str:
     background (``BUILD_PID_ENV``); else why there is none, in one line."""
     pid = os.environ.get(BUILD_PID_ENV, "")
     if pid.isdigit() and _alive(int(pid)):
-        from tqdm.auto import tqdm
-
         with tqdm(desc="waiting for llama-server's build", unit="s", disable=not progress,
                   bar_format="{desc}: {elapsed}") as bar:
             while _alive(int(pid)):
