@@ -86,8 +86,8 @@ class ProblemKind(StrEnum):
 
 @dataclass(frozen=True)
 class Problem:
-    """One finding: its ``kind`` (a :class:`ProblemKind`, or a ``check`` kind such as 'layout-mismatch'),
-    the sentence for people, and ``fix``: what to do, or None. A resolver's fix is a command to run (the
+    """One finding: its ``kind`` (a :class:`ProblemKind`: a resolver's, or one of ``check``'s own), the
+    sentence for people, and ``fix``: what to do, or None. A resolver's fix is a command to run (the
     boundary-0 patch); ``check``'s own problems carry an instruction.
 
     ``advice`` is extra text shown in parentheses after the message (the patch's advice for a boundary-0
