@@ -39,8 +39,8 @@ def own_helpers() -> tuple[object | None, str]:
         return None, f"cannot import helpers ({type(exc).__name__}: {exc}); expected it at {expected}"
     where = Path(getattr(helpers, "__file__", "") or ".").resolve().parent
     if getattr(helpers, "DISTRIBUTION", None) != DISTRIBUTION:
-        return None, (f"'helpers' resolves to {where}, another package of that name (shadowed: the workbook's "
-                      f"is {expected}); put the workbook first on sys.path or remove the other")
+        return None, (f"'helpers' resolves to {where}, another package of that name (shadowed: the "
+                      f"workbook's is {expected}); put the workbook first on sys.path or remove the other")
     if where != expected:
         return None, (f"'helpers' resolves to {where}, another copy of the workbook than the one installed "
                       f"with this entry point ({expected})")
@@ -64,7 +64,7 @@ def vllm() -> None:
     if own_helpers()[0] is None:
         _cannot_install("vllm", own_helpers()[1])
         return
-    from helpers.live.vllm.plugin import register
+    from helpers.engines.vllm.plugin import register
 
     register()
 
@@ -74,6 +74,6 @@ def sglang() -> None:
     if own_helpers()[0] is None:
         _cannot_install("sglang", own_helpers()[1])
         return
-    from helpers.live.sglang.plugin import register
+    from helpers.engines.sglang.plugin import register
 
     register()

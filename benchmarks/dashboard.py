@@ -47,9 +47,9 @@ def wirings(engine: str, tmp: Path) -> list[tuple[str, Path, dict]]:
 
 def serve(engine: str, draft: Path, options: dict, ids: list[list[int]], log_dir: Path) -> str:
     if engine == "vllm":
-        from helpers.live.vllm.bench import fixes_for
-        from helpers.live.vllm.engine import LaunchSpec, VllmEngine
-        from helpers.live.vllm.install import find_vllm
+        from helpers.engines.vllm.bench import fixes_for
+        from helpers.engines.vllm.engine import LaunchSpec, VllmEngine
+        from helpers.engines.vllm.install import find_vllm
 
         install = find_vllm()
         tcfg = json.loads((PAIR / "target" / "config.json").read_text())
@@ -58,8 +58,8 @@ def serve(engine: str, draft: Path, options: dict, ids: list[list[int]], log_dir
         with VllmEngine(install, spec, log_dir=log_dir) as e:
             e.generate(ids, 64)
             return e.metrics_text()
-    from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
-    from helpers.live.sglang.install import find_sglang
+    from helpers.engines.sglang.engine import SGLangEngine, SglangLaunch
+    from helpers.engines.sglang.install import find_sglang
 
     with SGLangEngine(find_sglang(), SglangLaunch(PAIR / "target", draft, steps=3, **options),
                       log_dir=log_dir) as e:

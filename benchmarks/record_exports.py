@@ -32,13 +32,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from helpers.engines.sglang.engine import SGLangEngine, SglangLaunch
+from helpers.engines.sglang.install import find_sglang
+from helpers.engines.sglang.server import SERVER_INFO_PATHS, http_json
+from helpers.engines.vllm.bench import fixes_for
+from helpers.engines.vllm.engine import LaunchSpec, VllmEngine
+from helpers.engines.vllm.install import find_vllm
 from helpers.investigation.prompts import read_prompts
-from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
-from helpers.live.sglang.install import find_sglang
-from helpers.live.sglang.server import SERVER_INFO_PATHS, http_json
-from helpers.live.vllm.bench import fixes_for
-from helpers.live.vllm.engine import LaunchSpec, VllmEngine
-from helpers.live.vllm.install import find_vllm
 from helpers.rules.conventions import read_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -344,7 +344,7 @@ def record_vllm(args, install, name: str, draft: Path, ids: list[list[int]], pro
                    "max_model_len": kw["max_model_len"], "enforce_eager": True,
                    "env": {"VLLM_LOG_STATS_INTERVAL": str(float(args.vllm_log_interval)),
                            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "INFO")}},
-        "api": "offline vllm.LLM in helpers/live/vllm/worker.py (no HTTP server)",
+        "api": "offline vllm.LLM in helpers/engines/vllm/worker.py (no HTTP server)",
         "prompt_token_ids": ids, "plugin_fixes": fixes, "guard": guard,
         "files": {"metrics_before.txt": "after the temperature-0 prompts",
                   "metrics.txt": "after the temperature-0 and then the temperature-0.7 prompts",
@@ -383,9 +383,9 @@ def record_llamacpp(args, build, name: str, draft: Path, ids: list[list[int]], p
     """llama-server (``--metrics``) serving the tiny Llama pair with one draft: ``/metrics`` after the
     temperature-0 prompts and again after the temperature-0.7 ones, each ``/completion`` response, ``/slots``
     and the log's per-request "draft acceptance" lines."""
+    from helpers.engines.llamacpp.bench import convert_wirings, host_threads
+    from helpers.engines.llamacpp.engine import LlamacppEngine, ServerLaunch
     from helpers.live.bench import LiveWiring
-    from helpers.live.llamacpp.bench import convert_wirings, host_threads
-    from helpers.live.llamacpp.engine import LlamacppEngine, ServerLaunch
 
     folder = out / "llamacpp" / name
     print(f"llama.cpp {build.build}, {name} draft ({draft.name})", flush=True)
@@ -473,7 +473,7 @@ def main(argv=None) -> int:
     if args.only in (None, "llamacpp"):
         from transformers import AutoTokenizer
 
-        from helpers.live.llamacpp.build import build_server
+        from helpers.engines.llamacpp.build import build_server
 
         tok = AutoTokenizer.from_pretrained(LLAMA_PAIR / "target")
         lprompts = read_prompts(LLAMA_PAIR / "prompts.jsonl")[: args.prompts]

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"
 DOC = REPO / "docs" / "architecture.md"
 BEGIN, END = "<!-- modules:begin (tests/_architecture.py --write) -->", "<!-- modules:end -->"
-SKIP_PARTS = {"site"}          # live/sglang/cpu/site: runs inside SGLang's processes, not a helper module
+SKIP_PARTS = {"site"}          # engines/sglang/cpu/site: runs inside SGLang's processes, not a helper module
 
 
 def modules() -> dict[str, Path]:

@@ -80,7 +80,7 @@ def unavailable(reason: str) -> None:
 @pytest.fixture(scope="session")
 def sglang_install():
     """The SGLang venv the live SGLang tests drive; its absence fails them (WORKBOOK_SGLANG=0 skips them)."""
-    from helpers.live.sglang.install import EngineUnavailable, find_sglang
+    from helpers.engines.sglang.install import EngineUnavailable, find_sglang
 
     try:
         return find_sglang()

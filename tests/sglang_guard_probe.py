@@ -12,7 +12,7 @@ import types
 
 # This CPU venv pairs PyPI's CUDA torchvision with CPU torch: importing sglang needs two op schemas defined
 # first. It is the venv's, not SGLang's; the sgl_kernel stand-in and every other accommodation stay off.
-from helpers.live.sglang.cpu.hooks import _torchvision_schemas
+from helpers.engines.sglang.cpu.hooks import _torchvision_schemas
 
 _torchvision_schemas()
 

@@ -46,7 +46,7 @@ def test_sglang_rule_depends_on_the_device_and_the_release():
 def test_llamacpp_rule_read_from_its_sdist_is_the_recorded_one(tmp_path):
     """llama.cpp b11434 drafts greedily and verifies by sampling the target (top-k 40, top-p 0.95, min-p 0.05,
     before the temperature) and matching: read from the pinned sdist, it is the recorded rule."""
-    from helpers.live.llamacpp.build import BUILD, fetch_sdist
+    from helpers.engines.llamacpp.build import BUILD, fetch_sdist
 
     sdist = fetch_sdist(tmp_path)
     texts = {}

@@ -18,7 +18,7 @@ ALLOWED_CYCLES: dict[tuple[str, ...], str] = {}
 def test_no_cycle_even_counting_imports_inside_functions():
     """A lazy import is still a dependency, and so is every package an import runs (``from helpers.rules
     import x`` runs ``helpers/rules/__init__.py``): counted both ways, helpers/ has no cycle. ``Engine.rules``
-    reaches the engine rooms by registration (``conventions.rules_of`` loads ``rules.engines`` by name on
+    reaches the engine rooms by registration (``conventions.rules_of`` loads ``rules.families`` by name on
     first use, which registers), not by importing up."""
     found = {tuple(g): g for g in cycles(imports(modules()))}
     assert set(found) <= set(ALLOWED_CYCLES), [g for k, g in found.items() if k not in ALLOWED_CYCLES]
@@ -29,16 +29,47 @@ def test_the_docs_module_table_is_the_codes():
 
 
 # The folders top to bottom as docs/architecture.md draws them; everything else (cli, boundaries, record,
-# errors, progress) sits at the bottom, except cli, drawn at the top, which parses --engine.
+# errors, progress) sits at the bottom, except cli, drawn at the top, which parses --engine. An engine's
+# folder (engines/<name>/) spans the floors: each of its modules sits on the floor of the highest shared
+# folder it reaches, so the rule modules stay beside rules/ and the live ones beside live/.
 FOLDERS = ["commands", "notebook", "live", "factory", "investigation", "model", "rules"]
 EXCEPTIONS = {("helpers.cli", "helpers.rules.conventions"), ("helpers.cli", "helpers.rules")}  # + its package
 
 
-def test_imports_between_folders_point_down_the_picture():
-    def place(m):
-        part = m.split(".")[1] if m.count(".") else ""
-        return FOLDERS.index(part) if part in FOLDERS else len(FOLDERS)
+def places(graph) -> dict[str, int]:
+    """Each module's folder in FOLDERS' order (its index; len(FOLDERS) for the bottom)."""
+    out: dict[str, int] = {}
 
+    def place(m: str) -> int:
+        if m in out:
+            return out[m]
+        part = m.split(".")[1] if m.count(".") else ""
+        if part == "engines":
+            out[m] = len(FOLDERS)           # provisional, against a cycle (none exists: tested above)
+            top, lazy = graph[m]
+            out[m] = min([place(d) for d in top | lazy] + [len(FOLDERS)])
+        else:
+            out[m] = FOLDERS.index(part) if part in FOLDERS else len(FOLDERS)
+        return out[m]
+
+    for m in graph:
+        place(m)
+    return out
+
+
+def test_imports_between_folders_point_down_the_picture():
     graph = imports(modules())
-    up = {(m, d) for m, (top, lazy) in graph.items() for d in top | lazy if place(d) < place(m)}
+    place = places(graph)
+    up = {(m, d) for m, (top, lazy) in graph.items() for d in top | lazy if place[d] < place[m]}
     assert up == EXCEPTIONS
+
+
+def test_each_engine_is_one_folder():
+    """What differs by engine lives in its folder: no engine's name is a module or folder elsewhere (a
+    command is named by what the user types: ``llamacpp-build`` is ``commands.llamacpp``)."""
+    known = modules()
+    engines = {m.split(".")[2] for m in known if m.startswith("helpers.engines.") and m.count(".") >= 2}
+    assert engines >= {"sglang", "vllm", "llamacpp", "trtllm"}
+    elsewhere = [m for m in known if not m.startswith(("helpers.engines", "helpers.commands."))
+                 and engines & set(m.split(".")[1:])]
+    assert elsewhere == []

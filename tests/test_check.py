@@ -454,7 +454,7 @@ DRAFT_META = {"general.architecture": "eagle3", "general.name": "draft", "eagle3
 
 
 def test_the_gguf_reader_reads_every_value_type(tmp_path):
-    from helpers.rules.llamacpp.gguf import read_metadata
+    from helpers.engines.llamacpp.gguf import read_metadata
     meta = {"a.str": "x", "a.i32": -3, "a.u32": ("u32", 7), "a.f32": 0.5, "a.bool": True,
             "a.arr": [1, 15, 28], "a.strs": ["q", "r"], "a.empty": []}
     got = read_metadata(_gguf(tmp_path / "m.gguf", meta, version=2))

@@ -6,6 +6,9 @@ import json
 import pytest
 
 from helpers.boundaries import WiringError
+from helpers.engines.sglang.rule import sglang_documented_layout, sglang_format_warnings, sglang_plus_one
+from helpers.engines.trtllm.rule import resolve_trtllm
+from helpers.engines.vllm.rule import resolve_vllm, vllm_draft_class, vllm_ids_to_boundaries
 from helpers.errors import BadOption, InputError
 from helpers.rules.conventions import (
     DraftConfigError,
@@ -23,9 +26,6 @@ from helpers.rules.conventions import (
     read_target_config,
 )
 from helpers.rules.flags import honours_norm_before_residual
-from helpers.rules.sglang.rule import sglang_documented_layout, sglang_format_warnings, sglang_plus_one
-from helpers.rules.trtllm.rule import resolve_trtllm
-from helpers.rules.vllm.rule import resolve_vllm, vllm_draft_class, vllm_ids_to_boundaries
 
 L = 12
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"

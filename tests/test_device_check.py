@@ -66,12 +66,12 @@ def test_a_bad_option_and_a_missing_path_fail_the_dry_run(tmp_path):
 
 
 def test_a_cpu_stand_in_in_the_launch_environment_is_caught():
-    from helpers.live.sglang import cpu
+    from helpers.engines.sglang import cpu
 
     m = _dry_run_module()
     found = m.stand_ins(["--device", "cpu"], {"PYTHONPATH": f"{cpu.SITE}:{ROOT}", m.HOOKS_ENV: "cpu",
                                              "SGLANG_USE_CPU_ENGINE": "1"})
-    assert len(found) == 4 and "helpers/live/sglang/cpu/site is on PYTHONPATH" in found[0]
+    assert len(found) == 4 and "helpers/engines/sglang/cpu/site is on PYTHONPATH" in found[0]
     assert m.stand_ins(["--dtype", "float32"], {"PYTHONPATH": str(ROOT)}) == []
 
 

@@ -188,9 +188,9 @@ def test_engine_follows_the_patched_source(tmp_path, monkeypatch, capsys):
     import shutil
 
     from helpers.commands.bench import main
+    from helpers.engines.sglang.patch import apply_patch
+    from helpers.engines.sglang.source import fetch_sglang
     from helpers.investigation.fixes import with_engine_ids
-    from helpers.rules.sglang.patch import apply_patch
-    from helpers.rules.sglang.source import fetch_sglang
 
     pristine = fetch_sglang("0.5.9")
     cache = tmp_path / "cache"

@@ -61,7 +61,7 @@ def fake_sglang():
 
 
 def test_rows_from_response_shapes():
-    from helpers.live.sglang.capture import CaptureError, rows_from_response
+    from helpers.engines.sglang.capture import CaptureError, rows_from_response
 
     body = {"meta_info": {"hidden_states": [[[1.0, 2.0], [3.0, 4.0]], [5.0, 6.0]]}}
     assert rows_from_response(body, 2).tolist() == [[1.0, 2.0], [3.0, 4.0]]
@@ -99,7 +99,7 @@ def test_capture_measures_the_served_wiring(tmp_path, fake_sglang):
 
 
 def test_capture_refuses_an_engine_without_hidden_states(tmp_path):
-    from helpers.live.sglang.capture import CaptureError, capture_dump
+    from helpers.engines.sglang.capture import CaptureError, capture_dump
 
     def post(url, payload):
         return {"text": "x", "meta_info": {"completion_tokens": 1}}
@@ -147,7 +147,7 @@ def test_capture_options_refused_before_any_engine(extra, expected, tmp_path, ca
 def test_fc_rows_waits_for_this_windows_input():
     """The fc probe keeps the latest input per row count: a stale one (the last window's) is waited past,
     a repeated window's equal input is taken, and none at all is one CaptureError naming the log."""
-    from helpers.live.sglang.capture import CaptureError, _fc_rows
+    from helpers.engines.sglang.capture import CaptureError, _fc_rows
 
     class Engine:
         log_path = "LOG"
@@ -172,7 +172,7 @@ def test_fc_rows_waits_for_this_windows_input():
 
 def test_capture_backend_refuses_another_engines_rules(tmp_path, capsys):
     """``--backend sglang --engine vllm==...``: the runtime cannot run those rules; one line, no engine."""
-    from helpers.live.sglang.install import EngineUnavailable, find_sglang
+    from helpers.engines.sglang.install import EngineUnavailable, find_sglang
     try:
         find_sglang()
     except EngineUnavailable:

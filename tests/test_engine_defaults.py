@@ -18,7 +18,7 @@ from helpers.live import guard
 from helpers.live.backends import Backend
 from helpers.notebook.runner import Runs
 from helpers.rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, assumed_engine_line, parse_engine
-from helpers.rules.engines import SGLANG
+from helpers.rules.families import SGLANG
 
 REPO = Path(__file__).resolve().parent.parent
 PAIR = REPO / "data" / "tiny-kimi"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.engines.llamacpp.rule import LLAMACPP_NEWEST_READ
+from helpers.engines.vllm.rule import VLLM_NEWEST_READ
 from helpers.errors import BadOption
-from helpers.rules import engines
+from helpers.rules import families as engines
 from helpers.rules.conventions import ENGINES, Engine, IdsAt, engine_fc_slots, engine_ids, parse_engine
-from helpers.rules.llamacpp.rule import LLAMACPP_NEWEST_READ
 from helpers.rules.topology import pp_stages
-from helpers.rules.vllm.rule import VLLM_NEWEST_READ
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"

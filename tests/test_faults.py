@@ -24,9 +24,9 @@ from safetensors.torch import load_file, save_file
 
 from helpers import errors
 from helpers.__main__ import main as cli
+from helpers.engines.sglang import patch as ps
+from helpers.engines.sglang import source as ss
 from helpers.rules.conventions import parse_engine
-from helpers.rules.sglang import patch as ps
-from helpers.rules.sglang import source as ss
 from helpers.rules.wiring import served_plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -996,7 +996,7 @@ def test_locked_child_refuses_writes_sockets_and_processes(tmp_path):
     script = textwrap.dedent(f"""
         import sys, os, subprocess, socket
         sys.path.insert(0, {str(REPO)!r})
-        from helpers.rules.sglang.stub import _lock_down
+        from helpers.engines.sglang.stub import _lock_down
         _lock_down()
         tries = {{
             "open-w": lambda: open({str(tmp_path / 'a')!r}, "w"),
@@ -1029,7 +1029,7 @@ def test_locked_child_refuses_writes_sockets_and_processes(tmp_path):
 
 
 def test_sandboxed_setter_gives_the_release_answer():
-    from helpers.rules.sglang import stub
+    from helpers.engines.sglang import stub
 
     src = ss.fetch_sglang("0.5.9")
     here = stub._run_setter_here(src, "LlamaForCausalLM", 12, [2, 6, 9])

@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(tmp_path, capsys, occu
 
 
 def test_llamacpps_own_converter_writes_the_trained_layout_from_the_copy(tmp_path):
-    from helpers.live.llamacpp import convert as lc
+    from helpers.engines.llamacpp import convert as lc
 
     if lc.find_converter() is None:
         pytest.skip("llama.cpp's converter is not installed here (bash workbook.sh llamacpp)")

@@ -161,8 +161,8 @@ def test_an_unreadable_record_warns_and_starts_or_refuses_with_the_reason(monkey
 def test_the_sglang_guard_hooks_are_apart_from_the_cpu_accommodations(monkeypatch):
     """A user's deployment: the registry hooks (guard, record) need only the registry and the setter every
     EAGLE-3 release has; the accommodations are pinned to one release and refuse any other."""
-    from helpers.live.sglang import hooks
-    from helpers.live.sglang.cpu import hooks as cpu_hooks
+    from helpers.engines.sglang import hooks
+    from helpers.engines.sglang.cpu import hooks as cpu_hooks
 
     monkeypatch.setattr(hooks, "_after", {})
     monkeypatch.delitem(sys.modules, hooks.REGISTRY, raising=False)
@@ -180,7 +180,7 @@ def test_the_sglang_guard_hooks_are_apart_from_the_cpu_accommodations(monkeypatc
 
 
 def test_the_registry_is_wrapped_once_however_many_installers_ran():
-    from helpers.live.sglang import hooks
+    from helpers.engines.sglang import hooks
 
     class Registry:
         def resolve_model_cls(self, architectures):
@@ -318,7 +318,7 @@ def test_the_boundary0_hazard_is_read_from_each_releases_own_forward(release, un
     crash; its fix A needs the patch first), 0.5.23's does not: the guard reads the live class's source."""
     import ast
 
-    from helpers.rules.sglang.source import fetch_sglang
+    from helpers.engines.sglang.source import fetch_sglang
 
     path = fetch_sglang(release).root / "sglang" / "srt" / "models" / "deepseek_v2.py"
     text = path.read_text()

@@ -19,7 +19,7 @@ import pytest
 from conftest import unavailable
 
 from helpers.__main__ import main as cli
-from helpers.live.llamacpp import build as lb
+from helpers.engines.llamacpp import build as lb
 
 FAKE_CMAKE = r"""#!/bin/sh
 echo "$@" >> "$FAKE_LOG"
@@ -90,7 +90,7 @@ def test_the_server_is_built_once_into_the_cache(stand_ins):
     assert said[-1].startswith("[llamacpp] built llama-server") and " s" in said[-1]
     assert built.server == tmp / "cache" / "llama.cpp" / "b11434" / "bin" / "llama-server"
     assert subprocess.run([built.server], capture_output=True, text=True).stdout.startswith("version")
-    # the same build's converter, from the same sdist, beside it (live.llamacpp.convert runs it)
+    # the same build's converter, from the same sdist, beside it (engines.llamacpp.convert runs it)
     conv = lb.find_converter()
     assert conv == tmp / "cache" / "llama.cpp" / "b11434-convert"
     assert all((conv / part).exists() for part in lb.CONVERTER_PARTS)
@@ -173,8 +173,8 @@ def test_the_built_server_runs_here():
 def test_the_target_gguf_takes_the_asked_weight_type(monkeypatch, capsys):
     """``bench --outtype``: llama.cpp's target GGUF in the weight type asked (the converter's own
     ``--outtype``), every wiring's draft in f32; a backend that runs the checkpoint itself refuses it."""
+    from helpers.engines.llamacpp import bench as llb
     from helpers.live.bench import LiveWiring
-    from helpers.live.llamacpp import bench as llb
 
     asked = []
     monkeypatch.setattr(llb, "convert", lambda src, *, target_dir=None, log=None, outtype="f32":

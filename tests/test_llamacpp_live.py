@@ -18,11 +18,11 @@ import pytest
 from conftest import unavailable
 
 from helpers.__main__ import main as cli
+from helpers.engines.llamacpp import convert as lc
+from helpers.engines.llamacpp.build import find_server
+from helpers.engines.llamacpp.engine import ServerLaunch
 from helpers.judgement import Judgement
 from helpers.live import guard
-from helpers.live.llamacpp import convert as lc
-from helpers.live.llamacpp.build import find_server
-from helpers.live.llamacpp.engine import ServerLaunch
 from helpers.live.settings import argv_settings, side_by_side
 from helpers.rules.conventions import parse_engine
 
@@ -136,10 +136,10 @@ def live(tmp_path_factory):
         unavailable("llama-server or data/tiny-llama missing")
     import torch
 
+    from helpers.engines.llamacpp import bench as lbench
     from helpers.investigation.fixes import with_engine_ids
     from helpers.investigation.pair import load_pair, plan_for
     from helpers.live.bench import LiveWiring
-    from helpers.live.llamacpp import bench as lbench
     from helpers.live.reference import encode_prompts, run_bench
     from helpers.model.checkpoint import load_draft, save_draft
 
@@ -212,7 +212,7 @@ def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
     """Every export a llama.cpp deployment has, from the real server: its /metrics page, its /completion
     responses (timings.draft_n, draft_n_accepted) and its log, read by diagnose --metrics into the same
     accept length as llama.cpp's own counters."""
-    from helpers.live.llamacpp.engine import LlamacppEngine
+    from helpers.engines.llamacpp.engine import LlamacppEngine
     from helpers.model.target import load_target
 
     target = lc.convert(PAIR / "target", log=lambda *_: None)
@@ -329,7 +329,7 @@ def test_llama_servers_greedy_output_is_the_workbooks_fp32_target():
     workbook's fp32 Hugging Face target produces."""
     import torch
 
-    from helpers.live.llamacpp.engine import LlamacppEngine
+    from helpers.engines.llamacpp.engine import LlamacppEngine
     from helpers.model.engine import baseline_generate
     from helpers.model.target import load_target
 

@@ -132,7 +132,7 @@ def test_rebenchmark_without_notebook_05_says_to_run_it(tmp_path):
 
 def test_workbook_on_second_family_with_inferred_layout(tmp_path, monkeypatch):
     """A Llama target with a speculators-format draft, the training record hidden: inferred."""
-    from helpers.live.sglang.install import VENV_ENV
+    from helpers.engines.sglang.install import VENV_ENV
 
     monkeypatch.setenv(VENV_ENV, str(tmp_path / "no-sglang-here"))    # a host without SGLang
     d = tiny_llama()

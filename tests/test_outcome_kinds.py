@@ -8,25 +8,25 @@ from pathlib import Path
 
 import pytest
 
-import helpers.rules.llamacpp.rule as llamacpp_rules
-import helpers.rules.sglang.patch as sglang_patch
-import helpers.rules.sglang.resolve as sglang_resolve
-import helpers.rules.sglang.rule as sglang_rules
-import helpers.rules.trtllm.rule as trtllm_rules
-import helpers.rules.vllm.rule as vllm_rules
+import helpers.engines.llamacpp.rule as llamacpp_rules
+import helpers.engines.sglang.patch as sglang_patch
+import helpers.engines.sglang.resolve as sglang_resolve
+import helpers.engines.sglang.rule as sglang_rules
+import helpers.engines.trtllm.rule as trtllm_rules
+import helpers.engines.vllm.rule as vllm_rules
 from helpers.boundaries import CapturePlan, Problem, ProblemKind, WiringError, WiringResult
 from helpers.commands.wiring import main as wiring_main
+from helpers.engines.llamacpp.rule import llamacpp_build_number, llamacpp_rule, resolve_llamacpp
+from helpers.engines.sglang import stub
+from helpers.engines.trtllm.rule import resolve_trtllm
+from helpers.engines.vllm.install import VllmInstall
+from helpers.engines.vllm.rule import resolve_vllm
+from helpers.engines.vllm.wirings import with_vllm_fixes
 from helpers.errors import BadOption
 from helpers.investigation.gate import check
-from helpers.live.vllm.install import VllmInstall
-from helpers.live.vllm.wirings import with_vllm_fixes
 from helpers.rules import matrix as matrix_mod
 from helpers.rules.conventions import Engine, parse_engine, read_target
-from helpers.rules.llamacpp.rule import llamacpp_build_number, llamacpp_rule, resolve_llamacpp
 from helpers.rules.matrix import matrix, status_of, vllm_across_releases, vllm_status
-from helpers.rules.sglang import stub
-from helpers.rules.trtllm.rule import resolve_trtllm
-from helpers.rules.vllm.rule import resolve_vllm
 from helpers.rules.wiring import resolve
 
 K = ProblemKind

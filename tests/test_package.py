@@ -100,8 +100,8 @@ def test_the_wheel_ships_every_package_the_package_data_and_no_torch(built):
     sources = {str(p.relative_to(src)) for p in (src / "helpers").rglob("*") if p.is_file()}
     assert sources - names == set(), "files under helpers/ the wheel lacks (pyproject.toml [tool.setuptools])"
     assert {"eagle3_workbook_plugin.py", "helpers/rules/data/releases.json", "helpers/__main__.py",
-            "helpers/live/sglang/cpu/site/sitecustomize.py",
-            "helpers/live/sglang/cpu/site/sgl_kernel/__init__.py"} <= names
+            "helpers/engines/sglang/cpu/site/sitecustomize.py",
+            "helpers/engines/sglang/cpu/site/sgl_kernel/__init__.py"} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     requires = [ln.split(":", 1)[1].strip() for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     core = [r for r in requires if "extra ==" not in r]

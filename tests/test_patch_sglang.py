@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from helpers.commands import patch_sglang
+from helpers.engines.sglang import patch as ps
+from helpers.engines.sglang import source as ss
+from helpers.engines.sglang.inspect import inspect_model
+from helpers.engines.sglang.stub import exec_capture_site, run_setter
 from helpers.rules import wiring
 from helpers.rules.conventions import parse_engine
-from helpers.rules.sglang import patch as ps
-from helpers.rules.sglang import source as ss
-from helpers.rules.sglang.inspect import inspect_model
-from helpers.rules.sglang.stub import exec_capture_site, run_setter
 
 L = 12
 FILES = [e.file for e in ps.EDITS]

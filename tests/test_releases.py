@@ -12,11 +12,11 @@ import pytest
 from conftest import unavailable
 
 from helpers.__main__ import main as cli
+from helpers.engines.vllm import own
 from helpers.rules import releases as R
 from helpers.rules import wheels
 from helpers.rules.conventions import version_tuple
 from helpers.rules.hooks import vllm_hook_sites
-from helpers.rules.vllm import own
 
 REPO = Path(__file__).resolve().parents[1]
 

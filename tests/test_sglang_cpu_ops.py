@@ -1,6 +1,6 @@
 """Each op of the workbook's ``sgl_kernel`` stand-in against a direct torch computation.
 
-The ops are SGLang 0.5.23's CPU kernels re-implemented over the batch (helpers/live/sglang/cpu/ops.py); the
+The ops are SGLang 0.5.23's CPU kernels re-implemented over the batch (helpers/engines/sglang/cpu/ops.py); the
 references here are written the slow, obvious way: one request at a time, one token at a time,
 following the Triton twins' loops. No sglang is needed: the module is plain torch.
 """
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers.live.sglang.cpu import SITE, UnsupportedRelease, check_release, ops
+from helpers.engines.sglang.cpu import SITE, UnsupportedRelease, check_release, ops
 
 torch.manual_seed(0)
 

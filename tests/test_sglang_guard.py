@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import scaled
 
-from helpers.live.sglang import cpu
-from helpers.live.sglang.engine import GUARD_SITE, hook_env
+from helpers.engines.sglang import cpu
+from helpers.engines.sglang.engine import GUARD_SITE, hook_env
 from helpers.model.checkpoint import config_from_json, config_to_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_what_the_guard_cannot_find_goes_through_the_one_unjudged_path(install, 
 
 
 def test_a_typo_in_the_mode_stops_the_launch(install, tmp_path):
-    code = ("from helpers.live.sglang.cpu.hooks import _torchvision_schemas; _torchvision_schemas(); "
+    code = ("from helpers.engines.sglang.cpu.hooks import _torchvision_schemas; _torchvision_schemas(); "
             "from sglang.srt.plugins import load_plugins; load_plugins(); print('SERVED')")
     env = {**os.environ, "EAGLE3_WORKBOOK_GUARD": "refuze"}
     proc = subprocess.run([str(install.python), "-c", code], env=env, capture_output=True, text=True,

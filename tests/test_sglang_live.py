@@ -20,7 +20,7 @@ import torch
 from _pairs import tiny_default, tiny_draft
 from conftest import scaled
 
-from helpers.live.sglang.engine import SGLangEngine, SglangLaunch
+from helpers.engines.sglang.engine import SGLangEngine, SglangLaunch
 from helpers.rules.conventions import Engine
 
 pytestmark = [pytest.mark.live,
@@ -176,8 +176,8 @@ def test_installed_0_5_9_setter_serves_the_original_case(rule_059, pair, prompts
 
 def test_patched_ids_under_0_5_9_setter_serve_fix_a(install, pair, prompts, tmp_path_factory):
     """Notebook 05's fix A: ids [-1, 2, 6] through 0.5.9's setter capture (embed, b3, b7) live."""
-    from helpers.rules.sglang.resolve import source_for
-    from helpers.rules.sglang.stub import run_setter
+    from helpers.engines.sglang.resolve import source_for
+    from helpers.engines.sglang.stub import run_setter
     draft = tmp_path_factory.mktemp("fixA") / "draft"
     shutil.copytree(pair.draft_dir, draft)
     cfg = json.loads((draft / "config.json").read_text())
@@ -216,8 +216,8 @@ def test_guard_under_the_0_5_9_setter_names_fix_a(rule_059):
 def test_guard_refuses_the_deployed_draft_and_starts_the_retrained(install, pair, prompts, tmp_path_factory):
     """refuse: the deployed draft never serves a token (one line: served, trained, fix); the draft
     retrained on what the original case's rule serves starts, and decodes losslessly."""
+    from helpers.engines.sglang.engine import EngineStartError
     from helpers.live.guard import Mode
-    from helpers.live.sglang.engine import EngineStartError
     with pytest.raises(EngineStartError) as info:
         _engine(install, SglangLaunch(pair.target_dir, pair.draft_dir, steps=STEPS, guard=Mode.REFUSE),
                 tmp_path_factory)

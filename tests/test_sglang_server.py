@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import scaled
 
+from helpers.engines.sglang import server as ss
 from helpers.investigation.prompts import read_prompts
-from helpers.live.sglang import server as ss
 
 VERSIONS = ("0.5.9", "0.5.23")
 REPO = Path(__file__).resolve().parents[1]
@@ -372,7 +372,7 @@ def test_atexit_stops_a_server_left_running(fake, tmp_path):
     script = textwrap.dedent(f'''
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from helpers.live.sglang import server as ss
+        from helpers.engines.sglang import server as ss
         spec = ss.ServerSpec(target="unused", port={spec.port}, command={spec.command!r})
         server = ss.SGLangServer(spec, poll_interval=0.1, grace_s={scaled(3.0)}, startup_timeout={scaled(15)})
         server.start()

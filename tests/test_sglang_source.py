@@ -7,9 +7,9 @@ import zipfile
 
 import pytest
 
+from helpers.engines.sglang import classes as cl
+from helpers.engines.sglang import source as ss
 from helpers.rules import conventions, wheels
-from helpers.rules.sglang import classes as cl
-from helpers.rules.sglang import source as ss
 
 VERSIONS = ("0.5.9", "0.5.23")
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.engines.vllm import plugin
+from helpers.engines.vllm.bench import LiveWiring, fixes_for, live_bench
+from helpers.engines.vllm.engine import LaunchSpec, VllmEngine
+from helpers.engines.vllm.install import EngineUnavailable, VllmInstall, find_vllm
+from helpers.engines.vllm.wirings import with_vllm_fixes
 from helpers.errors import InputError
-from helpers.live.vllm import plugin
-from helpers.live.vllm.bench import LiveWiring, fixes_for, live_bench
-from helpers.live.vllm.engine import LaunchSpec, VllmEngine
-from helpers.live.vllm.install import EngineUnavailable, VllmInstall, find_vllm
-from helpers.live.vllm.wirings import with_vllm_fixes
 from helpers.rules.conventions import parse_engine, read_draft_config, read_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_launch_arguments_and_fixes():
     assert "attention_config" not in LaunchSpec(TARGET, device="cuda").llm_kwargs()
     kw = LaunchSpec(TARGET, extract_ids=(2, 6, 9), storage=Path("/tmp/x")).llm_kwargs()
     assert kw["speculative_config"]["method"] == "extract_hidden_states"
-    assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.live.vllm.connector"
+    assert kw["kv_transfer_config"]["kv_connector_module_path"] == "helpers.engines.vllm.connector"
 
 
 def test_boundary0_plan_becomes_servable_only_through_the_fix():
@@ -346,8 +346,8 @@ def test_guard_refuses_miswired_drafts_and_starts_the_fixed_llama_one(install, t
     from transformers import LlamaForCausalLM
 
     from helpers.commands.fixes import main as fixes_main
+    from helpers.engines.vllm.engine import EngineStartError
     from helpers.live.guard import Mode
-    from helpers.live.vllm.engine import EngineStartError
     from helpers.model.target import target_config
 
     def start(target, draft, fixes=(), logs="logs"):

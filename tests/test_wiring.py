@@ -11,12 +11,12 @@ import pytest
 
 from helpers.boundaries import CapturePlan, WiringError
 from helpers.commands import wiring as wiring_cli
+from helpers.engines.sglang import patch as patch_sglang
+from helpers.engines.sglang import source as ss
+from helpers.engines.sglang.inspect import inspect_model
+from helpers.engines.sglang.stub import exec_capture_site
 from helpers.rules import wiring
 from helpers.rules.conventions import DraftConfigError, parse_engine
-from helpers.rules.sglang import patch as patch_sglang
-from helpers.rules.sglang import source as ss
-from helpers.rules.sglang.inspect import inspect_model
-from helpers.rules.sglang.stub import exec_capture_site
 
 L = 12
 ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")

@@ -13,7 +13,7 @@ A pipeline rank is vLLM's own ``GroupCoordinator`` class given a rank and its gr
 
 Usage: python tests/vllm_v2_guard_probe.py OUT_DIR CASE ...; each CASE is
 NAME:TARGET_DIR:DRAFT_DIR:ARCH:RANK/STAGES (ARCH deepseek, llama, plamo3 or transformers; 0/1 for one
-stage). With vLLM 0.34's Python on ``PYTHONPATH`` (``rules.vllm.own.release_package``) the same probe
+stage). With vLLM 0.34's Python on ``PYTHONPATH`` (``engines.vllm.own.release_package``) the same probe
 runs that release's V2 runner. Each case's plugin
 report is OUT_DIR/NAME.jsonl; one JSON line per case on stdout says how load_model ended.
 python tests/vllm_v2_guard_probe.py --hook-failure: the install on a release without V2's setter name.
@@ -157,7 +157,7 @@ def hook_failure() -> int:
     ``warn`` says so in one line and keeps the V1 hook. Prints each outcome as one JSON line."""
     import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils as utils
 
-    from helpers.live.vllm import plugin
+    from helpers.engines.vllm import plugin
 
     del utils.set_eagle3_aux_hidden_state_layers
     for mode in ("refuse", "warn"):
@@ -183,8 +183,8 @@ def main() -> int:
     import vllm.v1.worker.gpu.model_runner as runner_mod
     import vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils as utils
 
+    from helpers.engines.vllm import plugin
     from helpers.live.guard import GuardRefused
-    from helpers.live.vllm import plugin
 
     bound = runner_mod.set_eagle3_aux_hidden_state_layers
     print(json.dumps({"install": plugin._applied.get("guard"),

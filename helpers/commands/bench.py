@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import cli
+from ..engines.llamacpp.convert import OUTTYPES
 from ..errors import BadOption, InputError, fail, print_json
 from ..investigation.fixes import with_engine_ids
 from ..investigation.pair import (
@@ -35,7 +36,6 @@ from ..investigation.prompts import read_prompts
 from ..live import guard
 from ..live.backends import choose
 from ..live.bench import LiveWiring
-from ..live.llamacpp.convert import OUTTYPES
 from ..live.reference import BenchResult, encode_prompts, reference_figures, run_bench
 from ..live.timing import speed_phrase
 from ..model.draft import run_as

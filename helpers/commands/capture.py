@@ -5,9 +5,10 @@ Three ways in, one speculators-layout dump (``hs_{i}.safetensors`` and ``capture
 
 - ``--backend sglang --target T --draft D [--engine sglang==0.5.9]``: the workbook starts SGLang from
   ``.venv-sglang`` with the draft and keeps what the draft's fc receives for each window
-  (``live.sglang.capture``); ``--engine`` names whose capture rule the live runtime runs (default: its own).
+  (``engines.sglang.capture``); ``--engine`` names whose capture rule the live runtime runs (default: its
+  own).
 - ``--backend vllm --target T --draft D``: vLLM from ``.venv-vllm`` with its own extraction
-  (``live.vllm.capture``).
+  (``engines.vllm.capture``).
 - ``--engine-url URL --tokenizer T``: a SGLang server the user already runs with
   ``--enable-return-aux-hidden-states``; ``--reference DUMP`` (known boundaries, same text) measures it.
 
@@ -23,13 +24,13 @@ from pathlib import Path
 
 from .. import cli
 from ..boundaries import parse_layout
+from ..engines.sglang.capture import DEFAULT_TIMEOUT_S, CaptureError, capture_dump, capture_sglang
+from ..engines.vllm.capture import capture_vllm
 from ..errors import BadConfig, BadOption, BadText, InputError, fail, print_json, read_text_file
 from ..investigation.dumps import check_new_dir, open_dump
 from ..investigation.measured import match_slots
 from ..investigation.pair import text_windows
 from ..live.backends import choose
-from ..live.sglang.capture import DEFAULT_TIMEOUT_S, CaptureError, capture_dump, capture_sglang
-from ..live.vllm.capture import capture_vllm
 from ..model.target import load_target
 from ..rules.conventions import read_draft_config, read_target, read_target_config
 from ..rules.wiring import resolve

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import cli
+from ..engines.sglang import source as ss
 from ..errors import BadOption, InputError, fail
 from ..investigation.gate import check, format_report
-from ..rules.sglang import source as ss
 from ..rules.wheels import PackageSourceError
 
 

@@ -1,5 +1,5 @@
 """``python -m helpers llamacpp-build``: llama.cpp's ``llama-server`` built once on this machine, CPU only,
-from the pinned release's source (``live.llamacpp.build``), into the workbook's cache. Exit 0: built, or
+from the pinned release's source (``engines.llamacpp.build``), into the workbook's cache. Exit 0: built, or
 already there; 1: this host cannot build it (one line says why, and the other engines carry on); 2: bad
 input.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 
 from .. import cli
+from ..engines.llamacpp.build import BUILD, LlamacppUnavailable, build_server, find_server
 from ..errors import CacheError, fail, print_json
-from ..live.llamacpp.build import BUILD, LlamacppUnavailable, build_server, find_server
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 """``python -m helpers patch-sglang``: apply, revert, inspect or show the boundary-0 capture patch for an
-SGLang release (``rules.sglang.patch`` holds the patch and why it is safe). Exit 0: done, or nothing to do;
+SGLang release (``engines.sglang.patch`` holds the patch and why it is safe). Exit 0: done, or nothing to do;
 2: bad input, or the patch could not be applied (nothing was changed).
 """
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 from typing import Sequence
 
 from .. import cli
+from ..engines.sglang import source as ss
+from ..engines.sglang.patch import PatchError, apply_patch, patch_status, revert_patch, show_diff
 from ..errors import fail, print_json
-from ..rules.sglang import source as ss
-from ..rules.sglang.patch import PatchError, apply_patch, patch_status, revert_patch, show_diff
 
 
 def _parser():

@@ -13,10 +13,10 @@ from typing import Sequence
 
 from .. import cli
 from ..boundaries import WiringError, WiringResult
+from ..engines.sglang import source as ss
 from ..errors import BadOption, InputError, fail, print_json
 from ..rules.conventions import IdsAt, TargetSpec, read_target
 from ..rules.matrix import format_runs, matrix, runs, write_doc
-from ..rules.sglang import source as ss
 from ..rules.trainers import TRAINERS, trainer_layout
 from ..rules.wheels import PackageSourceError
 from ..rules.wiring import resolve

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..boundaries import check_layout
+from ..engines.sglang.rule import sglang_plus_one
 from ..errors import BadOption
 from ..model.checkpoint import save_draft
 from ..model.draft import Eagle3Draft, new_draft_config, vocab_maps
@@ -24,7 +25,6 @@ from ..model.target import describe, load_target, target_config
 from ..profile import from_record, write_profile
 from ..record import read_record
 from ..rules.conventions import default_ids
-from ..rules.sglang.rule import sglang_plus_one
 from .corpus import prompt_chunks, save_hf_tokenizer, special_ids, stdlib_corpus, train_tokenizer
 from .draft_training import draft_vocab_from_counts, generate_samples, train_draft, validate
 from .target_training import eval_loss, save_target, train_target, write_json

@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import save_file
 
 from ..boundaries import ExitCode, WiringError
+from ..engines.sglang.source import fetch_sglang
 from ..errors import BadOption
 from ..model.checkpoint import read_draft_weights
 from ..record import read_record, write_record
 from ..rules.conventions import DEFAULT_ENGINE, IDS_KEY, Engine, expect_engine, read_draft_config
-from ..rules.sglang.source import fetch_sglang
 from ..rules.wiring import ids_for_layout
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
+from ..engines.llamacpp.gguf import TARGET_LAYERS_KEY, target_layers
+from ..engines.sglang import source as ss
+from ..engines.sglang.classes import entry_class_index
 from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_file
 from ..judgement import Judgement, Verdict, compare, deploy_command
 from ..record import read_record
@@ -41,9 +44,6 @@ from ..rules.conventions import (
     read_target,
 )
 from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
-from ..rules.llamacpp.gguf import TARGET_LAYERS_KEY, target_layers
-from ..rules.sglang import source as ss
-from ..rules.sglang.classes import entry_class_index
 from ..rules.topology import check_sizes, topology
 from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
 from ..rules.wiring import ids_for_layout, resolve

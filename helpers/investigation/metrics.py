@@ -19,13 +19,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from ..boundaries import ExitCode
+from ..engines.vllm import faults
 from ..errors import BadOption
 from ..model.draft import forward_verdict, run_as
 from ..profile import SpeculationProfile, read_profile, wilson
 from ..record import read_record
 from ..rules import acceptance
 from ..rules.conventions import Engine, rules_of
-from ..rules.vllm import faults
 from . import evaluate
 from .evaluate import evaluate_layout
 from .exports import Level, ServedProfile, read_metrics

@@ -24,19 +24,19 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engines.llamacpp import bench as llamacpp_bench
+from ..engines.llamacpp.build import BUILD as LLAMACPP_BUILD
+from ..engines.llamacpp.build import SKIP_ENV as LLAMACPP_SKIP
+from ..engines.llamacpp.build import ServerBuild, find_server
+from ..engines.sglang import bench as sglang_bench
+from ..engines.sglang.install import EngineUnavailable as SglangUnavailable
+from ..engines.sglang.install import SglangInstall, find_sglang
+from ..engines.vllm import bench as vllm_bench
+from ..engines.vllm.install import EngineUnavailable as VllmUnavailable
+from ..engines.vllm.install import VllmInstall, find_vllm
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, Engine, expect_engine
 from .bench import LiveRow, LiveWiring
 from .guard import Mode
-from .llamacpp import bench as llamacpp_bench
-from .llamacpp.build import BUILD as LLAMACPP_BUILD
-from .llamacpp.build import SKIP_ENV as LLAMACPP_SKIP
-from .llamacpp.build import ServerBuild, find_server
-from .sglang import bench as sglang_bench
-from .sglang.install import EngineUnavailable as SglangUnavailable
-from .sglang.install import SglangInstall, find_sglang
-from .vllm import bench as vllm_bench
-from .vllm.install import EngineUnavailable as VllmUnavailable
-from .vllm.install import VllmInstall, find_vllm
 
 FAMILIES = ("reference", "vllm", "sglang", "llamacpp")
 
@@ -58,10 +58,10 @@ class Backend:
     def own_wirings(self, pair, rules: Engine, training_layout, retrained, out_dir):
         """The investigation's wirings as this runtime must be given them, or None where the drafts notebook
         05 wrote serve as they are: vLLM reads a draft's ids elsewhere and fixes boundary 0 by the workbook's
-        plugin, so its wirings are written for it (``live.vllm.wirings``: name -> (draft folder, plan))."""
+        plugin, so its wirings are written for it (``engines.vllm.wirings``: name -> (draft folder, plan))."""
         if not isinstance(self.install, VllmInstall):
             return None
-        from .vllm.wirings import vllm_wirings
+        from ..engines.vllm.wirings import vllm_wirings
 
         return vllm_wirings(pair, rules, self.install, training_layout, retrained, out_dir)
 

@@ -1,7 +1,7 @@
 """The live engines behind one shape: baseline against EAGLE-3 on a real engine, beside the reference engine.
 
-vLLM (``helpers.live.vllm``) and SGLang (``helpers.live.sglang``) each start in a venv and process of their
-own and
+vLLM (``helpers.engines.vllm``) and SGLang (``helpers.engines.sglang``) each start in a venv and process of
+their own and
 answer ``generate(prompts, max_tokens)`` with their own counters (drafts, accepted tokens, accepted per
 position), ``pid``, ``version``, ``start_seconds`` and ``fixes_report()`` (what the workbook changed inside
 the engine for this launch). ``live_bench`` drives any of them through a ``Launch``: one baseline engine for
@@ -80,7 +80,7 @@ class LiveRow(PairedSpeedup):
     settings: dict | None = None     # both launches' engine settings side by side (live.settings), and
                                      # any that differ besides speculation
     costs: dict | None = None        # the engine's own round costs, where it exposes them (llama.cpp:
-                                     # live.llamacpp.costs): decode, verify, draft step, break-even
+                                     # engines.llamacpp.costs): decode, verify, draft step, break-even
 
     @property
     def tau_gap(self) -> float | None:

@@ -271,8 +271,8 @@ def record_evidence(layout: Sequence[int]) -> Evidence:
 def ignored_flags(cfg: dict, engine: Engine) -> list[tuple[str, str, str]]:
     """(flag, why, fix) for each forward flag the draft config sets that ``engine`` does not run, by the
     workbook's rules read from every release's draft file (``conventions``)."""
+    from ..engines.vllm.rule import VLLM_HONOURS_NORM_BEFORE_RESIDUAL
     from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
-    from ..rules.vllm.rule import VLLM_HONOURS_NORM_BEFORE_RESIDUAL
 
     out = [(kind.replace("-", "_"), why, fix) for kind, why, fix in ignored_flag_problems(cfg, engine)
            if kind != ProblemKind.DRAFT_CLASS]      # a missing class fails the engine's own load first

@@ -22,8 +22,8 @@ GPU_SHARE = 0.4
 GPU_BUDGET_KEYS = {"vllm": "gpu_memory_utilization", "sglang": "--mem-fraction-static"}
 # What each engine resolved at start (beside what it was asked for): the configuration both sides of a ratio
 # are held to share, read back from the running engine. SGLang's /server_info carries its resolved server
-# args; vLLM's worker reads its engine's VllmConfig (helpers/live/vllm/worker.py). Capacities that follow from
-# the weights loaded (KV blocks, a draft's share) are left out: they differ by what speculation is.
+# args; vLLM's worker reads its engine's VllmConfig (helpers/engines/vllm/worker.py). Capacities that follow
+# from the weights loaded (KV blocks, a draft's share) are left out: they differ by what speculation is.
 SGLANG_RESOLVED = ("mem_fraction_static", "max_running_requests", "chunked_prefill_size", "context_length",
                    "dtype", "kv_cache_dtype", "attention_backend", "disable_overlap_schedule",
                    "disable_cuda_graph", "cuda_graph_max_bs", "tp_size", "page_size", "device")

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from ..engines.sglang.rule import NORM_BEFORE_RESIDUAL_ON_SGLANG
 from ..errors import BadConfig, check_finite_weights, pickle_refusal
 from ..record import read_record
 from ..rules.conventions import (
@@ -35,7 +36,6 @@ from ..rules.conventions import (
     read_draft_config,
 )
 from ..rules.flags import FORWARD_FLAGS, draft_flags, engine_draft_class
-from ..rules.sglang.rule import NORM_BEFORE_RESIDUAL_ON_SGLANG
 from .draft import SGLANG_ARCH, DraftConfig, DraftFormatError, Eagle3Draft, ServingMismatchWarning
 
 

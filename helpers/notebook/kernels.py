@@ -11,7 +11,7 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
 - ``llama-server`` serves it with ``STEPS`` draft tokens per round: the deployed draft (notebook 01), fix A
   (``fixes deploy``'s copy for this build) and fix B (the draft retrained on the served layout) (notebook
   06), each against the same baseline, paired and interleaved, with the round's costs in decode steps
-  (``live.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
+  (``engines.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
 
 ``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install and notebook 01's
 first half runs, and names the build's process in ``BUILD_PID_ENV``; ``server`` waits for it. Outcomes are
@@ -27,12 +27,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..engines.llamacpp.build import ServerBuild, find_server
 from ..investigation.fixes import deploy
 from ..investigation.pair import REPO, load_pair
 from ..investigation.prompts import read_prompts
 from ..live.backends import Backend, choose
 from ..live.bench import LiveRow, LiveWiring
-from ..live.llamacpp.build import ServerBuild, find_server
 from ..live.reference import encode_prompts, reference_figures, run_bench
 from ..model.checkpoint import load_draft
 from ..model.widen import Widened, same_function, widen

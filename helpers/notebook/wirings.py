@@ -2,9 +2,9 @@
 patched, the config's ids for the training layout) and fix B (a draft retrained on the served layout).
 
 vLLM reads its ids elsewhere and fixes boundary 0 through the workbook's plugin, so its wirings are written
-for it (``live.vllm.wirings``); the reference engine and SGLang take the drafts notebook 05 wrote, under the
-rules in force (SGLang: its capture rule). A wiring the engine cannot feed at all is dropped here, with the
-reason, so the notebook measures only what can run. Outcomes are data (``Wirings``); the notebook prints
+for it (``engines.vllm.wirings``); the reference engine and SGLang take the drafts notebook 05 wrote, under
+the rules in force (SGLang: its capture rule). A wiring the engine cannot feed at all is dropped here, with
+the reason, so the notebook measures only what can run. Outcomes are data (``Wirings``); the notebook prints
 ``lines``."""
 from __future__ import annotations
 

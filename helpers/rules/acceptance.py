@@ -20,7 +20,7 @@ has a rule of its own, and the expected accept length of a draft follows that ru
 (``read_vllm``, ``read_sglang``, ``read_llamacpp``, each citing the file and line it found), else from
 ``RECORDED``, which names the release it was read from and says it was not read now. Results are data;
 ``AcceptanceRule.sentence`` words one at the edge. Imports: ``rules.wheels`` (and, to read a release,
-``rules.vllm.own`` or ``rules.sglang.source``).
+``engines.vllm.own`` or ``engines.sglang.source``).
 """
 from __future__ import annotations
 
@@ -262,10 +262,10 @@ def rule_for(engine: str, release: str | None,
         if release is None:
             raise LookupError("no release named")
         if engine == "vllm":
-            from .vllm import own
+            from ..engines.vllm import own
             rule = read_vllm(own.release_package(release), release)
         elif engine == "sglang":
-            from .sglang.source import get_source
+            from ..engines.sglang.source import get_source
             rule = read_sglang(get_source(release).root, release, device)
         elif engine == "llamacpp":
             root = llamacpp_source_dir(release)

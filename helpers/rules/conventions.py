@@ -2,11 +2,11 @@
 target's config, where a config keeps its ids, and the id <-> boundary arithmetic.
 
 A wiring bug is two conventions disagreeing, so each convention is written down exactly once. The rules
-that differ by engine live in one room per engine on the same plan: ``rules.sglang`` (run from each
-release's own source, never restated; ``rules.sglang.rule`` holds what surrounds that step),
-``rules.vllm.rule``, ``rules.trtllm.rule`` and ``rules.llamacpp.rule`` (recorded per release, each with a
-``source`` reader where its files can be fetched); forward flags in ``rules.flags``; trainers in
-``rules.trainers``. ``engine.rules`` (``rules.engines``) says which applies. ``docs/conventions.md`` says
+that differ by engine live in one room per engine on the same plan: ``engines.sglang`` (run from each
+release's own source, never restated; ``engines.sglang.rule`` holds what surrounds that step),
+``engines.vllm.rule``, ``engines.trtllm.rule`` and ``engines.llamacpp.rule`` (recorded per release, each with
+a ``source`` reader where its files can be fetched); forward flags in ``rules.flags``; trainers in
+``rules.trainers``. ``engine.rules`` (``rules.families``) says which applies. ``docs/conventions.md`` says
 where and at which release each rule was read.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Engine:
     runner when the user pins it ('v1' or 'v2'; None: the release's default for the architecture);
     ``live`` marks an engine that actually runs (``bench``/``capture --backend``), not only its rules,
     and ``runtime`` the release that runs then (None: only the rules are consulted). ``rules`` is the
-    family's rule object (``helpers.rules.engines``): code below the edge asks it, never the name.
+    family's rule object (``helpers.rules.families``): code below the edge asks it, never the name.
     """
 
     name: str
@@ -92,7 +92,7 @@ class Engine:
 
     @property
     def rules(self):
-        """The family's rule object (``helpers.rules.engines.EngineRules``): what it reads and serves."""
+        """The family's rule object (``helpers.rules.families.EngineRules``): what it reads and serves."""
         return rules_of(self.name)
 
     @property
@@ -115,12 +115,12 @@ DEFAULT_ENGINE = Engine("sglang", "0.5.23")
 DEFAULT_ENGINES = (CASE_ENGINE, DEFAULT_ENGINE, Engine("vllm"))
 
 
-_FAMILIES: dict[str, Any] = {}    # family name -> its rule object, registered by helpers.rules.engines
-FAMILIES_MODULE = "helpers.rules.engines"   # where the rule objects live: loaded by name on first use
+_FAMILIES: dict[str, Any] = {}    # family name -> its rule object, registered by helpers.rules.families
+FAMILIES_MODULE = "helpers.rules.families"   # where the rule objects live: loaded by name on first use
 
 
 def register_rules(families: dict[str, Any]) -> None:
-    """``helpers.rules.engines`` hands each family's rule object here when it loads, so this module, below
+    """``helpers.rules.families`` hands each family's rule object here when it loads, so this module, below
     every engine room, never imports the rooms: the rule objects reach ``Engine.rules`` by registration."""
     _FAMILIES.update(families)
 

@@ -6,6 +6,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..boundaries import ProblemKind
+from ..engines.vllm.rule import (
+    VLLM_DRAFT_CLASS_FIRST,
+    VLLM_NEWEST_READ,
+    VLLM_SPECULATORS_CONFIG_FIRST,
+    VLLM_SPECULATORS_PASSES,
+    at_least,
+)
 from .conventions import (
     MLA_DRAFT_ARCHS,
     SGLANG_DRAFT_ARCH,
@@ -14,13 +21,6 @@ from .conventions import (
     is_speculators_format,
     rules_of,
     version_tuple,
-)
-from .vllm.rule import (
-    VLLM_DRAFT_CLASS_FIRST,
-    VLLM_NEWEST_READ,
-    VLLM_SPECULATORS_CONFIG_FIRST,
-    VLLM_SPECULATORS_PASSES,
-    at_least,
 )
 
 LLAMA_CLASS, MLA_CLASS = "llama_eagle3", "mla"

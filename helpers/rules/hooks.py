@@ -2,9 +2,9 @@
 
 The guard runs inside the engine, on a function the engine calls at load (docs/guard.md). Whether that
 function is still there, under that name, called from that place, is a fact about each release: this module
-reads it from the release's files (``rules.vllm.own.release_files``, ``rules.sglang.source``), so the release
-matrix (``rules.releases``) can say, release by release, which hook sites exist and which are missing before a
-user's launch finds out. The vLLM plugin asks the same question of the installed release
+reads it from the release's files (``engines.vllm.own.release_files``, ``engines.sglang.source``), so the
+release matrix (``rules.releases``) can say, release by release, which hook sites exist and which are missing
+before a user's launch finds out. The vLLM plugin asks the same question of the installed release
 (``v2_calls_setter``). Standard library only: it runs inside engine venvs too.
 """
 from __future__ import annotations

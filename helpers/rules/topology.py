@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from ..boundaries import WiringError
+from ..engines.sglang import source as ss
+from ..engines.sglang.inspect import inspect_model
+from ..engines.vllm.rule import VLLM_PP_AUX_RELAY, VLLM_READS_TOP_LEVEL, at_least, vllm_on_v2
 from ..errors import BadOption
 from .conventions import Engine
-from .sglang import source as ss
-from .sglang.inspect import inspect_model
-from .vllm.rule import VLLM_PP_AUX_RELAY, VLLM_READS_TOP_LEVEL, at_least, vllm_on_v2
 
 
 @dataclass

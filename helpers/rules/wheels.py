@@ -1,7 +1,7 @@
 """Any released package's Python source, fetched once from the package index into the workbook's cache.
 
 Trainers and engines change their conventions between releases, so a rule is checked against the
-release's own files (``helpers.rules.trainers``, ``rules.vllm.source``, ``rules.sglang.source``) rather
+release's own files (``helpers.rules.trainers``, ``engines.vllm.source``, ``engines.sglang.source``) rather
 than trusted from memory. This module is the one cache they share. Only the files the caller keeps are
 unpacked (``keep``): a 370 MB vLLM wheel leaves a few MB.
 

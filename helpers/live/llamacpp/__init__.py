@@ -1,1 +1,0 @@
-"""llama.cpp, the engine: its server built from the pinned release (``build``)."""

@@ -1,8 +1,0 @@
-"""SGLang's side, read from each release's own files; nothing here imports sglang.
-
-``source`` fetches and caches a release, ``classes`` walks its model classes, ``inspect`` reads a forward
-loop's capture (``sites`` holds what it finds), ``stub`` runs the release's ``set_eagle3_layers_to_capture``,
-``resolve`` turns a draft's ids into the layout that release serves, ``patch`` is the boundary-0 patch, and
-``rule`` holds what surrounds that step (which key it reads, the documented 0.5.9 layout, draft-side
-mismatches no SGLang error reveals). docs/architecture.md has the picture.
-"""
