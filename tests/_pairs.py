@@ -1,15 +1,15 @@
 """Tiny target/draft pairs, built with the real build code, shared by every test module.
 
 Plain cached functions rather than fixtures so several test modules share one build. Each pair comes,
-in this order, from ``WORKBOOK_TEST_PAIRS`` (a developer's own folder, kept between runs), from the pairs
-committed under ``tests/pairs/`` (copied into the session's folder, so no test can change them), or from a
-build in the session (a few minutes on 2 cores). The committed pairs are used only while the build code
+in this order, from ``EAGLE3_WORKBOOK_TEST_PAIRS`` (a developer's own folder, kept between runs), from the
+pairs committed under ``tests/pairs/`` (copied into the session's folder, so no test can change them), or from
+a build in the session (a few minutes on 2 cores). The committed pairs are used only while the build code
 is the code that built them: ``tests/pairs/fingerprint.txt`` holds the hash of every helper module the
 build imports (their code, not their comments); any change there and the suite builds its own again and
 says so once.
 
     # after changing the build code: run the suite once with a folder of your own, then commit its pairs
-    WORKBOOK_TEST_PAIRS=/tmp/pairs .venv/bin/python -m pytest -q tests
+    EAGLE3_WORKBOOK_TEST_PAIRS=/tmp/pairs .venv/bin/python -m pytest -q tests
     .venv/bin/python tests/_pairs.py --commit /tmp/pairs
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-# WORKBOOK_TEST_PAIRS=DIR keeps (and reuses) the built pairs between runs while developing.
-ROOT = Path(os.environ.get("WORKBOOK_TEST_PAIRS") or tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
+# EAGLE3_WORKBOOK_TEST_PAIRS=DIR keeps (and reuses) the built pairs between runs while developing.
+ROOT = Path(os.environ.get("EAGLE3_WORKBOOK_TEST_PAIRS") or tempfile.mkdtemp(prefix="eagle3-wb-tests-"))
 COMMITTED = Path(__file__).resolve().parent / "pairs"
 # the modules whose code builds the pairs (with every helper module they import, at any depth)
 BUILDERS = ("helpers.factory.embedded_pair", "helpers.factory.dump_writer")
@@ -181,6 +181,7 @@ def commit(folder: Path) -> list[str]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["--commit"] or len(sys.argv) != 3:
-        raise SystemExit("usage: .venv/bin/python tests/_pairs.py --commit FOLDER (WORKBOOK_TEST_PAIRS)")
+        raise SystemExit("usage: .venv/bin/python tests/_pairs.py --commit FOLDER "
+                         "(EAGLE3_WORKBOOK_TEST_PAIRS)")
     sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
     print("committed:", ", ".join(commit(Path(sys.argv[2]))))

@@ -7,10 +7,12 @@ import os
 import pytest
 import torch
 
+import helpers  # noqa: F401  (older WORKBOOK_ variables read under the one prefix: helpers/environment.py)
+
 # Waits on subprocesses, servers and browsers are wall-clock budgets, and a busy machine (CI on a
 # developer's box, the suite run beside another) stretches them all alike. .ci/run sets this factor
 # from the load it finds (os.getloadavg over the cores); a quiet machine runs at 1.
-TIMEOUT_FACTOR_ENV = "WORKBOOK_TEST_TIMEOUT_FACTOR"
+TIMEOUT_FACTOR_ENV = "EAGLE3_WORKBOOK_TEST_TIMEOUT_FACTOR"
 
 
 def timeout_factor() -> float:
@@ -79,10 +81,11 @@ def unavailable(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def sglang_install():
-    """The SGLang venv the live SGLang tests drive; its absence fails them (WORKBOOK_SGLANG=0 skips them)."""
+    """The SGLang venv the live SGLang tests drive; its absence fails them (EAGLE3_WORKBOOK_SGLANG=0 skips
+    them)."""
     from helpers.engines.sglang.install import EngineUnavailable, find_sglang
 
     try:
         return find_sglang()
     except EngineUnavailable as exc:
-        pytest.fail(f"{exc} (WORKBOOK_SGLANG=0 skips these tests)")
+        pytest.fail(f"{exc} (EAGLE3_WORKBOOK_SGLANG=0 skips these tests)")

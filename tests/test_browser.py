@@ -1,7 +1,7 @@
 """The workbook as a user sees it, in a real browser (headless Chromium driven by Playwright).
 
 1. ``bash workbook.sh lab --no-browser --port P`` serves JupyterLab; notebook 03 is opened, Run All
-   runs it on the small settings (``WORKBOOK_SMALL=1``) and the tiny test pair, the served and best
+   runs it on the small settings (``EAGLE3_WORKBOOK_SMALL=1``) and the tiny test pair, the served and best
    preset buttons are pressed, and the comparison table must hold both with different figures.
 2. A papermill run of notebook 03 renders ``index.html`` and the report page; both are opened with
    every non-file request refused (no CDN, as a report mailed to someone offline) and must show
@@ -31,7 +31,7 @@ from helpers.notebook.lab import SMALL
 from helpers.notebook.runner import REPO, run_workbook
 
 NB = "03_compare_concat_orders"
-CHROMIUM = os.environ.get("WORKBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = os.environ.get("EAGLE3_WORKBOOK_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -56,11 +56,11 @@ def lab(tmp_path):
     """`bash workbook.sh lab` on a free port, no token, Jupyter's per-user state in tmp_path; stopped
     through its own API (kernels first), then by signal if it lingers."""
     port = _free_port()
-    env = {**os.environ, "WORKBOOK_SMALL": "1",
+    env = {**os.environ, "EAGLE3_WORKBOOK_SMALL": "1",
            "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
            "JUPYTER_DATA_DIR": str(tmp_path / "jupyter-data"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"), "IPYTHONDIR": str(tmp_path / "ipython"),
-           "WORKBOOK_PARAMS": json.dumps({"TARGET": str(tiny_default() / "target"),
+           "EAGLE3_WORKBOOK_PARAMS": json.dumps({"TARGET": str(tiny_default() / "target"),
                                           "DRAFT": str(tiny_default() / "draft"),
                                           "REPORTS_DIR": str(tmp_path / "lab-reports")})}
     args = ["bash", str(REPO / "workbook.sh"), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",

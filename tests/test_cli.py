@@ -76,3 +76,31 @@ def test_notebook_names_accept_short_forms():
     for name in ("01", "01_baseline_throughput", "01_baseline_throughput.ipynb",
                  "notebooks/01_baseline_throughput.ipynb"):
         assert normalise_notebook_name(name) == "01_baseline_throughput"
+
+
+def test_older_environment_names_are_read_under_the_one_prefix_with_one_line():
+    """EAGLE3_WORKBOOK_ is the one prefix; an older WORKBOOK_X is read as EAGLE3_WORKBOOK_X, said once, and a
+    new name already set wins."""
+    import io
+
+    from helpers.environment import adopt_old_names
+
+    env = {"WORKBOOK_SMALL": "1", "WORKBOOK_VLLM": "0", "EAGLE3_WORKBOOK_VLLM": "1", "PATH": "/bin"}
+    err = io.StringIO()
+    assert adopt_old_names(env, err) == ["WORKBOOK_SMALL"]
+    assert env["EAGLE3_WORKBOOK_SMALL"] == "1" and env["EAGLE3_WORKBOOK_VLLM"] == "1"
+    said = "warning: WORKBOOK_SMALL is deprecated; read as EAGLE3_WORKBOOK_SMALL (rename it)\n"
+    assert err.getvalue() == said
+    assert adopt_old_names(env, err) == []          # a child process: the new name is there, nothing said
+
+
+def test_workbook_sh_reads_an_older_name_with_one_line(tmp_path):
+    import subprocess
+
+    script = ("source <(sed -n '/^# One prefix/,/^done$/p' workbook.sh); "
+              "echo \"small=${EAGLE3_WORKBOOK_SMALL:-unset}\"")
+    env = {"PATH": "/usr/bin:/bin", "WORKBOOK_SMALL": "1"}
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.stdout.strip() == "small=1"
+    assert "WORKBOOK_SMALL is deprecated; read as EAGLE3_WORKBOOK_SMALL" in out.stderr

@@ -191,7 +191,7 @@ def test_run_workbook_old_spellings_still_work_with_one_line_each():
 
 
 def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_path, capsys):
-    """The notebooks get ENGINE (the runtime) and ENGINE_VERSION (the rules) as resolved; nothing runs."""
+    """The notebooks get BACKEND (the runtime) and ENGINE_VERSION (the rules) as resolved; nothing runs."""
     seen = []
 
     def fake_run(out, params, only=None, render=True, progress=True):
@@ -201,7 +201,7 @@ def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_
     monkeypatch.setattr(workbook, "run_workbook", fake_run)
     out = ["--out", str(tmp_path / "r"), "--no-render"]
     assert workbook.main(out + ["--backend", "reference"]) == 0
-    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == str(CASE_ENGINE)
+    assert seen[-1]["BACKEND"] == "reference" and seen[-1]["ENGINE_VERSION"] == str(CASE_ENGINE)
     assert "case replay: capture rule sglang 0.5.9" in capsys.readouterr().out.splitlines()[0]
     mine = ["--target", str(PAIR / "target"), "--draft", str(PAIR / "draft-retrained")]    # not the case
     assert workbook.main(out + mine + ["--backend", "reference"]) == 0
@@ -210,5 +210,5 @@ def test_run_workbook_passes_the_rules_it_chose_and_says_which(monkeypatch, tmp_
     assert workbook.main(out + mine + ["--backend", "reference", "--engine", "vllm==0.32.0"]) == 0
     assert seen[-1]["ENGINE_VERSION"] == "vllm==0.32.0" and not capsys.readouterr().out.startswith("[engine]")
     assert workbook.main(out + ["--engine", "reference", "--engine-version", "sglang==0.5.23"]) == 0   # old
-    assert seen[-1]["ENGINE"] == "reference" and seen[-1]["ENGINE_VERSION"] == "sglang==0.5.23"
+    assert seen[-1]["BACKEND"] == "reference" and seen[-1]["ENGINE_VERSION"] == "sglang==0.5.23"
     assert capsys.readouterr().err.count("note: ") == 2

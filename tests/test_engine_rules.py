@@ -83,7 +83,7 @@ def test_no_engine_name_tests_below_the_edge():
                          r'|in \("(sglang|vllm|trtllm|llamacpp)"')
     hits = {(str(p.relative_to(HELPERS)), n + 1) for p in HELPERS.rglob("*.py")
             for n, line in enumerate(p.read_text().splitlines()) if pattern.search(line)}
-    # backends.choose reads the ENGINE/--backend word itself (the edge); the verdict: work in progress
+    # backends.choose reads the BACKEND/--backend word itself (the edge); the verdict: work in progress
     assert {f for f, _ in hits} <= {"live/backends.py", "investigation/verdict.py"}, sorted(hits)
     assert not [p for p in HELPERS.rglob("*.py") if "or VLLM_NEWEST_READ" in p.read_text()]
     assert "in why" not in (HELPERS / "rules" / "topology.py").read_text()   # decided by a call, not text

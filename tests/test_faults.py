@@ -1219,7 +1219,7 @@ def test_scale_check_names_the_option(args, expected, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("param, expected", [
-    ("ENGINE=123", "ENGINE must be one of reference, vllm, sglang, llamacpp, got 123"),
+    ("BACKEND=123", "BACKEND must be one of reference, vllm, sglang, llamacpp, got 123"),
     ("DRAFT_STEPS=null", "DRAFT_STEPS must be a positive integer, got None"),
 ])
 def test_run_workbook_params_checked_before_any_kernel(param, expected, tmp_path, capsys):
@@ -1400,15 +1400,15 @@ def test_target_whose_auto_map_names_its_own_code(pair, tmp_path, capsys):
 
 
 def test_notebook_parameters_of_the_wrong_type_in_lab():
-    """WORKBOOK_PARAMS with a number where a path goes (or text where a count goes): one line naming the
-    parameter and what it must be, before any cell uses it."""
+    """EAGLE3_WORKBOOK_PARAMS with a number where a path goes (or text where a count goes): one line naming
+    the parameter and what it must be, before any cell uses it."""
     from helpers.notebook.lab import overrides
 
-    params = {"TARGET": None, "EVAL_WINDOWS": 12, "ENGINE": "reference"}
+    params = {"TARGET": None, "EVAL_WINDOWS": 12, "BACKEND": "reference"}
     for raw, said in (('{"TARGET": 123}', "TARGET must be text (a path or a value as written), got 123"),
                       ('{"EVAL_WINDOWS": "6"}', "EVAL_WINDOWS must be an integer, got '6'")):
         with pytest.raises(ValueError, match=None) as exc:
-            overrides(params, {"WORKBOOK_PARAMS": raw}, interactive=True)
+            overrides(params, {"EAGLE3_WORKBOOK_PARAMS": raw}, interactive=True)
         assert said in str(exc.value)
 
 

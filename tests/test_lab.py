@@ -63,15 +63,27 @@ def test_setup_registered_the_kernel_in_the_venv_and_installed_the_project():
 
 def test_environment_overrides_for_interactive_sessions():
     params = {"EVAL_WINDOWS": 12, "SEARCH_WINDOWS": 4, "DRAFT_STEPS": 5, "TARGET": None, "json": json}
-    assert overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=False) == {}  # papermill: -p only
-    small = overrides(params, {"WORKBOOK_SMALL": "1"}, interactive=True)
+    assert overrides(params, {"EAGLE3_WORKBOOK_SMALL": "1"}, interactive=False) == {}  # papermill: -p only
+    small = overrides(params, {"EAGLE3_WORKBOOK_SMALL": "1"}, interactive=True)
     assert small == {k: SMALL[k] for k in ("EVAL_WINDOWS", "SEARCH_WINDOWS", "DRAFT_STEPS")}
-    env = {"WORKBOOK_SMALL": "1", "WORKBOOK_PARAMS": '{"TARGET": "/m", "EVAL_WINDOWS": 6}'}
+    env = {"EAGLE3_WORKBOOK_SMALL": "1", "EAGLE3_WORKBOOK_PARAMS": '{"TARGET": "/m", "EVAL_WINDOWS": 6}'}
     both = overrides(params, env, interactive=True)
     assert both["TARGET"] == "/m" and both["EVAL_WINDOWS"] == 6
     assert both["DRAFT_STEPS"] == SMALL["DRAFT_STEPS"]
     with pytest.raises(ValueError, match="EVAL_WINDOW"):
-        overrides(params, {"WORKBOOK_PARAMS": '{"EVAL_WINDOW": 6}'}, interactive=True)
+        overrides(params, {"EAGLE3_WORKBOOK_PARAMS": '{"EVAL_WINDOW": 6}'}, interactive=True)
     with pytest.raises(ValueError, match="not JSON"):
-        overrides(params, {"WORKBOOK_PARAMS": "EVAL_WINDOWS=6"}, interactive=True)
+        overrides(params, {"EAGLE3_WORKBOOK_PARAMS": "EVAL_WINDOWS=6"}, interactive=True)
     assert overrides(params, {}, interactive=True) == {}
+
+
+def test_the_old_parameter_name_engine_is_read_as_backend_with_one_line(capsys):
+    """ENGINE named the runtime, which the CLI calls --backend: it is BACKEND now, the old name still read."""
+    from helpers.notebook.parameters import DEFAULTS, rename_parameter
+
+    assert rename_parameter("BACKEND") == "BACKEND" and rename_parameter("ENGINE_VERSION") == "ENGINE_VERSION"
+    assert capsys.readouterr().err == ""
+    assert rename_parameter("ENGINE") == "BACKEND"
+    assert "the parameter ENGINE is now BACKEND" in capsys.readouterr().err
+    got = overrides(dict(DEFAULTS), {"EAGLE3_WORKBOOK_PARAMS": '{"ENGINE": "vllm"}'}, interactive=True)
+    assert got == {"BACKEND": "vllm"}

@@ -117,7 +117,7 @@ def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, ca
 def test_skipped_and_failed_builds(stand_ins, monkeypatch, capsys):
     tmp, _ = stand_ins
     monkeypatch.setenv(lb.SKIP_ENV, "0")
-    assert cli(["llamacpp-build"]) == 1 and "WORKBOOK_LLAMACPP=0" in capsys.readouterr().err
+    assert cli(["llamacpp-build"]) == 1 and "EAGLE3_WORKBOOK_LLAMACPP=0" in capsys.readouterr().err
     assert lb.find_server() is None
     monkeypatch.delenv(lb.SKIP_ENV)
     (tmp / "bin" / "cmake").write_text("#!/bin/sh\necho 'error: no compiler works'\nexit 1\n")

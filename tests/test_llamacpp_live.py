@@ -246,7 +246,7 @@ def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
 @needs_server
 @needs_pair
 def test_notebooks_01_05_06_on_llamacpp(tmp_path):
-    """ENGINE="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
+    """BACKEND="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
     it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (0, 3, 7), fix B retrained on
     (2, 6, 9); llama.cpp's accept length beside the reference engine's for each. The same run has the
     KERNELS chapter (a target widened 2x here, 96x by default): notebook 01 measures the deployed wiring,
@@ -256,7 +256,7 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     from helpers.notebook.lab import SMALL
     from helpers.notebook.runner import run_workbook
     out = tmp_path / "reports"
-    params = {**SMALL, "ENGINE": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
+    params = {**SMALL, "BACKEND": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
               "TARGET": str(PAIR / "target"), "DRAFT": str(PAIR / "draft"),
               "RETRAINED_DRAFT": str(PAIR / "draft-retrained"), "KERNELS": "llamacpp x2"}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],

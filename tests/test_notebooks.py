@@ -35,7 +35,8 @@ def test_committed_without_outputs_and_parameterised(name):
     # after editing it there: .venv/bin/python -c "from pathlib import Path; from helpers.notebook.parameters
     # import write_cells; write_cells(sorted(Path('notebooks').glob('0*.ipynb')))"
     assert tagged[0].source == CELL, f"{name}'s parameters cell is not helpers/notebook/parameters.CELL"
-    assert list(DEFAULTS) == list(NAMES) and (DEFAULTS["ENGINE"], DEFAULTS["DRAFT_STEPS"]) == ("reference", 5)
+    assert list(DEFAULTS) == list(NAMES)
+    assert (DEFAULTS["BACKEND"], DEFAULTS["DRAFT_STEPS"]) == ("reference", 5)
 
 
 @pytest.mark.parametrize("name", ORDER)
@@ -139,8 +140,8 @@ def test_workbook_on_second_family_with_inferred_layout(tmp_path, monkeypatch):
     draft = tmp_path / "draft"
     shutil.copytree(d / "draft", draft)
     (draft / "training.json").unlink()
-    # ENGINE sglang on a host without it: the notebooks must say so and fall back
-    params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(draft), "ENGINE": "sglang",
+    # BACKEND sglang on a host without it: the notebooks must say so and fall back
+    params = {**SMALL, "TARGET": str(d / "target"), "DRAFT": str(draft), "BACKEND": "sglang",
               "PATCH_ROOT": str(tmp_path / "sglang-cache"), "EVAL_WINDOWS": 10, "SEARCH_WINDOWS": 4}
     out = tmp_path / "reports"
     runs = run_workbook(out, params, progress=False)

@@ -4,8 +4,9 @@ receives written as a dump, its slots measured against the target's own forward,
 
 The pair is ``tests/_pairs.py``'s ``tiny_default()``: a DeepSeek-V3 target and a draft deployed with ids
 [2, 6, 9]. One engine per rule (0.5.23's own, then 0.5.9's setter installed in the live runtime), two short
-windows each. Skipped only when ``WORKBOOK_SGLANG=0`` says this host has no SGLang on purpose; a host where
-setup failed fails here. Run by hand under ``flock /tmp/engine.lock`` (one engine on the machine at a time).
+windows each. Skipped only when ``EAGLE3_WORKBOOK_SGLANG=0`` says this host has no SGLang on purpose; a host
+where setup failed fails here. Run by hand under ``flock /tmp/engine.lock`` (one engine on the machine at a
+time).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from conftest import scaled
 from helpers.rules.conventions import parse_engine
 
 pytestmark = [pytest.mark.live,
-              pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
-                                 reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
+              pytest.mark.skipif(os.environ.get("EAGLE3_WORKBOOK_SGLANG") == "0",
+                                 reason="EAGLE3_WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
 
 WINDOW, RECORDS = 48, 2
 

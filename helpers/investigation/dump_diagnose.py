@@ -36,8 +36,10 @@ from ..model.target import load_target
 from ..model.target_heads import HEAD_KEYS, load_target_heads
 from ..rules.conventions import Engine, read_draft_config, read_target
 from ..rules.wiring import served_plan
+from . import scoring
 from .dumps import Dump, check_token_ids
-from .evaluate import RANKED_BY, accepted_run, accuracy_table, paired_test, token_blocks
+from .evaluate import RANKED_BY, accuracy_table, paired_test, token_blocks
+from .scoring import score_states
 from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
 
 
@@ -256,21 +258,12 @@ def score_layouts(draft, dump: Dump, layouts: list[tuple[int, ...]], steps: int 
         for g in range(0, len(layouts), group):
             chunk = layouts[g:g + group]
             h = torch.stack([sum(proj[(s, b)] for s, b in enumerate(lay)) for lay in chunk])
-            logits = draft.ttt_forward(ids.expand(len(chunk), T), h, steps, projected=True)
-            ce = torch.zeros(len(chunk), n, device=dev)
-            hit = []
-            for j, lg in enumerate(logits):
-                lg = lg[:, :n].float()
-                tgt = lab_d[1 + j:1 + j + n]
-                logq = F.log_softmax(lg, -1)
-                if soft:
-                    ce += -(probs_d[1 + j:1 + j + n][None] * logq).sum(-1)
-                else:
-                    d = inv_d[tgt.clamp(min=0)]
-                    ce += -logq.gather(-1, d.clamp(min=0)[None, :, None].expand(len(chunk), n, 1))[..., 0]
-                hit.append((draft.to_target_ids(lg.argmax(-1)) == tgt[None]).cpu())
-            ce = ce.cpu()
-            kept = accepted_run(hit)
+            k = len(chunk)
+            ce, hits, kept = score_states(
+                draft, h, ids.expand(k, T), steps, n, lab_d[1:][None].expand(k, -1),
+                probs_d[1:][None].expand(k, -1, -1) if soft else None, inv_d)
+            ce, kept = ce.cpu(), kept.cpu()
+            hit = [hj.cpu() for hj in hits]
             for i, lay in enumerate(chunk):
                 a = accs[lay]
                 a.ce.append(ce[i] / steps)
@@ -326,13 +319,7 @@ def rank(scored: dict, slot_boundaries, num_layers: int | None) -> pd.DataFrame:
                      "label": layout_label(bounds, num_layers) if known and num_layers else
                      "(" + ", ".join("?" if b is None else str(b) for b in bounds) + ")",
                      **_summary(a, steps)})
-    df = pd.DataFrame(rows).sort_values(["sim_accept_length", "ce"], ascending=[False, True])
-    df = df.reset_index(drop=True)
-    best = accs[df.loc[0, "slots"]]
-    tests = [paired(best, accs[s]) for s in df["slots"]]
-    df["z_vs_best"] = [0.0 if i == 0 else round(t.z, 2) for i, t in enumerate(tests)]
-    df["within_noise"] = [i == 0 or not t.significant for i, t in enumerate(tests)]
-    df.insert(0, "rank", range(1, len(df) + 1))
+    df, _ = scoring.rank(rows, "slots", lambda best, other: paired(accs[best], accs[other]))
     return df
 
 
@@ -376,7 +363,7 @@ class DumpDiagnosis:
 
     @property
     def confident_set(self) -> list[tuple[int, ...]]:
-        return [tuple(s) for s in self.ranking[self.ranking["within_noise"]]["slots"]]
+        return scoring.confident_set(self.ranking, "slots")
 
     @property
     def served_row(self) -> dict | None:

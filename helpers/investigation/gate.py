@@ -197,86 +197,130 @@ def _record(draft_dir: Path) -> dict | None:
 # The check.
 
 
-def check(draft: str | Path, engine: Engine | None, *, target: str | Path | None = None,
-          target_config: str | Path | None = None, trainer: str | None = None,
-          train_ids: Sequence[int] | None = None, algorithm: str = "EAGLE3",
-          root: str | Path | None = None, read_vllm_source: bool = False, tp: int = 1, pp: int = 1,
-          across_releases: bool = True, measured: str | Path | None = None,
-          gguf: str | Path | None = None, training_output: str | Path | None = None) -> CheckReport:
-    """``engine``: whose rules; None assumes ``conventions.DEFAULT_ENGINE`` and the report says so first
-    (``assumed_engine``). ``across_releases``: also every release of the engine (committed data, or
-    resolved now); ``tp``/``pp``: the serving topology, whose pipeline stages may drop captures.
-    ``gguf``: llama.cpp's converted draft file, whose ``eagle3.target_layers`` are what the engine serves
-    (the config beside it then only says what this build's converter would have written)."""
+@dataclass(frozen=True)
+class CheckRequest:
+    """What ``check`` judges, as the command line (or a caller) stated it. ``engine``: whose rules; None
+    assumes ``conventions.DEFAULT_ENGINE`` and the report says so first (``assumed_engine``).
+    ``across_releases``: also every release of the engine (committed data, or resolved now); ``tp``/``pp``:
+    the serving topology, whose pipeline stages may drop captures. ``gguf``: llama.cpp's converted draft
+    file, whose ``eagle3.target_layers`` are what the engine serves (the config beside it then only says what
+    this build's converter would have written)."""
+
+    draft: str | Path
+    engine: Engine | None
+    target: str | Path | None = None
+    target_config: str | Path | None = None
+    trainer: str | None = None
+    train_ids: Sequence[int] | None = None
+    algorithm: str = "EAGLE3"
+    root: str | Path | None = None
+    read_vllm_source: bool = False
+    tp: int = 1
+    pp: int = 1
+    across_releases: bool = True
+    measured: str | Path | None = None
+    gguf: str | Path | None = None
+    training_output: str | Path | None = None
+
+    def validate(self) -> None:
+        check_sizes(self.tp, self.pp)
+        if (self.target is None) == (self.target_config is None):
+            raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
+        if self.algorithm.upper() not in ALGORITHMS:
+            raise BadOption(f"--algorithm {self.algorithm!r}: expected EAGLE3 or EAGLE "
+                            f"(the engine's speculative algorithm)")
+        if self.trainer is not None:
+            parse_trainer(self.trainer)
+
+
+def check(draft: str | Path, engine: Engine | None, **options) -> CheckReport:
+    """``check_deployment`` on ``CheckRequest(draft, engine, **options)``."""
+    return check_deployment(CheckRequest(draft, engine, **options))
+
+
+def check_deployment(req: CheckRequest) -> CheckReport:
+    """The deployment judged from its files, without loading weights: the served layout under ``req``'s
+    engine, against what the draft was trained on, and every problem found on the way, each with its fix."""
     started = time.perf_counter()
-    check_sizes(tp, pp)
-    if (target is None) == (target_config is None):
-        raise BadOption("give the target as --target DIR or --target-config FILE (one of them)")
-    if algorithm.upper() not in ALGORITHMS:
-        raise BadOption(f"--algorithm {algorithm!r}: expected EAGLE3 or EAGLE "
-                        f"(the engine's speculative algorithm)")
-    assumed = str(DEFAULT_ENGINE) if engine is None else None
-    engine = eng = expect_engine(engine or DEFAULT_ENGINE)
-    if trainer is not None:
-        parse_trainer(trainer)
-    draft_dir = Path(draft).expanduser()
+    req.validate()
+    eng = expect_engine(req.engine or DEFAULT_ENGINE)
+    draft_dir = Path(req.draft).expanduser()
     cfg = read_draft_config(draft_dir)
     if draft_dir.is_file():  # DIR/config.json: the folder's training.json and weights count all the same
         draft_dir = draft_dir.parent
-    spec = read_target(target if target is not None else target_config)   # the target, read once
+    target = req.target if req.target is not None else req.target_config
+    spec = read_target(target)   # the target, read once
     if spec.arch is None:
-        raise BadConfig(f"the target config {target or target_config} names no architectures")
-    arch, n = spec.arch, spec.num_layers
+        raise BadConfig(f"the target config {target} names no architectures")
     shapes = safetensors_shapes(draft_dir) if draft_dir.is_dir() else None
-
-    served = resolve(engine, arch, n, draft=cfg, root=root, target_config=spec.config,
-                     read_vllm_source=read_vllm_source)
-    converted = None
-    if gguf is not None:      # the file the engine loads decides, not the config it was converted from
-        converted, served = served, _gguf_served(Path(gguf).expanduser(), eng, arch, n, spec)
+    served, converted = _served(req, eng, cfg, spec)
     ids, where = ids_in_config(cfg)
-    # A release that cannot turn capture on serves nothing, whatever its inner text model would capture
-    # (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the release table does.
-    captures = not (eng.rules.reports_inner_capture and releases.status_of(served) == "no EAGLE-3 capture")
-    report = CheckReport(str(draft_dir), str(target or target_config), served.engine, arch, n, None, "",
-                         tuple(served.served_layout) if captures else (),
-                         f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
-                         f"{served.layers_to_capture}" + ("" if captures else
-                                                          ", but the release never turns capture on"),
-                         assumed_engine=assumed)
-    _training(report, draft_dir, cfg, trainer, train_ids, shapes, spec, eng, training_output)
-    if across_releases:
+    report = _report(req, eng, draft_dir, spec, served)
+    _training(report, draft_dir, cfg, req.trainer, req.train_ids, shapes, spec, eng, req.training_output)
+    if req.across_releases:
         _releases(report, eng, spec, cfg)
-    if report.training_layout is None and trainer is None:
-        _candidates(report, cfg, eng, arch, n, served.errors)
-    problems = report.problems
+    if report.training_layout is None and req.trainer is None:
+        _candidates(report, cfg, eng, spec.arch, spec.num_layers, served.errors)
+    _served_problems(report, served)
+    _layout_fixes(report, served, eng, req.root)
+    _ids_key(report, cfg, ids, where, eng)
+    _fc_width(report, cfg, shapes, spec, eng, served)
+    _forward_flags(report, cfg, eng)
+    _sglang_draft_class(report, cfg, eng, req.root)
+    _vocab(report, cfg, shapes, spec)
+    _algorithm(report, req.algorithm)
+    _topology(report, eng, spec.arch, spec.num_layers, req.tp, req.pp, req.root)
+    report.notes += [str(p) for p in served.problems
+                     if not p.blocking and p.kind != ProblemKind.STUB_PLACEHOLDERS]
+    if req.measured is not None:
+        _measured(report, Path(req.measured))
+    if converted is not None:
+        _converted(report, served, converted, eng)
+    _one_command(report, req.target, eng, req.root)
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _served(req: CheckRequest, eng: Engine, cfg: dict, spec: TargetSpec):
+    """(what the engine serves, and the config's own resolution where a converted GGUF overrides it)."""
+    served = resolve(eng, spec.arch, spec.num_layers, draft=cfg, root=req.root, target_config=spec.config,
+                     read_vllm_source=req.read_vllm_source)
+    if req.gguf is None:
+        return served, None
+    # the file the engine loads decides, not the config it was converted from
+    return _gguf_served(Path(req.gguf).expanduser(), eng, spec.arch, spec.num_layers, spec), served
+
+
+def _report(req: CheckRequest, eng: Engine, draft_dir: Path, spec: TargetSpec, served) -> CheckReport:
+    """The report's head: what is served. A release that cannot turn capture on serves nothing, whatever
+    its inner text model would capture (SGLang 0.5.9's Kimi-K2.5 wrapper): the line says so, as the
+    release table does."""
+    captures = not (eng.rules.reports_inner_capture and releases.status_of(served) == "no EAGLE-3 capture")
+    return CheckReport(str(draft_dir), str(req.target or req.target_config), served.engine, spec.arch,
+                       spec.num_layers, None, "", tuple(served.served_layout) if captures else (),
+                       f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
+                       f"{served.layers_to_capture}" + ("" if captures else
+                                                        ", but the release never turns capture on"),
+                       assumed_engine=str(DEFAULT_ENGINE) if req.engine is None else None)
+
+
+def _served_problems(report: CheckReport, served) -> None:
+    """What the engine cannot capture blocks the launch; its own fix when the release has one."""
     for p in served.problems:
         if p.blocking:
             fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
-            problems.append(Problem(ProblemKind.ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p), fix))
-    _layout_fixes(report, served, engine, root)
-    _ids_key(report, cfg, ids, where, eng)
-    _fc_width(report, cfg, shapes, spec, engine, served)
-    _forward_flags(report, cfg, eng)
-    _sglang_draft_class(report, cfg, eng, root)
-    _vocab(report, cfg, shapes, spec)
+            report.problems.append(Problem(ProblemKind.ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p),
+                                           fix))
+
+
+def _algorithm(report: CheckReport, algorithm: str) -> None:
     if algorithm.upper() == "EAGLE":
-        problems.append(Problem(
+        report.problems.append(Problem(
             ProblemKind.ALGORITHM, "the engine is told EAGLE, not EAGLE3: it captures no aux hidden states "
             "for this EAGLE-3 draft, whose fc then sees the wrong input; "
             "it serves at accept length 1.00 with no warning "
             "(SGLang PR #21272, Kimi-K2.5)",
             "--speculative-algorithm EAGLE3 (SGLang) / speculative_config method 'eagle3' (vLLM)"))
-    _topology(report, eng, arch, n, tp, pp, root)
-    report.notes += [str(p) for p in served.problems
-                     if not p.blocking and p.kind != ProblemKind.STUB_PLACEHOLDERS]
-    if measured is not None:
-        _measured(report, Path(measured))
-    if converted is not None:
-        _converted(report, served, converted, eng)
-    _one_command(report, target, eng, root)
-    report.seconds = round(time.perf_counter() - started, 3)
-    return report
 
 
 # The problems ``fixes deploy`` settles: the ids, their key, the format. Its command heads their fix.

@@ -19,21 +19,21 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..boundaries import check_layout, layout_label
 from ..judgement import MIN_BLOCKS
+from . import scoring
 from .evaluate import (
     RANKED_BY,
     EvalInputError,
     LayoutScore,
     TargetCaptures,
-    accepted_run,
     evaluate_layout,
     paired_test,
     token_blocks,
 )
+from .scoring import score_states
 
 
 class SlotProjections:
@@ -65,19 +65,12 @@ class SlotProjections:
         for i in range(0, len(layouts), chunk):
             group = layouts[i:i + chunk]
             h = torch.cat([sum(self.proj[s][b] for s, b in enumerate(lay)) for lay in group])
-            ids = self.ids.repeat(len(group), 1)
-            logits = self.draft.ttt_forward(ids, h, steps, projected=True)
-            ce = 0
-            correct = []
-            for j, lg in enumerate(logits):
-                lg = lg[:, :n].float()
-                ce = ce - (self.probs[:, j:j + n].repeat(len(group), 1, 1) * F.log_softmax(lg, -1)).sum(-1)
-                pred = self.draft.to_target_ids(lg.argmax(-1))
-                correct.append(pred == self.labels[:, j:j + n].repeat(len(group), 1))
-            acc = accepted_run(correct)
-            for g, lay in enumerate(group):
-                sl = slice(g * self.n, (g + 1) * self.n)
-                out.append({"layout": tuple(lay), "ce": ce[sl] / steps, "hit": correct[0][sl].float(),
+            g = len(group)
+            ce, hits, acc = score_states(self.draft, h, self.ids.repeat(g, 1), steps, n,
+                                         self.labels.repeat(g, 1), self.probs.repeat(g, 1, 1))
+            for k, lay in enumerate(group):
+                sl = slice(k * self.n, (k + 1) * self.n)
+                out.append({"layout": tuple(lay), "ce": ce[sl] / steps, "hit": hits[0][sl].float(),
                             "accepted": acc[sl]})
         return out
 
@@ -113,10 +106,7 @@ class SearchResult:
     def confident_set(self) -> list[tuple[int, ...]]:
         """Every layout the ranking's own test cannot tell from the best, best first. Only rows
         scored by the final measure take part; the rest were never compared at full strength."""
-        if "within_noise" not in self.ranking:
-            return [tuple(self.best)]
-        rows = self.ranking[self.ranking["within_noise"].fillna(False).astype(bool)]
-        return [tuple(l) for l in rows["layout"]] or [tuple(self.best)]
+        return scoring.confident_set(self.ranking, "layout")
 
     def blocks_of(self, layout) -> torch.Tensor | None:
         sc = self.scores.get(tuple(layout))
@@ -143,19 +133,17 @@ def _rank(scored: list[dict], num_layers: int, mode: str, t0: float, tokens: int
     rows = [{"layout": s["layout"], "label": layout_label(s["layout"], num_layers),
              "sim_accept_length": float(s["accepted"].mean()), "ce": float(s["ce"].mean()),
              "acc0": float(s["hit"].mean())} for s in scored]
-    df = pd.DataFrame(rows).sort_values(["sim_accept_length", "ce"], ascending=[False, True])
-    df = df.reset_index(drop=True)
-    df.insert(0, "rank", range(1, len(df) + 1))
+    by = {s["layout"]: s for s in scored}
+
+    def test(best, other):
+        return paired_test(token_blocks(by[best]["accepted"]), token_blocks(by[other]["accepted"]))
+
+    df, tests = scoring.rank(rows, "layout", test if final else None)
     best = df.loc[0, "layout"]
     runner = df.loc[1, "layout"] if len(df) > 1 else None
-    by = {s["layout"]: s for s in scored}
     z = margin = margin_ce = margin_acc = float("nan")
     blocks = 0
     if final:
-        best_blocks = token_blocks(by[best]["accepted"])
-        tests = [paired_test(best_blocks, token_blocks(by[l]["accepted"])) for l in df["layout"]]
-        df["z_vs_best"] = [0.0 if i == 0 else round(t.z, 2) for i, t in enumerate(tests)]
-        df["within_noise"] = [True if i == 0 else not t.significant for i, t in enumerate(tests)]
         blocks = tests[0].blocks
         if runner is not None:
             z, margin = float(df.loc[1, "z_vs_best"]), tests[1].difference

@@ -15,6 +15,8 @@ known, the profile the engine's predicted served layout simulates to. ``metrics_
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -275,6 +277,148 @@ def differs_next(family: str, temperature: float | None) -> list[str]:
     return steps
 
 
+@dataclass
+class _Case:
+    """What ``explain``'s conditions read, computed once (the comparisons only when a condition asks)."""
+
+    profile: ServedProfile
+    expected: Expected | None
+    served_predicted: Expected | None
+    served: tuple[int, ...] | None
+    trained: tuple[int, ...] | None
+    ignored_flags: tuple[str, ...]
+
+    @property
+    def level(self) -> Level:
+        return self.profile.level
+
+    @property
+    def n(self) -> int | None:
+        return self.profile.drafts
+
+    @property
+    def mismatch(self) -> bool:
+        return self.served is not None and self.trained is not None and self.served != self.trained
+
+    @functools.cached_property
+    def c(self) -> Comparison:
+        return compare(self.profile, self.expected)
+
+    @functools.cached_property
+    def sp(self) -> Comparison | None:
+        return compare(self.profile, self.served_predicted) if self.served_predicted is not None else None
+
+    @property
+    def sp_below(self) -> bool:
+        return self.sp is not None and self.sp.below
+
+    def predicts(self) -> str:
+        return f"the engine's rules predict it serves {self.served}; the draft was trained on {self.trained}"
+
+
+CHECK_FIX = "python -m helpers check --target T --draft D --engine E (this release's fix)"
+NOTHING_EXPECTED = ("nothing says what this draft should reach: no speculation profile, no training record "
+                    "with per-step accuracy, and no target to evaluate it on")
+
+
+def _no_counts(x: _Case):
+    if x.profile.source == "llamacpp-responses" and x.profile.draft_tokens:
+        return None, [], ["python -m helpers diagnose --metrics SRC --draft D --draft-tokens K "
+                          "(llama-server's --spec-draft-n-max), or read its /metrics (per-position counts)"]
+    return None, [], ["collect a source with counts (a /metrics scrape, or responses), then read again"]
+
+
+def _broken(x: _Case):
+    tail = "" if x.served is not None else "; or a wiring this far off: pass --target to compare the layouts"
+    return Explanation.BROKEN_DRAFT, [
+        f"acceptance stays below {BROKEN:.0%} even at the interval's top: the draft predicts nothing the "
+        f"target says (wrong checkpoint, vocabulary map or weights){tail}"], [
+        "python -m helpers check --target T --draft D"]
+
+
+def _fed_other_states(x: _Case):
+    """Acceptance alone cannot clear a draft fed other states than it learned."""
+    ev = [f"{x.c.line}, so this traffic is easier than the draft's validation text; but the engine's "
+          f"rules predict it serves {x.served} and the draft was trained on {x.trained}: fed its training "
+          f"layout it would accept more"]
+    if x.served_predicted is not None:
+        ev.append(f"on the same held-out text the served layout simulates to "
+                  f"{x.served_predicted.rates[0]:.3f} at position 0 against {x.expected.rates[0]:.3f}")
+    return Explanation.WIRING, ev, [CHECK_FIX]
+
+
+def _wiring_below(x: _Case):
+    ev = [x.c.line, x.predicts()]
+    if x.sp is not None:
+        ev.append(f"matching what the served layout simulates to ({x.served_predicted.source})")
+    return Explanation.WIRING, ev, [CHECK_FIX]
+
+
+# explain's table: the first condition that holds gives the explanation, its evidence and the next steps
+# (None: undetermined). Each condition may assume the ones above it failed.
+_RULES: tuple[tuple[str, Callable[[_Case], bool], Callable[[_Case], tuple]], ...] = (
+    ("no counts", lambda x: x.level is Level.NONE, _no_counts),
+    ("too few rounds", lambda x: x.n is not None and x.n < MIN_DRAFTS, lambda x: (None, [
+        f"{x.n} draft rounds are too few to tell one explanation from another (at least {MIN_DRAFTS})"], [
+        "collect more traffic, then read the metrics again"])),
+    ("broken draft", lambda x: (x.level is Level.COUNTS and not x.mismatch
+                                and wilson(x.profile.accepted_per_position[0], x.n)[1] < BROKEN), _broken),
+    ("totals without k", lambda x: (x.level is Level.TOTALS and x.profile.accept_interval() is None
+                                    and not x.mismatch), lambda x: (None, [], [
+        "python -m helpers diagnose --metrics SRC --draft D --draft-tokens K (the engine's draft tokens "
+        "per round)"])),
+    ("nothing expected, layouts differ", lambda x: x.expected is None and x.mismatch, lambda x: (
+        Explanation.WIRING, [NOTHING_EXPECTED, f"the engine's rules predict it serves {x.served} and the "
+                             f"draft was trained on {x.trained}"], [CHECK_FIX])),
+    ("nothing expected", lambda x: x.expected is None, lambda x: (None, [NOTHING_EXPECTED], [
+        "python -m helpers diagnose --metrics SRC --draft D --target T"])),
+    ("a gauge only", lambda x: x.level is Level.GAUGE and not x.mismatch, lambda x: (None, [
+        _length(x.profile, x.expected).line,
+        "a gauge carries no count, so no explanation is stated from it alone"],
+        ["scrape /metrics twice (diagnose --metrics URL --window 60s), or pass the responses"])),
+    ("as expected, layouts differ", lambda x: not x.c.below and x.mismatch, _fed_other_states),
+    ("as expected", lambda x: not x.c.below, lambda x: (Explanation.OK, [x.c.line], [])),
+    ("below, layouts differ, the served layout simulates higher", lambda x: x.mismatch and x.sp_below,
+     lambda x: (Explanation.ENGINE_DIFFERS, [
+         x.c.line, x.predicts(), f"{x.sp.line}: the engine computes something else besides the wiring"],
+        differs_next(x.profile.engine, x.profile.temperature))),
+    ("below, layouts differ", lambda x: x.mismatch, _wiring_below),
+    ("below, a flag ignored", lambda x: bool(x.ignored_flags), lambda x: (Explanation.IGNORED_FLAG, [
+        x.c.line, f"the engine ignores {', '.join(x.ignored_flags)}, which the draft was trained with"], [
+        "python -m helpers check --target T --draft D --engine E"])),
+    ("below, layouts unknown", lambda x: x.served is None or x.trained is None, lambda x: (None, [
+        x.c.line, "served and trained layouts unknown here: pass --target (and --engine) to compare them"], [
+        "python -m helpers diagnose --metrics SRC --draft D --target T --engine E"])),
+    ("below, served = trained, the served layout simulates higher", lambda x: x.sp_below, lambda x: (
+        Explanation.ENGINE_DIFFERS, [x.c.line, f"served = trained, yet {x.sp.line}: the engine computes "
+                                    f"something else (a kernel or forward bug)"],
+        differs_next(x.profile.engine, x.profile.temperature))),
+    ("below, served = trained", lambda x: True, lambda x: (Explanation.WEAK_DRAFT, [
+        x.c.line, "served = trained by the engine's rules: the draft does worse on this traffic than in "
+        "training (a weak draft, or a workload unlike its training data)"], [
+        "python -m helpers diagnose --draft D --target T --text SAMPLE_OF_YOUR_TRAFFIC"])),
+)
+
+
+def _source_line(profile: ServedProfile) -> str | None:
+    """What the source says, with its interval: the first line of every explanation's evidence."""
+    n, acc = profile.drafts, profile.accepted_per_position
+    if profile.level is Level.COUNTS:
+        lo0, hi0 = wilson(acc[0], n)
+        return (f"position 0 accepted in {acc[0]} of {n} draft rounds: {acc[0] / n:.3f} "
+                f"[{lo0:.3f}, {hi0:.3f}] (95% Wilson)")
+    if profile.level is Level.TOTALS:
+        iv = profile.accept_interval()
+        return (f"{n} verify steps, {profile.total_accepted} draft tokens accepted: accept length "
+                f"{profile.accept_length:.3f}"
+                + (f" [{iv[0]:.3f}, {iv[1]:.3f}] ({iv[2]})" if iv else
+                   " (no interval: the number of draft tokens per round is not known; pass "
+                   "--draft-tokens K)"))
+    if profile.level is Level.GAUGE:
+        return f"accept length {profile.gauge:.3f}: {profile.gauge_scope}"
+    return None
+
+
 def explain(
     profile: ServedProfile,
     expected: Expected | None,
@@ -283,159 +427,20 @@ def explain(
     trained_layout=None,
     ignored_flags: tuple[str, ...] = (),
 ) -> MetricsVerdict:
-    """Which explanation the counts support, and no more. With per-position counts every comparison is
-    made at position 0 (the one every draft round reaches) with its Wilson interval; with totals only, on
-    the accept length with its interval; with a gauge only, on the engine's own average, said to have none."""
-    n, acc = profile.drafts, profile.accepted_per_position
-    v = MetricsVerdict(
-        profile,
-        expected,
-        served_predicted,
-        None if served_layout is None else tuple(served_layout),
-        None if trained_layout is None else tuple(trained_layout),
-        Explanation.UNDETERMINED,
-    )
-    level = profile.level
-    if profile.missing():
-        v.evidence.append(profile.missing())
-    if level is Level.COUNTS:
-        lo0, hi0 = wilson(acc[0], n)
-        v.evidence.append(
-            f"position 0 accepted in {acc[0]} of {n} draft rounds: {acc[0] / n:.3f} "
-            f"[{lo0:.3f}, {hi0:.3f}] (95% Wilson)"
-        )
-    elif level is Level.TOTALS:
-        iv = profile.accept_interval()
-        v.evidence.append(
-            f"{n} verify steps, {profile.total_accepted} draft tokens accepted: accept length "
-            f"{profile.accept_length:.3f}"
-            + (
-                f" [{iv[0]:.3f}, {iv[1]:.3f}] ({iv[2]})"
-                if iv
-                else " (no interval: the number of draft tokens per "
-                "round is not known; pass --draft-tokens K)"
-            )
-        )
-    elif level is Level.GAUGE:
-        v.evidence.append(f"accept length {profile.gauge:.3f}: {profile.gauge_scope}")
-    mismatch = (
-        served_layout is not None
-        and trained_layout is not None
-        and tuple(served_layout) != tuple(trained_layout)
-    )
-    if level is Level.NONE:
-        if profile.source == "llamacpp-responses" and profile.draft_tokens:
-            v.next.append("python -m helpers diagnose --metrics SRC --draft D --draft-tokens K "
-                          "(llama-server's --spec-draft-n-max), or read its /metrics (per-position counts)")
-        else:
-            v.next.append("collect a source with counts (a /metrics scrape, or responses), then read again")
-        return v
-    if n is not None and n < MIN_DRAFTS:
-        v.evidence.append(
-            f"{n} draft rounds are too few to tell one explanation from another (at least {MIN_DRAFTS})"
-        )
-        v.next.append("collect more traffic, then read the metrics again")
-        return v
-    if level is Level.COUNTS and wilson(acc[0], n)[1] < BROKEN and not mismatch:
-        v.explanation = Explanation.BROKEN_DRAFT
-        v.evidence.append(
-            f"acceptance stays below {BROKEN:.0%} even at the interval's top: the draft "
-            f"predicts nothing the target says (wrong checkpoint, vocabulary map or weights)"
-            + (
-                ""
-                if served_layout is not None
-                else "; or a wiring this far off: pass --target to compare the layouts"
-            )
-        )
-        v.next.append("python -m helpers check --target T --draft D")
-        return v
-    if level is Level.TOTALS and profile.accept_interval() is None and not mismatch:
-        v.next.append(
-            "python -m helpers diagnose --metrics SRC --draft D --draft-tokens K (the engine's "
-            "draft tokens per round)"
-        )
-        return v
-    if expected is None:
-        v.evidence.append(
-            "nothing says what this draft should reach: no speculation profile, no training "
-            "record with per-step accuracy, and no target to evaluate it on"
-        )
-        if mismatch:
-            v.explanation = Explanation.WIRING
-            v.evidence.append(
-                f"the engine's rules predict it serves {tuple(served_layout)} and the draft was "
-                f"trained on {tuple(trained_layout)}"
-            )
-            v.next.append("python -m helpers check --target T --draft D --engine E (this release's fix)")
-        else:
-            v.next.append("python -m helpers diagnose --metrics SRC --draft D --target T")
-        return v
-    if level is Level.GAUGE and not mismatch:
-        c = _length(profile, expected)
-        v.evidence.append(c.line)
-        v.evidence.append("a gauge carries no count, so no explanation is stated from it alone")
-        v.next.append("scrape /metrics twice (diagnose --metrics URL --window 60s), or pass the responses")
-        return v
-    c = compare(profile, expected)
-    if not c.below:
-        if mismatch:  # acceptance alone cannot clear a draft fed other states than it learned
-            v.explanation = Explanation.WIRING
-            v.evidence.append(
-                f"{c.line}, so this traffic is easier than the draft's validation text; but the "
-                f"engine's rules predict it serves {tuple(served_layout)} and the draft was "
-                f"trained on {tuple(trained_layout)}: fed its training layout it would accept more"
-            )
-            if served_predicted is not None:
-                v.evidence.append(
-                    f"on the same held-out text the served layout simulates to "
-                    f"{served_predicted.rates[0]:.3f} at position 0 against {expected.rates[0]:.3f}"
-                )
-            v.next.append("python -m helpers check --target T --draft D --engine E (this release's fix)")
-            return v
-        v.explanation = Explanation.OK
-        v.evidence.append(c.line)
-        return v
-    v.evidence.append(c.line)
-    sp = compare(profile, served_predicted) if served_predicted is not None else None
-    if mismatch:
-        v.evidence.append(
-            f"the engine's rules predict it serves {tuple(served_layout)}; the draft was "
-            f"trained on {tuple(trained_layout)}"
-        )
-        if sp is not None and sp.below:
-            v.explanation = Explanation.ENGINE_DIFFERS
-            v.evidence.append(f"{sp.line}: the engine computes something else besides the wiring")
-            v.next += differs_next(profile.engine, profile.temperature)
-        else:
-            v.explanation = Explanation.WIRING
-            if sp is not None:
-                v.evidence.append(f"matching what the served layout simulates to ({served_predicted.source})")
-            v.next.append("python -m helpers check --target T --draft D --engine E (this release's fix)")
-        return v
-    if ignored_flags:
-        v.explanation = Explanation.IGNORED_FLAG
-        v.evidence.append(f"the engine ignores {', '.join(ignored_flags)}, which the draft was trained with")
-        v.next.append("python -m helpers check --target T --draft D --engine E")
-        return v
-    if served_layout is None or trained_layout is None:
-        v.evidence.append(
-            "served and trained layouts unknown here: pass --target (and --engine) to compare them"
-        )
-        v.next.append("python -m helpers diagnose --metrics SRC --draft D --target T --engine E")
-        return v
-    if sp is not None and sp.below:
-        v.explanation = Explanation.ENGINE_DIFFERS
-        v.evidence.append(
-            f"served = trained, yet {sp.line}: the engine computes something else (a kernel or forward bug)"
-        )
-        v.next += differs_next(profile.engine, profile.temperature)
-        return v
-    v.explanation = Explanation.WEAK_DRAFT
-    v.evidence.append(
-        "served = trained by the engine's rules: the draft does worse on this traffic than in "
-        "training (a weak draft, or a workload unlike its training data)"
-    )
-    v.next.append("python -m helpers diagnose --draft D --target T --text SAMPLE_OF_YOUR_TRAFFIC")
+    """Which explanation the counts support, and no more: the first row of ``_RULES`` whose condition
+    holds. With per-position counts every comparison is made at position 0 (the one every draft round
+    reaches) with its Wilson interval; with totals only, on the accept length with its interval; with a
+    gauge only, on the engine's own average, said to have none."""
+    served = None if served_layout is None else tuple(served_layout)
+    trained = None if trained_layout is None else tuple(trained_layout)
+    v = MetricsVerdict(profile, expected, served_predicted, served, trained, Explanation.UNDETERMINED)
+    v.evidence += [line for line in (profile.missing(), _source_line(profile)) if line]
+    case = _Case(profile, expected, served_predicted, served, trained, tuple(ignored_flags))
+    _, _, outcome = next(row for row in _RULES if row[1](case))
+    explanation, evidence, steps = outcome(case)
+    v.explanation = explanation or Explanation.UNDETERMINED
+    v.evidence += evidence
+    v.next += steps
     return v
 
 

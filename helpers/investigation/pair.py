@@ -29,7 +29,7 @@ DEFAULT_DIR = REPO / "data" / "tiny-kimi"
 # step almost never pays; 16 leaves room to show that, while a typo (100000000) would ask the
 # draft KV cache for hundreds of GB before anything ran.
 MAX_STEPS = 16
-# the engines a benchmark can run on: bench --backend, ENGINE
+# the engines a benchmark can run on: bench --backend, BACKEND
 BACKENDS = ("reference", "vllm", "sglang", "llamacpp")
 
 

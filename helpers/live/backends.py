@@ -1,6 +1,6 @@
 """Which engine measures, and whose rules say what it serves: the reference engine, vLLM, SGLang or llama.cpp.
 
-A notebook or command names a backend (``ENGINE``, ``--backend``: which runtime runs) and a release whose
+A notebook or command names a backend (``BACKEND``, ``--backend``: which runtime runs) and a release whose
 rules decide "served" (``ENGINE_VERSION``, ``--engine``). ``choose`` turns the two into one ``Backend``:
 the live install when the host has it (else the reason it does not, and the reference engine measures),
 and the rules the rows are held to:
@@ -128,7 +128,7 @@ def choose(family: str, rules: Engine | None = None) -> Backend:
     """``family`` (reference, vllm, sglang) and the named rules -> the Backend this host can run.
     ``rules`` None: a live engine's own installed release (``conventions.DEFAULT_ENGINE`` where none
     runs). A host without the engine keeps the named rules and says why in one line. The notebooks
-    name ``family`` as the word ``ENGINE``; ``rules`` comes parsed from their setup (``nb.rules``)."""
+    name ``family`` as the word ``BACKEND``; ``rules`` comes parsed from their setup (``nb.rules``)."""
     named = expect_engine(rules) if rules is not None else DEFAULT_ENGINE
     if family == "vllm":
         try:

@@ -44,8 +44,8 @@ PAIR = REPO / "data" / "tiny-llama"
 WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
 OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
 STEPS = 3           # draft tokens per round: a verify of 4 stays cheap where a round of 5 does not
-BUILD_PID_ENV = "WORKBOOK_LLAMACPP_BUILD_PID"     # set by `bash workbook.sh run`: the build it started
-BUILD_LOG_ENV = "WORKBOOK_LLAMACPP_BUILD_LOG"
+BUILD_PID_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID"     # set by `bash workbook.sh run`: the build it started
+BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"
 NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from pathlib import Path
 
 CELL = '''# Parameters: papermill overrides these. None means the embedded default.
@@ -16,7 +17,7 @@ TARGET = None            # Hugging Face target directory, default data/tiny-kimi
 DRAFT = None             # EAGLE-3 draft (SGLang or speculators format), default data/tiny-kimi/draft
 RETRAINED_DRAFT = None   # fix B, retrained on the served layout, default data/tiny-kimi/draft-retrained
 TRAINING_LAYOUT = None   # e.g. 0,3,7 as a string. None means the training record, else inferred
-ENGINE = "reference"     # reference: this workbook's engine; sglang / vllm: the real engine (.venv-sglang,
+BACKEND = "reference"    # reference: this workbook's engine; sglang / vllm: the real engine (.venv-sglang,
                          # .venv-vllm); llamacpp: llama-server, on a Llama pair such as data/tiny-llama
 # ENGINE_VERSION: whose wiring rules decide the served layout (run-workbook --engine), e.g. sglang==0.5.23
 # or vllm. The default is the case replay, for the embedded pair only: capture rule sglang 0.5.9
@@ -47,6 +48,19 @@ def _defaults(text: str) -> dict:
 
 DEFAULTS: dict = _defaults(CELL)
 NAMES: tuple[str, ...] = tuple(DEFAULTS)
+
+# Parameters renamed, old -> new: ENGINE named the runtime, which the CLI calls --backend (ENGINE_VERSION,
+# like --engine, names whose rules). An old name is still read as its new one, with one deprecation line.
+RENAMED = {"ENGINE": "BACKEND"}
+
+
+def rename_parameter(name: str, err=None) -> str:
+    """``name``, or the new name of a renamed parameter (said on ``err``, stderr by default)."""
+    if name not in RENAMED:
+        return name
+    print(f"warning: the parameter {name} is now {RENAMED[name]}; read as {RENAMED[name]} (rename it)",
+          file=err or sys.stderr)
+    return RENAMED[name]
 
 
 def parameters_cell(nb: dict) -> dict | None:

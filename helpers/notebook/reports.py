@@ -76,7 +76,7 @@ class BaselineStep:
     problems: list[str]
     served: dict | None
     seed_break_even_tau: float
-    live: dict | None = _optional()        # the deployed wiring on the real engine (ENGINE="vllm")
+    live: dict | None = _optional()        # the deployed wiring on the real engine (BACKEND="vllm")
     bench: dict | None = _optional()       # what the measurement depended on (``measurement_key``):
                                            # notebook 06 reuses it when its own is the same
     kernels: dict | None = _optional()     # the deployed wiring on llama.cpp's kernels (``KernelsRun``)

@@ -368,27 +368,12 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
     every one finished without an error. A failure or Ctrl-C leaves ``out_dir`` as it was and
     keeps the staging folder, marked INCOMPLETE with the notebook and cell that stopped it, so
     a report never mixes two runs or calls an interrupted notebook ok."""
-    import papermill as pm
+    import papermill as pm  # before any staging folder: without the notebooks' extra, nothing is written
 
     global _STOP
     out_dir = Path(out_dir).resolve()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise BadOption(OUT_IS_A_FILE.format(out=out_dir))
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.staging-", dir=out_dir.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become --out's mode after the swap
-    except OSError as exc:
-        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it "
-                        f"({exc.strerror or exc})") from None
     started = time.time()
-    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still "
-                           f"running or killed before it finished. --out {out_dir} was not changed by it.")
-    if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
-        shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
-        _write_marker(staging, (staging / "INCOMPLETE").read_text())
+    staging = _staging(out_dir)
     params = {**params, "REPORTS_DIR": str(staging)}
     names = [n for n in ORDER if not only or n in only]
     runs = Runs()
@@ -401,39 +386,9 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
                 if stop.requested:
                     break
                 bar.set_postfix_str(name)
-                src = NOTEBOOKS / f"{name}.ipynb"
-                dst = staging / f"{name}.ipynb"
-                t0 = time.perf_counter()
-                error, cell = "", None
-                given = {k: v for k, v in params.items() if k in NAMES}   # the one parameters cell
-                try:
-                    pm.execute_notebook(_parameterised(src, given), str(dst), cwd=str(NOTEBOOKS),
-                                        progress_bar=False, kernel_name="python3",
-                                        kernel_manager_class=km_class,
-                                        extra_arguments=["--IPKernelApp.log_level=ERROR"])
-                except Exception as exc:
-                    cell = getattr(exc, "cell_index", None)
-                    ename = getattr(exc, "ename", type(exc).__name__)
-                    error = f"{ename}: {getattr(exc, 'evalue', str(exc))}".strip()
-                finally:
-                    stop.kernel_pid = None
-                if not error:
-                    cell, error = (_first_error(dst) if dst.is_file()
-                                   else (None, "no executed notebook was written"))
-                if stop.requested and (not error or error.startswith("KeyboardInterrupt")):
-                    error = "KeyboardInterrupt: stopped by Ctrl-C"
-                seconds = round(time.perf_counter() - t0, 1)
-                if error:
-                    if render and dst.is_file():  # the failed notebook's page shows where it stopped
-                        try:
-                            render_html(dst, staging)
-                        except Exception:
-                            pass
-                    first_line = (error.splitlines() or [""])[0][:300]
-                    runs.append(RunRecord(name, seconds, False, first_line, cell=cell))
+                runs.append(_execute(pm, name, staging, params, km_class, stop, render))
+                if not runs[-1].ok:
                     break
-                outputs = [dst.name] + (render_html(dst, staging) if render else [])
-                runs.append(RunRecord(name, seconds, True, outputs=outputs))
         except KeyboardInterrupt:  # a second Ctrl-C: the kernel was killed, the run ends here
             stop.requested = max(stop.requested, 1)
             if not runs or runs[-1].ok:
@@ -442,21 +397,85 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
             _STOP = None
             bar.close()
         runs.interrupted = bool(stop.requested)
-        index_page(staging, runs, params)
-        (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
-        done = len(runs) == len(names) and all(r.ok for r in runs) and not stop.requested
-        if done:
-            _rewrite_paths(staging, out_dir, started)
-            (staging / "INCOMPLETE").unlink()
-            _swap_in(staging, out_dir)
-            return runs
-        bad = next((r for r in runs if not r.ok), None)
-        where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "")
-                 + f": {bad.error}" if bad else "stopped before the first notebook")
-        _write_marker(staging, f"INCOMPLETE: {'interrupted' if stop.requested else 'failed'} at {where}\n"
-                               f"--out {out_dir} was left as it was; this folder holds the partial run.")
-        runs.incomplete = staging
+        _finish(staging, out_dir, runs, names, params, started)
     return runs
+
+
+def _staging(out_dir: Path) -> Path:
+    """A staging folder beside ``out_dir``, marked INCOMPLETE until the run finishes, holding the earlier
+    run's artifacts (notebook 06 reads 05's)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadOption(OUT_IS_A_FILE.format(out=out_dir))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f"{out_dir.name}.staging-", dir=out_dir.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would become --out's mode after the swap
+    except OSError as exc:
+        raise BadOption(f"--out {out_dir}: cannot create a staging folder beside it "
+                        f"({exc.strerror or exc})") from None
+    _write_marker(staging, f"run started {time.strftime('%Y-%m-%d %H:%M:%S')} by pid {os.getpid()}; still "
+                           f"running or killed before it finished. --out {out_dir} was not changed by it.")
+    if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
+        shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
+        _write_marker(staging, (staging / "INCOMPLETE").read_text())
+    return staging
+
+
+def _execute(pm, name: str, staging: Path, params: dict, km_class, stop: _Stop, render: bool) -> RunRecord:
+    """One notebook executed into ``staging`` by papermill (``pm``) and rendered, or its first error and
+    the cell it came from."""
+    src = NOTEBOOKS / f"{name}.ipynb"
+    dst = staging / f"{name}.ipynb"
+    t0 = time.perf_counter()
+    error, cell = "", None
+    given = {k: v for k, v in params.items() if k in NAMES}   # the one parameters cell
+    try:
+        pm.execute_notebook(_parameterised(src, given), str(dst), cwd=str(NOTEBOOKS),
+                            progress_bar=False, kernel_name="python3",
+                            kernel_manager_class=km_class,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"])
+    except Exception as exc:
+        cell = getattr(exc, "cell_index", None)
+        ename = getattr(exc, "ename", type(exc).__name__)
+        error = f"{ename}: {getattr(exc, 'evalue', str(exc))}".strip()
+    finally:
+        stop.kernel_pid = None
+    if not error:
+        cell, error = (_first_error(dst) if dst.is_file()
+                       else (None, "no executed notebook was written"))
+    if stop.requested and (not error or error.startswith("KeyboardInterrupt")):
+        error = "KeyboardInterrupt: stopped by Ctrl-C"
+    seconds = round(time.perf_counter() - t0, 1)
+    if error:
+        if render and dst.is_file():  # the failed notebook's page shows where it stopped
+            try:
+                render_html(dst, staging)
+            except Exception:
+                pass
+        first_line = (error.splitlines() or [""])[0][:300]
+        return RunRecord(name, seconds, False, first_line, cell=cell)
+    outputs = [dst.name] + (render_html(dst, staging) if render else [])
+    return RunRecord(name, seconds, True, outputs=outputs)
+
+
+def _finish(staging: Path, out_dir: Path, runs: Runs, names: list[str], params: dict, started: float) -> None:
+    """The index page and runs.json; a complete run swapped in for ``out_dir``, else the staging folder
+    kept and marked with where it stopped (``runs.incomplete``)."""
+    index_page(staging, runs, params)
+    (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
+    if len(runs) == len(names) and all(r.ok for r in runs) and not runs.interrupted:
+        _rewrite_paths(staging, out_dir, started)
+        (staging / "INCOMPLETE").unlink()
+        _swap_in(staging, out_dir)
+        return
+    bad = next((r for r in runs if not r.ok), None)
+    where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "")
+             + f": {bad.error}" if bad else "stopped before the first notebook")
+    _write_marker(staging, f"INCOMPLETE: {'interrupted' if runs.interrupted else 'failed'} at {where}\n"
+                           f"--out {out_dir} was left as it was; this folder holds the partial run.")
+    runs.incomplete = staging
 
 
 def normalise_notebook_name(name: str) -> str:
@@ -488,8 +507,8 @@ def check_run_inputs(params: dict, only: list[str] | None) -> list[str]:
     for key in PATH_PARAMS:
         if params.get(key) is not None and not isinstance(params[key], (str, Path)):
             problems.append(f"{key} must be a path, got {params[key]!r}")
-    if params.get("ENGINE") not in (None, *BACKENDS):
-        problems.append(f"ENGINE must be one of {', '.join(BACKENDS)}, got {params['ENGINE']!r}")
+    if params.get("BACKEND") not in (None, *BACKENDS):
+        problems.append(f"BACKEND must be one of {', '.join(BACKENDS)}, got {params['BACKEND']!r}")
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if isinstance(params.get(key), (str, Path)) and params[key] and not Path(params[key]).exists():
             problems.append(f"{key.lower()} {params[key]} does not exist")

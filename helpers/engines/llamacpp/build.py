@@ -39,8 +39,8 @@ SERVER = "llama-server"
 CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
               "-DLLAMA_BUILD_SERVER=ON")
-INDEX = os.environ.get("WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simple")   # a PEP 691 index
-SKIP_ENV = "WORKBOOK_LLAMACPP"       # 0: never build, never look for it
+INDEX = os.environ.get("EAGLE3_WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simple")   # a PEP 691 index
+SKIP_ENV = "EAGLE3_WORKBOOK_LLAMACPP"       # 0: never build, never look for it
 # what llama.cpp's converter needs of the tree, kept beside the server (engines.llamacpp.convert runs it)
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")

@@ -18,7 +18,7 @@ from ...errors import InputError
 from ...rules.conventions import Engine
 
 ROOT = Path(__file__).resolve().parents[3]
-VENV_ENV = "WORKBOOK_SGLANG_VENV"
+VENV_ENV = "EAGLE3_WORKBOOK_SGLANG_VENV"
 SETUP_HINT = "bash workbook.sh sglang (or run/test, which set it up first)"
 LOG_NAME = ".venv-sglang.install.log"
 
@@ -39,8 +39,8 @@ class SglangInstall:
     @property
     def device(self) -> str:
         """cpu when the venv's torch is a CPU build (what requirements-sglang-cpu.txt installs)."""
-        return "cpu" if self.torch.endswith("+cpu") or os.environ.get("WORKBOOK_SGLANG_DEVICE") == "cpu" \
-            else "cuda"
+        forced = os.environ.get("EAGLE3_WORKBOOK_SGLANG_DEVICE") == "cpu"
+        return "cpu" if self.torch.endswith("+cpu") or forced else "cuda"
 
     @property
     def engine(self) -> Engine:

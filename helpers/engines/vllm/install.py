@@ -18,7 +18,7 @@ from ...errors import InputError
 from ...rules.conventions import Engine
 
 ROOT = Path(__file__).resolve().parents[3]
-VENV_ENV = "WORKBOOK_VLLM_VENV"
+VENV_ENV = "EAGLE3_WORKBOOK_VLLM_VENV"
 SETUP_HINT = "bash workbook.sh vllm (or run/test, which set it up first)"
 
 

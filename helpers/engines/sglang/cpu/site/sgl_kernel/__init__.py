@@ -22,7 +22,7 @@ import torch
 from helpers.engines.sglang.cpu import ops as _ops
 
 __version__ = "0.0.0+eagle3-workbook-cpu-standin"
-WORKBOOK_STANDIN = True
+EAGLE3_WORKBOOK_STANDIN = True
 
 for _name in _ops.IMPLEMENTED:
     globals()[_name] = getattr(_ops, _name)
