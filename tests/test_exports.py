@@ -108,7 +108,7 @@ def test_llamacpp_completion_timings_need_the_draft_tokens(tmp_path):
     f = write(tmp_path, "completion.json", resp)
     p = read_metrics(f)
     assert (p.engine, p.level, p.drafts, p.temperature) == ("llamacpp", Level.NONE, None, 0.7)
-    p = read_metrics(f, draft_tokens=3)
+    p = read_metrics(f, num_spec_tokens=3)
     assert (p.level, p.drafts, p.total_accepted) == (Level.TOTALS, 30, 42)
     lo, hi, how = p.accept_interval()
     assert lo < 2.4 < hi and "Bhatia-Davis" in how

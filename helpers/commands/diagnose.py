@@ -177,7 +177,7 @@ def run_metrics_diagnosis(a, engine_named: bool, target_named: bool) -> int:
             raise BadOption(f"--draft-tokens must be at least 1, got {a.draft_tokens}")
         seconds = parse_duration(a.window) if a.window is not None else None
         baseline = read_profile(a.baseline, required=True) if a.baseline is not None else None
-        profile = read_served(a.metrics, seconds, draft_tokens=a.draft_tokens)
+        profile = read_served(a.metrics, seconds, num_spec_tokens=a.draft_tokens)
         engine, line = export_engine(profile.engine, a.engine if engine_named else None)
         text = read_text_file(a.text, "text file") if a.text else None
         v = metrics_verdict(profile, a.draft, a.target if target_named else None, engine, text, a.windows,

@@ -62,12 +62,12 @@ def _from_scrape(
     notes = (window_note,) if window_note else ()
     if fam is None:
         return None
-    if fam.from_totals is not None:
+    if not fam.per_position:            # totals and gauges, read as that engine reads them (SGLang)
         return fam.from_totals(s, gauges_from or s, notes, reset)
     p = f"{fam.prefix}spec_decode_"
     drafts = s.total(p + "num_drafts")
     per_pos = s.by_label(p + "num_accepted_tokens_per_pos", "position")
-    accepted, draft_tokens = s.total(p + "num_accepted_tokens"), s.total(p + "num_draft_tokens")
+    accepted, drafted = s.total(p + "num_accepted_tokens"), s.total(p + "num_draft_tokens")
     if drafts is None and not per_pos:
         return None
     counts = tuple(int(round(per_pos.get(i, 0.0))) for i in range(max(per_pos, default=-1) + 1))
@@ -79,7 +79,7 @@ def _from_scrape(
         int(round(drafts or 0)),
         counts or None,
         None if accepted is None else int(round(accepted)),
-        None if draft_tokens is None else int(round(draft_tokens)),
+        None if drafted is None else int(round(drafted)),
         num_spec_tokens=k,
         notes=notes,
         reset=reset,
@@ -156,7 +156,7 @@ def window(before: Scrape, after: Scrape) -> ServedProfile:
 # JSON: responses, server info
 
 
-def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
+def _json_source(obj, where: str, num_spec_tokens: int | None) -> ServedProfile:
     for fam in FAMILIES:
         found = fam.read_document(obj, where)
         if found is not None:
@@ -203,7 +203,7 @@ def _json_source(obj, where: str, draft_tokens: int | None) -> ServedProfile:
     responses = Responses(
         engine, where, len(items), len(counted), tuple(hist), sum(c.accepted for c in counted),
         sum(c.drafted for c in counted), temp, tsrc,
-        samplers[0] if samplers and samplers[0] and len(set(samplers)) == 1 else None, draft_tokens,
+        samplers[0] if samplers and samplers[0] and len(set(samplers)) == 1 else None, num_spec_tokens,
     )
     fam = next(f for f in FAMILIES if f.engine == engine)
     if fam.from_responses is None:
@@ -328,7 +328,7 @@ def read_source(source: str | Path, timeout: float = 10.0) -> Reading:
     return Reading(str(path), read_text_file(path, "metrics file"), path.stat().st_mtime)
 
 
-def profile_of(r: Reading, draft_tokens: int | None = None) -> ServedProfile:
+def profile_of(r: Reading, num_spec_tokens: int | None = None) -> ServedProfile:
     """One reading -> a ServedProfile, or one BadText naming the source and what it lacked."""
     json_error = None
     if r.text.lstrip().startswith(("[", "{")):
@@ -337,7 +337,7 @@ def profile_of(r: Reading, draft_tokens: int | None = None) -> ServedProfile:
         except json.JSONDecodeError as exc:  # a log whose lines open with "[date]", or broken JSON
             json_error = f"{exc.msg} at line {exc.lineno}"
         else:
-            return _json_source(obj, r.where, draft_tokens)
+            return _json_source(obj, r.where, num_spec_tokens)
     scrape = r.scrape()
     found = _from_scrape(scrape) if scrape is not None else None
     if found is None:
@@ -358,24 +358,25 @@ def profile_of(r: Reading, draft_tokens: int | None = None) -> ServedProfile:
         )
     if found.level is Level.NONE or (found.drafts == 0 and found.gauge is None):
         raise BadText(f"{r.where}: the engine reports 0 verify steps; nothing was speculated yet")
-    if draft_tokens and found.num_spec_tokens is None:
-        found = replace(found, num_spec_tokens=draft_tokens)
+    if num_spec_tokens and found.num_spec_tokens is None:
+        found = replace(found, num_spec_tokens=num_spec_tokens)
     return found
 
 
-def read_metrics(source: str | Path, timeout: float = 10.0, draft_tokens: int | None = None) -> ServedProfile:
-    return profile_of(read_source(source, timeout), draft_tokens)
+def read_metrics(source: str | Path, timeout: float = 10.0,
+                 num_spec_tokens: int | None = None) -> ServedProfile:
+    return profile_of(read_source(source, timeout), num_spec_tokens)
 
 
 def read_window(
-    before: str | Path, after: str | Path, timeout: float = 10.0, draft_tokens: int | None = None
+    before: str | Path, after: str | Path, timeout: float = 10.0, num_spec_tokens: int | None = None
 ) -> ServedProfile:
     """Two readings of the same counters -> the window between them."""
     a, b = read_source(before, timeout), read_source(after, timeout)
-    return window_of(a, b, draft_tokens)
+    return window_of(a, b, num_spec_tokens)
 
 
-def window_of(a: Reading, b: Reading, draft_tokens: int | None = None) -> ServedProfile:
+def window_of(a: Reading, b: Reading, num_spec_tokens: int | None = None) -> ServedProfile:
     sa, sb = a.scrape(), b.scrape()
     if sa is None or sb is None or sb.family() is None:
         bad = a.where if sa is None else b.where
@@ -395,18 +396,18 @@ def window_of(a: Reading, b: Reading, draft_tokens: int | None = None) -> Served
             f"{a.where} -> {b.where}: no verify steps inside the window; nothing was speculated "
             f"between the two scrapes"
         )
-    if draft_tokens and prof.num_spec_tokens is None:
-        prof = replace(prof, num_spec_tokens=draft_tokens)
+    if num_spec_tokens and prof.num_spec_tokens is None:
+        prof = replace(prof, num_spec_tokens=num_spec_tokens)
     return prof
 
 
 def poll_window(
-    url: str, seconds: float, timeout: float = 10.0, draft_tokens: int | None = None, sleep=time.sleep
+    url: str, seconds: float, timeout: float = 10.0, num_spec_tokens: int | None = None, sleep=time.sleep
 ) -> ServedProfile:
     """A URL read twice, ``seconds`` apart: the window between."""
     first = read_source(url, timeout)
     sleep(seconds)
-    return window_of(first, read_source(url, timeout), draft_tokens)
+    return window_of(first, read_source(url, timeout), num_spec_tokens)
 
 
 def parse_duration(text: str) -> float:
@@ -422,7 +423,7 @@ def read_served(
     window_seconds: float | None = None,
     *,
     timeout: float = 10.0,
-    draft_tokens: int | None = None,
+    num_spec_tokens: int | None = None,
     sleep=time.sleep,
 ) -> ServedProfile:
     """``--metrics`` once (a reading), twice (the window between two scrapes), or a URL with ``--window``."""
@@ -438,12 +439,12 @@ def read_served(
                 "--window polls one URL twice; pass --metrics http://127.0.0.1:PORT/metrics once "
                 "(for two files, pass --metrics BEFORE --metrics AFTER)"
             )
-        return poll_window(sources[0], window_seconds, timeout, draft_tokens, sleep)
+        return poll_window(sources[0], window_seconds, timeout, num_spec_tokens, sleep)
     if len(sources) == 2:
-        return read_window(sources[0], sources[1], timeout, draft_tokens)
+        return read_window(sources[0], sources[1], timeout, num_spec_tokens)
     if sources and sources[0].startswith(("http://", "https://")) and is_prometheus_query(sources[0]):
         readings = prometheus_readings(sources[0], fetch(sources[0], timeout))
         if len(readings) == 2:          # a range query: the window between its first and last samples
-            return window_of(readings[0], readings[1], draft_tokens)
-        return profile_of(readings[0], draft_tokens)
-    return read_metrics(sources[0], timeout, draft_tokens)
+            return window_of(readings[0], readings[1], num_spec_tokens)
+        return profile_of(readings[0], num_spec_tokens)
+    return read_metrics(sources[0], timeout, num_spec_tokens)

@@ -159,12 +159,6 @@ class ServedProfile:
         }
 
 
-
-
-
-
-
-
 @dataclass(frozen=True)
 class Counted:
     """One response's speculative counts: verify steps with 0..k accepted drafts (``histogram``), or, where
@@ -190,7 +184,7 @@ class Responses:
     temperature: float | None
     temperature_source: str
     sampler: Sampler | None
-    draft_tokens: int | None         # k, where the user gave it
+    num_spec_tokens: int | None      # k, tokens drafted per round, where the user gave it
 
 
 def numbers(text: str) -> list[float]:

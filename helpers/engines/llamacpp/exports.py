@@ -147,7 +147,7 @@ def read_response(it: dict, where: str, i: int) -> Counted | None:
 
 def from_responses(r: Responses) -> ServedProfile:
     """Totals only: verify steps follow from the draft length the user gives (--draft-tokens K)."""
-    k = r.draft_tokens
+    k = r.num_spec_tokens
     rounds = round(r.drafted / k) if k else None
     notes = [f"{r.counted} of {r.items} responses carried timings.draft_n"]
     if rounds is None:
