@@ -73,13 +73,13 @@ def _from_scrape(
     counts = tuple(int(round(per_pos.get(i, 0.0))) for i in range(max(per_pos, default=-1) + 1))
     k = len(counts) or None
     return ServedProfile(
-        fam.engine,
-        f"{fam.engine}-prometheus",
-        s.where,
-        int(round(drafts or 0)),
-        counts or None,
-        None if accepted is None else int(round(accepted)),
-        None if drafted is None else int(round(drafted)),
+        engine=fam.engine,
+        source=f"{fam.engine}-prometheus",
+        where=s.where,
+        drafts=int(round(drafts or 0)),
+        accepted_per_position=counts or None,
+        accepted=None if accepted is None else int(round(accepted)),
+        draft_tokens=None if drafted is None else int(round(drafted)),
         num_spec_tokens=k,
         notes=notes,
         reset=reset,

@@ -225,13 +225,13 @@ def histogram_profile(r: Responses, source: str) -> ServedProfile:
         raise BadText(f"{r.where}: the responses' histograms count 0 verify steps; nothing was speculated")
     per_pos = tuple(sum(hist[j] for j in range(i + 1, len(hist))) for i in range(len(hist) - 1))
     return ServedProfile(
-        r.engine,
-        source,
-        r.where,
-        drafts,
-        per_pos,
-        sum(j * c for j, c in enumerate(hist)),
-        None,
+        engine=r.engine,
+        source=source,
+        where=r.where,
+        drafts=drafts,
+        accepted_per_position=per_pos,
+        accepted=sum(j * c for j, c in enumerate(hist)),
+        draft_tokens=None,
         num_spec_tokens=len(hist) - 1,
         histogram=tuple(hist),
         temperature=r.temperature,

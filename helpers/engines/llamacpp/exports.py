@@ -40,13 +40,13 @@ def read_log(text: str, where: str) -> ServedProfile | None:
         rates = numbers(m[5]) if m[5] else []
         per = tuple(round(r * calls) for r in rates) or None
         return ServedProfile(
-            "llamacpp",
-            "llamacpp-log",
-            where,
-            calls,
-            per,
-            acc,
-            gen,
+            engine="llamacpp",
+            source="llamacpp-log",
+            where=where,
+            drafts=calls,
+            accepted_per_position=per,
+            accepted=acc,
+            draft_tokens=gen,
             num_spec_tokens=len(rates) or None,
             notes=(f"the newest 'statistics {m[1]}' line (running totals since the server started)",),
         )
@@ -57,13 +57,13 @@ def read_log(text: str, where: str) -> ServedProfile | None:
         rates = numbers(m[4])
         drafts = round(accepted / (mean_len - 1)) if mean_len > 1 else int(m[2]) // max(len(rates), 1)
         return ServedProfile(
-            "llamacpp",
-            "llamacpp-log",
-            where,
-            drafts,
-            tuple(round(r * drafts) for r in rates),
-            accepted,
-            int(m[2]),
+            engine="llamacpp",
+            source="llamacpp-log",
+            where=where,
+            drafts=drafts,
+            accepted_per_position=tuple(round(r * drafts) for r in rates),
+            accepted=accepted,
+            draft_tokens=int(m[2]),
             num_spec_tokens=len(rates) or None,
             notes=(
                 "drafts recovered from the logged mean acceptance length (running totals: the last line)",
@@ -104,13 +104,13 @@ def read_log(text: str, where: str) -> ServedProfile | None:
     if not drafts:
         return None
     return ServedProfile(
-        "llamacpp",
-        "llamacpp-log",
-        where,
-        drafts,
-        tuple(per_pos) or None,
-        acc_total,
-        gen_total,
+        engine="llamacpp",
+        source="llamacpp-log",
+        where=where,
+        drafts=drafts,
+        accepted_per_position=tuple(per_pos) or None,
+        accepted=acc_total,
+        draft_tokens=gen_total,
         num_spec_tokens=len(per_pos) or None,
         notes=tuple(notes),
     )
@@ -162,13 +162,13 @@ def from_responses(r: Responses) -> ServedProfile:
             f"it shows is real, an ok may not be"
         )
     return ServedProfile(
-        "llamacpp",
-        "llamacpp-responses",
-        r.where,
-        rounds,
-        None,
-        r.accepted,
-        r.drafted,
+        engine="llamacpp",
+        source="llamacpp-responses",
+        where=r.where,
+        drafts=rounds,
+        accepted_per_position=None,
+        accepted=r.accepted,
+        draft_tokens=r.drafted,
         num_spec_tokens=k,
         temperature=r.temperature,
         temperature_source=r.temperature_source,

@@ -33,10 +33,10 @@ def read_log(text: str, where: str) -> ServedProfile | None:
     mean = sum(a for a, _ in found) / len(found)
     ks = {round((a - 1) / r) for a, r in found if r > 0 and a > 1}
     return ServedProfile(
-        "sglang",
-        "sglang-log",
-        where,
-        None,
+        engine="sglang",
+        source="sglang-log",
+        where=where,
+        drafts=None,
         gauge=mean,
         gauge_scope=f"the mean of {len(found)} 'Decode batch' log intervals (each an average "
         f"whose count the log does not give)",
@@ -70,16 +70,16 @@ def from_totals(s: Scrape, g: Scrape, notes: tuple[str, ...], reset: bool) -> Se
             f"(multiprocess mode 'mostrecent'), not an average over the window",
         )
     return ServedProfile(
-        "sglang",
-        "sglang-prometheus",
-        s.where,
-        int(round(calls)) if calls else None,
-        None,
-        accepted,
-        None,
-        gauge,
-        "most recent interval (gauge)" if gauge is not None else "",
-        k,
+        engine="sglang",
+        source="sglang-prometheus",
+        where=s.where,
+        drafts=int(round(calls)) if calls else None,
+        accepted_per_position=None,
+        accepted=accepted,
+        draft_tokens=None,
+        gauge=gauge,
+        gauge_scope="most recent interval (gauge)" if gauge is not None else "",
+        num_spec_tokens=k,
         notes=notes,
         reset=reset,
     )
@@ -133,10 +133,10 @@ def read_document(obj, where: str) -> ServedProfile | None:
         # SGLang 0.5.23 srt/speculative/eagle_utils.py, _verify_uses_greedy: is_cpu
         notes = ("the server runs on a CPU, where SGLang verifies drafts greedily at any temperature",)
     return ServedProfile(
-        "sglang",
-        "sglang-server-info",
-        where,
-        None,
+        engine="sglang",
+        source="sglang-server-info",
+        where=where,
+        drafts=None,
         gauge=sum(vals) / len(vals),
         gauge_scope=f"the server's lifetime average over {len(vals)} scheduler(s), no count",
         num_spec_tokens=steps if type(steps) is int and steps > 0 else None,

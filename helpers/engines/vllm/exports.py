@@ -42,13 +42,13 @@ def read_log(text: str, where: str) -> ServedProfile | None:
         return None
     k = len(per_pos) or None
     return ServedProfile(
-        "vllm",
-        "vllm-log",
-        where,
-        drafts,
-        tuple(per_pos) or None,
-        acc_total,
-        drafted_total,
+        engine="vllm",
+        source="vllm-log",
+        where=where,
+        drafts=drafts,
+        accepted_per_position=tuple(per_pos) or None,
+        accepted=acc_total,
+        draft_tokens=drafted_total,
         num_spec_tokens=k,
         notes=(
             f"{lines} 'SpecDecoding metrics' lines added up (each covers the interval since the one before)",
