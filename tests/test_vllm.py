@@ -60,6 +60,37 @@ def test_boundary0_transform_guards_only_the_aux_capture():
     assert ns["forward"](M(), 2, None) == [2, 12]  # boundary 0 (residual None): the state itself
 
 
+class _Unsafe:
+    def forward(self, hidden_states):
+        residual = None
+        for idx in range(2):
+            if idx in self.aux_hidden_state_layers:
+                out = hidden_states + residual
+            residual = 1
+        return out
+
+
+class _Guarded:
+    def forward(self, hidden_states):
+        residual = None
+        for idx in range(2):
+            if idx in self.aux_hidden_state_layers:
+                out = hidden_states if residual is None else hidden_states + residual
+            residual = 1
+        return out
+
+
+def test_the_boundary0_hazard_is_read_by_the_guards_one_reader(monkeypatch):
+    """Inside vLLM the hazard is read as SGLang's hooks read it (``live.guard.adds_unset_residual``) from the
+    live class's own forward: an unguarded add under the aux capture is the hazard, a guarded one is not,
+    and none is left once the boundary0 fix is applied."""
+    monkeypatch.setattr(plugin, "_applied", {})
+    assert list(plugin._boundary0_hazard(_Unsafe())) == [0]
+    assert plugin._boundary0_hazard(_Guarded()) == {}
+    monkeypatch.setattr(plugin, "_applied", {"boundary0": {"state": "applied"}})
+    assert plugin._boundary0_hazard(_Unsafe()) == {}
+
+
 def test_unknown_fix_is_one_line(monkeypatch):
     monkeypatch.setenv(plugin.FIXES_ENV, "rope3d,warp")
     with pytest.raises(ValueError, match="unknown fix.*warp.*known: rope3d, mla_width, boundary0"):

@@ -177,9 +177,10 @@ def _fix_mla_width() -> dict:
 
 
 class _GuardResidual(ast.NodeTransformer):
-    """``hidden_states + residual`` inside ``if idx in self.aux_hidden_state_layers:`` becomes
-    ``hidden_states if residual is None else hidden_states + residual``: boundary 0 is the embedding
-    output itself, every other boundary unchanged."""
+    """The boundary0 fix: ``hidden_states + residual`` inside ``if idx in self.aux_hidden_state_layers:``
+    becomes ``hidden_states if residual is None else hidden_states + residual``: boundary 0 is the embedding
+    output itself, every other boundary unchanged. (Whether a forward needs it is read by the guard's one
+    reader, ``live.guard.adds_unset_residual``.)"""
 
     def __init__(self):
         self.count = 0
@@ -315,16 +316,18 @@ def _highest_index(holder) -> int:
 
 def _boundary0_hazard(holder) -> dict[int, str]:
     """{0: what serving boundary 0 needs} when this release's forward adds a residual that is still None
-    there (the seed's bug; ``_GuardResidual`` finds it) and the boundary0 fix is not applied."""
+    there (the seed's bug) and the boundary0 fix is not applied: read by the guard's one reader of that
+    hazard (``live.guard.adds_unset_residual``), as SGLang's hooks read it."""
+    from helpers.live import guard
+
     if _applied.get("boundary0", {}).get("state") == "applied":
         return {}
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(holder).forward)))
+        source = inspect.getsource(type(holder).forward)
+        count = guard.adds_unset_residual(source, CAPTURE_ATTR)
     except (OSError, TypeError, SyntaxError):
         return {}
-    finder = _GuardResidual()
-    finder.visit(tree)
-    if not finder.count:
+    if not count:
         return {}
     return {0: f"boundary 0 crashes {type(holder).__name__}.forward here (it adds a residual that is still "
                f"None): launch with {FIXES_ENV}=boundary0"}
