@@ -318,15 +318,20 @@ def deploy(draft, out, engines: Sequence[Engine], *, target, layout: Sequence[in
     if spec.arch is None or not isinstance(spec.num_layers, int):
         raise BadOption(f"{target}: its config names no architectures or no num_hidden_layers")
     rec = read_record(draft)
-    if layout is None:
-        if rec is None or rec.layout is None:
-            raise BadOption(f"{draft} has no training record naming its layout (training.json); give "
-                            f"--layout, or write one first (python -m helpers fixes record)")
-        layout = rec.layout
+    engines = [expect_engine(e) for e in engines]
+    source = "user"
+    if layout is None:      # the one chain every command asks (``evidence.training_evidence``)
+        from .evidence import training_evidence
+
+        ev = training_evidence(draft, cfg, engine=engines[0], arch=spec.arch, num_layers=spec.num_layers,
+                               read_source=True)
+        if not ev.settled:
+            raise BadOption(f"{draft}: what it was trained on is not settled ({ev.note}); give --layout, or "
+                            f"settle it: {ev.settle(draft)}")
+        layout, source = ev.layout, str(ev.basis)
     trained = tuple(int(b) for b in layout)
     check_record_layout(draft, trained, rec, target)
     ascending = tuple(sorted(trained))
-    engines = [expect_engine(e) for e in engines]
     needs = [_engine_needs(ascending, e, spec.arch, spec.num_layers, cfg) for e in engines]
     src_fmt = draft_format(cfg)
     fmt = ("sglang" if src_fmt == "speculators" and any(e.rules.reads_speculators_format is False
@@ -344,7 +349,7 @@ def deploy(draft, out, engines: Sequence[Engine], *, target, layout: Sequence[in
             weights = _reordered(weights, trained, ascending)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent if out.parent.exists() else None))
     try:
-        record = {"training_boundaries": list(ascending), "source": None if rec is not None else "user",
+        record = {"training_boundaries": list(ascending), "source": None if rec is not None else source,
                   "deployed_from": str(draft)}
         if reordered:
             record["fc_reordered"] = {"from": list(trained), "to": list(ascending)}

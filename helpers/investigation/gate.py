@@ -17,13 +17,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, check_layout, layout_label
+from ..boundaries import Problem, ProblemKind, WiringError, WiringResult, layout_label
 from ..engines.llamacpp.gguf import TARGET_LAYERS_KEY, target_layers
 from ..engines.sglang import source as ss
 from ..engines.sglang.classes import entry_class_index
 from ..errors import BadCheckpoint, BadConfig, BadOption, InputError, read_json_file
-from ..judgement import Judgement, Verdict, compare, deploy_command
-from ..record import read_record
+from ..judgement import Judgement, Verdict, compare
 from ..rules import matrix as releases
 from ..rules.conventions import (
     DEFAULT_ENGINE,
@@ -45,10 +44,9 @@ from ..rules.conventions import (
 )
 from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, sets_norm_before_residual
 from ..rules.topology import check_sizes, topology
-from ..rules.trainers import TrainerResult, parse_trainer, trainer_layout, writers_of
+from ..rules.trainers import parse_trainer, writers_of
 from ..rules.wiring import ids_for_layout, resolve
-from .evidence import Basis, output_evidence, training_evidence
-from .trainer_output import read_trainer_output
+from .evidence import Basis, Evidence, deploy_line, training_evidence
 from .verdict import candidate_table, ways_out, writer_candidates
 
 ALGORITHMS = ("EAGLE3", "EAGLE")
@@ -86,11 +84,19 @@ class CheckReport:
     # what the training layout rests on (``evidence.Basis``: record, trainer, config; none when unsettled)
     evidence: str = "none"
     fix_command: str | None = None       # fixes deploy, where ids alone serve the trained layout
+    answer: Evidence | None = None       # the chain's whole answer (``evidence.training_evidence``)
 
     @property
     def agree(self) -> bool | None:
-        return (None if self.training_layout is None
+        return (None if self.training_layout is None or self.cannot_serve
                 else tuple(self.served_layout) == tuple(self.training_layout))
+
+    @property
+    def cannot_serve(self) -> bool:
+        """The engine feeds this draft nothing at all (no capture for the target's architecture): a blocked
+        launch, which no ids and no retraining change."""
+        return not self.served_layout and any(p.kind == ProblemKind.ENGINE_CANNOT_CAPTURE
+                                              for p in self.problems)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +106,9 @@ class CheckReport:
     def verdict(self) -> str:
         if self.ok:
             return f"OK: {self.engine} serves the trained layout {self._label(self.served_layout)}"
+        if self.cannot_serve:
+            why = next(p.message for p in self.problems if p.kind == ProblemKind.ENGINE_CANNOT_CAPTURE)
+            return f"BLOCKED: {self.engine} cannot serve this draft at all: {why}"
         if self.training_layout is None:
             return "UNKNOWN: the training layout is not recorded; see the fixes below for how to settle it"
         if not self.agree:
@@ -116,6 +125,8 @@ class CheckReport:
         is known, and a problem blocks it), UNKNOWN (no training layout and nothing else wrong)."""
         if self.ok:
             return Judgement.MATCH
+        if self.cannot_serve:
+            return Judgement.BLOCKED
         if self.training_layout is None:
             other = [p for p in self.problems if p.blocking and p.kind != ProblemKind.TRAINING_UNKNOWN]
             return Judgement.BLOCKED if other else Judgement.UNKNOWN
@@ -188,11 +199,6 @@ def _fc_in(shapes: dict[str, list[int]]) -> tuple[str, int] | None:
     return None
 
 
-def _record(draft_dir: Path) -> dict | None:
-    rec = read_record(draft_dir)      # the one reader and validation (helpers/record.py)
-    return rec.raw if rec else None
-
-
 # --------------------------------------------------------------------------------------
 # The check.
 
@@ -256,7 +262,7 @@ def check_deployment(req: CheckRequest) -> CheckReport:
     served, converted = _served(req, eng, cfg, spec)
     ids, where = ids_in_config(cfg)
     report = _report(req, eng, draft_dir, spec, served)
-    _training(report, draft_dir, cfg, req.trainer, req.train_ids, shapes, spec, eng, req.training_output)
+    _training(report, draft_dir, cfg, req, shapes, spec, eng)
     if req.across_releases:
         _releases(report, eng, spec, cfg)
     if report.training_layout is None and req.trainer is None:
@@ -308,9 +314,18 @@ def _served_problems(report: CheckReport, served) -> None:
     """What the engine cannot capture blocks the launch; its own fix when the release has one."""
     for p in served.problems:
         if p.blocking:
-            fix = f"`{p.fix}`" if p.fix else "see `python -m helpers wiring` for the source"
+            fix = (f"`{p.fix}`" if p.fix else _elsewhere(report) if not report.served_layout
+                   else "see `python -m helpers wiring` for the source")
             report.problems.append(Problem(ProblemKind.ENGINE_CANNOT_CAPTURE, p.message if p.fix else str(p),
                                            fix))
+
+
+def _elsewhere(report: CheckReport) -> str:
+    """Where a release feeds the draft nothing: another engine, as the command that checks it there."""
+    other = DEFAULT_ENGINE if not report.engine.startswith(DEFAULT_ENGINE.name) else "vllm"
+    return (f"no ids and no retraining make {report.engine} feed this draft: serve it on an engine that "
+            f"captures {report.arch} (`python -m helpers check --draft {report.draft} --target "
+            f"{report.target} --engine {other}`)")
 
 
 def _algorithm(report: CheckReport, algorithm: str) -> None:
@@ -340,7 +355,7 @@ def _one_command(report: CheckReport, target, eng: Engine, root) -> None:
         ids = None
     if ids is None:
         return
-    cmd = deploy_command(report.draft, str(target), report.engine)
+    cmd = deploy_line(report.answer, report.draft, str(target), report.engine)
     first = True
     for i, p in enumerate(report.problems):
         if p.kind not in DEPLOY_SETTLES or (p.kind == ProblemKind.LAYOUT_MISMATCH
@@ -445,95 +460,45 @@ def _writer_example(cfg: dict) -> str:
     return writers[0] if writers else "NAME[==VERSION]"
 
 
-def _training(report: CheckReport, draft_dir: Path, cfg: dict, trainer: str | None, train_ids, shapes,
-              spec: TargetSpec, eng: Engine, training_output: str | Path | None = None) -> None:
-    """The training layout on the chain of evidence the engine guard reads too (``evidence``): the record,
-    the trainer named, the trainer the config names (speculators' ``speculators_version``); the format's
-    writers are listed by ``_candidates``, a prior that never settles it here."""
-    n = report.num_layers
-    rec = _record(draft_dir) if draft_dir.is_dir() else None
-    recorded = rec.get("training_boundaries") if rec else None
-    if recorded is not None:
-        try:
-            report.training_layout = check_layout(recorded, n)
-        except (WiringError, TypeError, ValueError) as exc:
-            raise BadConfig(f"{draft_dir / 'training.json'}: training_boundaries {recorded!r} "
-                            f"do not fit a {n}-layer target: {exc}") from None
-        report.training_source = "training.json (training_boundaries)"
-        report.evidence = str(Basis.RECORD)
-    if report.training_layout is None:
-        out = (read_trainer_output(training_output) if training_output is not None else
-               read_trainer_output(draft_dir) if draft_dir.is_dir() else None)
-        if out is not None:     # what the trainer recorded of its run ranks above a name and the format
-            ev = output_evidence(out, cfg, n, spec.arch, trainer, train_ids)
-            if ev.layout is not None:
-                report.training_layout, report.training_source = ev.layout, ev.source
-                report.evidence = str(ev.basis)
-            if ev.note:
-                report.notes.append(f"trainer output: {ev.note}")
-            if "exported config" in ev.note:
-                report.problems.append(Problem(
-                    ProblemKind.CONFIG_VS_TRAINER,
-                    f"the draft config's ids are not the ones its trainer captured: "
-                    f"{ev.note.split('; ')[-1]}",
-                    f"record what was captured: python -m helpers fixes record --draft {draft_dir} --layout "
-                    f"{','.join(map(str, ev.layout or ()))}; then python -m helpers fixes deploy writes the "
-                    f"ids each engine reads",
-                    blocking=False))
-            if ev.layout is not None:
-                return
-    if trainer is None:
-        if report.training_layout is None:
-            ev = training_evidence(draft_dir, cfg, engine=eng, arch=spec.arch, num_layers=n,
-                                   served=report.served_layout)
-            if ev.basis is Basis.CONFIG:
-                report.training_layout, report.training_source = ev.layout, ev.source
-                report.evidence = str(ev.basis)
-                return
-            report.training_source = "unknown"
-            report.problems.append(Problem(
-                ProblemKind.TRAINING_UNKNOWN, "no training record (training.json) and no trainer named, "
-                "so the layout the fc learned is unknown",
-                f"name the trainer (--trainer {_writer_example(cfg)} [--train-ids ...]), "
-                f"or measure it: `python -m "
-                f"helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` "
-                f"on the trainer's hidden-state "
-                f"dump (no target forward), or `diagnose --target T --draft {draft_dir}` "
-                f"where the target runs"))
-        return
-    res = _trainer_side(trainer, train_ids, cfg, n, spec.arch)
-    report.notes += [f"trainer: {w}" for w in res.warnings]
-    for e in res.errors:
-        report.problems.append(Problem(ProblemKind.TRAINER, e, "retrain the draft on boundaries"))
-    if res.training_layout is None:
-        return
-    k = _fc_slots(shapes, spec)
-    layout = res.training_layout
-    if k is not None and len(layout) == k + 1 and res.ids_source == IdsAt.EXPLICIT:
-        layout = layout[:k]   # the ids given were the captured list with the verifier's state last
-    said = (f"{res.trainer}{'==' + res.version if res.version else ''} "
-            f"rule on ids {res.ids} ({res.read_from})")
-    if report.training_layout is not None and tuple(layout) != tuple(report.training_layout):
+def _training(report: CheckReport, draft_dir: Path, cfg: dict, req: CheckRequest, shapes, spec: TargetSpec,
+              eng: Engine) -> None:
+    """The training layout from the one chain of evidence (``evidence.training_evidence``: the record, what
+    the trainer recorded, the trainer named, the trainer the config names); the format's writers are a
+    prior listed by ``_candidates``, never a settled layout. What the chain noticed on the way becomes a
+    problem here."""
+    ev = training_evidence(draft_dir, cfg, engine=eng, arch=spec.arch, num_layers=report.num_layers,
+                           trainer=req.trainer, train_ids=req.train_ids, served=report.served_layout,
+                           training_output=req.training_output, read_source=True,
+                           slots=_fc_slots(shapes, spec))
+    report.answer = ev
+    report.training_layout, report.evidence = ev.layout, str(ev.basis)
+    report.training_source = ev.source if ev.settled else "unknown"
+    report.notes += [f"trainer: {w}" for w in ev.warnings]
+    if ev.basis is Basis.TRAINER_OUTPUT and ev.note:
+        report.notes.append(f"trainer output: {ev.note}")
+    if ev.conflict and ev.basis is Basis.RECORD:
         report.problems.append(Problem(
-            ProblemKind.RECORD_VS_TRAINER,
-            f"training.json says {report.training_layout}, the {said} gives {tuple(layout)}",
+            ProblemKind.RECORD_VS_TRAINER, ev.conflict,
             "check which trainer release and ids produced the features, or measure with `diagnose`"))
+    elif ev.conflict:
+        report.problems.append(Problem(
+            ProblemKind.CONFIG_VS_TRAINER, f"the draft config's ids are not the ones its trainer captured: "
+            f"{ev.conflict}", f"record what was captured: python -m helpers fixes record --draft {draft_dir} "
+            f"--layout {','.join(map(str, ev.layout or ()))}; then python -m helpers fixes deploy writes the "
+            f"ids each engine reads", blocking=False))
+    if req.trainer is not None and ev.basis in (Basis.TRAINER, Basis.NONE) and (ev.note or not ev.settled):
+        report.problems.append(Problem(ProblemKind.TRAINER, ev.note or f"{req.trainer}: no layout",
+                                       "retrain the draft on boundaries"))
+    if ev.settled or req.trainer is not None:
         return
-    if report.training_layout is None:
-        report.training_layout = tuple(layout)
-        report.training_source = said
-        report.evidence = str(Basis.TRAINER)
-
-
-def _trainer_side(trainer: str, train_ids, cfg: dict, n: int, arch: str) -> TrainerResult:
-    """Explicit ids first; else the ids the trainer wrote into the draft config, if it writes any."""
-    name, _ = parse_trainer(trainer)
-    if train_ids is None:
-        ids, where = ids_in_config(cfg)
-        probe = trainer_layout(trainer, n, None, arch=arch, read_source=False)
-        if ids is not None and where == probe.writes_ids:
-            return trainer_layout(trainer, n, ids, arch=arch)
-    return trainer_layout(trainer, n, train_ids, arch=arch)
+    prior = f"; {ev.note}" if ev.prior is not None else ""
+    report.problems.append(Problem(
+        ProblemKind.TRAINING_UNKNOWN, "no training record (training.json) and no trainer named, "
+        f"so the layout the fc learned is unknown{prior}",
+        f"name the trainer (--trainer {_writer_example(cfg)} [--train-ids ...]), "
+        f"or measure it: `python -m helpers diagnose --draft {draft_dir} --data DUMP --target TARGET` "
+        f"on the trainer's hidden-state dump (no target forward), or `diagnose --target T --draft "
+        f"{draft_dir}` where the target runs"))
 
 
 def _fc_slots(shapes, spec: TargetSpec) -> int | None:
@@ -545,7 +510,7 @@ def _fc_slots(shapes, spec: TargetSpec) -> int | None:
 
 
 def _layout_fixes(report: CheckReport, served: WiringResult, engine: str, root) -> None:
-    if report.training_layout is None or report.agree:
+    if report.training_layout is None or report.agree or report.cannot_serve:
         return
     trained = report.training_layout
     ways = ways_out(trained, served.served_layout, engine, report.arch, report.num_layers, root=root)
