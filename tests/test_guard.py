@@ -13,6 +13,7 @@ import pytest
 
 from helpers.commands.fixes import main as fixes
 from helpers.errors import BadConfig, BadOption
+from helpers.investigation.evidence import Basis, Evidence
 from helpers.judgement import Judgement
 from helpers.live import guard
 from helpers.record import read_record, write_record
@@ -62,10 +63,28 @@ def test_kinds(indices, trained, kind):
 
 
 def test_no_record_says_so_and_does_not_guess():
+    """Nothing settles the training layout: the guard does not guess; ``warn`` starts, ``refuse`` (fail
+    closed: it cannot judge) and ``strict`` stop, each in one line."""
     v = guard.judge(engine="vllm 0.32.0", draft="d", indices=[2, 6, 9], highest=12, evidence=None)
     assert v.kind is Judgement.UNKNOWN and not v.blocking and v.trained is None
+    assert not v.refused_by(guard.Mode.WARN)
+    assert v.refused_by(guard.Mode.REFUSE) and v.refused_by(guard.Mode.STRICT)
+    assert "does not guess" in guard.render(v, guard.Mode.WARN)
+    assert "cannot judge" in guard.render(v, guard.Mode.REFUSE)
+
+
+def test_a_prior_from_the_format_is_never_a_match():
+    """Every writer of the config's format reading its ids alike is a prior: the guard names it and does
+    not judge by it, even where the served layout equals it."""
+    prior = Evidence(None, Basis.FORMAT, "", note="every writer reads its ids as (2, 6, 9): a prior",
+                     prior=(2, 6, 9))
+    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=[2, 6, 9], highest=11, evidence=prior)
+    assert v.kind is Judgement.UNKNOWN and v.prior == (2, 6, 9) and not v.proven
+    assert v.refused_by(guard.Mode.REFUSE) and "a prior" in guard.render(v, guard.Mode.REFUSE)
+    config = Evidence((2, 6, 9), Basis.CONFIG, "speculators==0.5.0 named by the config")
+    v = guard.judge(engine="sglang 0.5.23", draft="d", indices=[2, 6, 9], highest=11, evidence=config)
+    assert v.kind is Judgement.MATCH and v.proven and not v.stated
     assert not v.refused_by(guard.Mode.REFUSE) and v.refused_by(guard.Mode.STRICT)
-    assert "does not guess" in guard.render(v)
 
 
 def test_indices_past_the_loop_are_dropped_not_served():

@@ -9,9 +9,10 @@ the symptom must stay measurable), ``refuse`` or ``strict``. The judgement is da
 kind, the two layouts, the fix, what the trained layout rests on); the one-line sentence is rendered where
 it is logged or raised. The trained layout comes from the one chain of evidence ``check`` reads
 (``investigation.evidence``): the draft's record, a trainer named at launch (``EAGLE3_WORKBOOK_TRAINER``,
-``EAGLE3_WORKBOOK_TRAIN_IDS``), the trainer the config names, the format's writers. ``refuse`` refuses a
-mismatch on any of them and a launch it cannot judge; ``strict`` also refuses a match resting only on the
-format's writers (a prior) or on nothing.
+``EAGLE3_WORKBOOK_TRAIN_IDS``), the trainer the config names; the format's writers are a prior, never a
+settled layout. ``refuse`` refuses a mismatch and a launch it cannot judge (nothing settles the training
+layout, or the draft cannot be read); ``strict`` also refuses a match resting on a rule read on the
+config's ids (the trainer the config names) rather than on what was stated at training.
 
 Capture indices are read as boundaries: index i is the state entering layer i (0 = the embedding
 output, L = the state after the last layer), the capture site of every SGLang and vLLM forward loop the
@@ -36,14 +37,16 @@ from ..boundaries import ProblemKind
 from ..errors import InputError
 from ..investigation.evidence import (
     PROVEN,
+    STATED,
     TRAIN_IDS_ENV,
     TRAINER_ENV,
     TRAINING_OUTPUT_ENV,
     Basis,
     Evidence,
+    deploy_line,
     training_evidence,
 )
-from ..judgement import BLOCKING, Judgement, Verdict, deploy_command
+from ..judgement import BLOCKING, Judgement, Verdict
 from ..profile import NAME as PROFILE_NAME
 from ..profile import read_profile
 from ..rules.conventions import Engine, read_draft_config
@@ -55,8 +58,8 @@ PREFIX = "eagle3-workbook guard"
 class Mode(StrEnum):
     OFF = "off"
     WARN = "warn"
-    REFUSE = "refuse"      # refuses a mismatch on any evidence, and a launch it cannot judge
-    STRICT = "strict"      # also refuses a match it cannot prove (resting on the format's writers only)
+    REFUSE = "refuse"      # refuses a mismatch, and a launch it cannot judge (no settled training layout)
+    STRICT = "strict"      # also refuses a match resting on the config's own ids, not on what training stated
 
     @property
     def refusing(self) -> bool:
@@ -98,6 +101,7 @@ class GuardVerdict:
     notes: tuple[str, ...] = field(default=())
     expected: str = ""                   # what the draft's speculation_profile.json expects, as a sentence
     fix_command: str | None = None       # the fix as the command that writes the copy (``fixes deploy``)
+    prior: tuple[int, ...] | None = None  # what the config format's writers mean by its ids: never settled
 
     @property
     def blocking(self) -> bool:
@@ -105,11 +109,19 @@ class GuardVerdict:
 
     @property
     def proven(self) -> bool:
-        """A verdict on a statement about this draft (record, trainer), not on its format's writers."""
+        """A verdict on a statement about this draft (record, trainer, its config's trainer), not a prior."""
         return self.kind is Judgement.OTHER_RANK or (self.trained is not None and self.evidence in PROVEN)
 
+    @property
+    def stated(self) -> bool:
+        """A verdict on what was stated at training (record, trainer output, trainer named)."""
+        return self.kind is Judgement.OTHER_RANK or (self.trained is not None and self.evidence in STATED)
+
     def refused_by(self, how: Mode) -> bool:
-        return how.refusing and (self.blocking or (how is Mode.STRICT and not self.proven))
+        """``refuse``: a mismatch, or a launch it cannot judge (UNKNOWN); ``strict``: also a verdict not on
+        what was stated at training."""
+        return how.refusing and (self.blocking or self.kind is Judgement.UNKNOWN
+                                 or (how is Mode.STRICT and not self.stated))
 
     @property
     def judged(self) -> Verdict:
@@ -124,7 +136,8 @@ class GuardVerdict:
                 "ignored_flags": list(self.ignored_flags), "dropped": list(self.dropped), "basis": self.basis,
                 "seconds": self.seconds, "ids": None if self.ids is None else list(self.ids),
                 "evidence": str(self.evidence), "evidence_source": self.evidence_source,
-                "proven": self.proven, "settle": self.settle, "expected": self.expected or None}
+                "proven": self.proven, "stated": self.stated, "settle": self.settle,
+                "expected": self.expected or None, "prior": None if self.prior is None else list(self.prior)}
 
 
 def render(v: GuardVerdict, how: Mode | None = None) -> str:
@@ -152,17 +165,17 @@ def _render(v: GuardVerdict, how: Mode | None) -> str:
                 f"stage does and is judged there; starting")
     if v.kind is Judgement.UNKNOWN:
         why = "; ".join(v.notes) or "no training record (training.json) and no trainer named"
-        end = ("refusing: strict mode serves only a layout it can prove" if refused else
+        end = ("refusing: the guard cannot judge a draft whose training layout is not settled" if refused else
                "the guard cannot compare and does not guess; starting")
         return (f"{head}: {served}; the training layout is not settled ({why}); {end}. Settle it: "
                 f"python -m helpers fixes record --draft {v.draft} --layout B1,B2,B3, or launch with "
                 f"EAGLE3_WORKBOOK_TRAINER=NAME==VERSION [EAGLE3_WORKBOOK_TRAIN_IDS=...]")
     if v.kind is Judgement.MATCH:
-        if v.proven:
+        if not refused:
             return f"{head}: {served}, the layout it was trained on{rests}; starting"
-        end = "refusing: strict mode serves only a layout it can prove" if refused else "starting"
-        return (f"{head}: {served}, the layout its config format's writers mean{rests}: a prior, not a "
-                f"measurement; {end}. Measure it on the running engine: {v.settle}")
+        return (f"{head}: {served}, the layout its config's own ids give{rests}, not what was stated at "
+                f"training; refusing: strict mode serves only a stated layout. State it: python -m helpers "
+                f"fixes record --draft {v.draft} --layout {_csv(v.trained)}, or measure it: {v.settle}")
     if v.kind is Judgement.IGNORED_FLAG:
         return f"{head}: {served} as trained{rests}, but ignores {', '.join(v.ignored_flags)}; fix: {v.fix}"
     return f"{head}: {served}; it was trained on {v.trained}{rests}; fix: {v.fix}"
@@ -233,7 +246,8 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
     if not feeds_draft:
         return GuardVerdict(Judgement.OTHER_RANK, trained=ev.layout, **common)
     if ev.layout is None:
-        return GuardVerdict(Judgement.UNKNOWN, trained=None, notes=(ev.note,) if ev.note else (), **common)
+        return GuardVerdict(Judgement.UNKNOWN, trained=None, notes=(ev.note,) if ev.note else (),
+                            prior=ev.prior, **common)
     trained = ev.layout
     if served == trained:
         if ignored:
@@ -249,7 +263,7 @@ def judge(*, engine: str, draft: str | Path, indices: Sequence[int], highest: in
     ascending = tuple(sorted(trained)) == trained
     want = ids_for(trained) if (ids_for and ascending) else None
     if want is not None:
-        command = deploy_command(draft, target or "TARGET", "==".join(engine.split()[:2]))
+        command = deploy_line(ev, draft, target or "TARGET", "==".join(engine.split()[:2]))
         fix = (f"set {ids_key} to {list(want)} (this engine's own setter turns them into {trained}): "
                f"{command} writes that copy, checked before it is written; or retrain the draft on {served}")
         needs = [note for b, note in (hazards or {}).items() if b in trained]
