@@ -124,7 +124,8 @@ def test_diagnose_cli_json(capsys):
     assert out["trained_layout"] == [0, 3, 7] and out["mismatch"] is True and not out["record_disagrees"]
     assert out["ranked_by"].startswith("expected accepted tokens") and out["significant"] is True
     assert out["cost"]["difference"] > out["cost"]["half_width"] > 0
-    assert out["verdict"].startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record)")
+    assert out["verdict"].startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (the training record "
+                                     "(training.json))")
 
 
 def test_diagnose_reports_a_served_layout_that_cannot_feed_the_draft(capsys, tmp_path):
@@ -226,7 +227,7 @@ def test_verdict_keeps_the_two_questions_apart():
     assert d["confident_set"] == [[3, 5, 7], [2, 5, 7]] and d["significant"] is False
     recorded = diag((2, 5, 7), (3, 5, 7))
     assert recorded.mismatch is True and recorded.verdict.startswith("MISMATCH: served (2, 5, 7) ≠ trained")
-    assert "not significant" in recorded.verdict
+    assert "negligible" in recorded.verdict
     bad = diag((0, 1, 2), None)
     assert bad.mismatch is True and bad.verdict.startswith("MISMATCH")
 

@@ -263,7 +263,8 @@ def test_interchangeable_neighbour_is_still_a_mismatch_with_its_cost(tmp_path):
     lo, hi = out["cost"]["interval"]
     assert lo <= 0 <= hi and abs(out["cost"]["difference"]) < 0.05
     v = out["verdict"]
-    assert v.startswith("MISMATCH: served (0, 3, 8) ≠ trained (0, 3, 7)") and "not significant" in v
+    assert v.startswith("MISMATCH, NEGLIGIBLE COST: served (0, 3, 8) ≠ trained (0, 3, 7)")
+    assert "negligible" in v
     assert "accepted tokens per step" in v and "fix: ids [0, 3, 7]" in v and "consistent" not in v
 
 
@@ -289,7 +290,8 @@ def test_capture_path_interchangeable_neighbour(tmp_path):
                              "verdict", "confident_set")}, indent=1))
     assert out["served_layout"] == [0, 3, 8] and out["recorded_layout"] == [0, 3, 7]
     assert out["mismatch"] is True and out["significant"] is False and "consistent" not in out["verdict"]
-    assert out["verdict"].startswith("MISMATCH: served (0, 3, 8) ≠ trained (0, 3, 7) (training record)")
+    assert out["verdict"].startswith("MISMATCH, NEGLIGIBLE COST: served (0, 3, 8) ≠ trained (0, 3, 7) (the "
+                                     "training record (training.json))")
 
 
 def test_verdict_rules():
@@ -298,9 +300,10 @@ def test_verdict_rules():
     known = WiringVerdict((3, 6, 8), (2, 5, 7), True, "training record", [(2, 5, 7), (3, 6, 8)], cost,
                           "ids [1, 4, 6] in eagle_config, or retrain the draft on (3, 6, 8)")
     assert known.mismatch is True and known.significant is False
-    assert known.line == ("MISMATCH: served (3, 6, 8) ≠ trained (2, 5, 7) (training record); on this text it "
-                          "costs 0.02 ± 0.03 accepted tokens per step (not significant); fix: ids [1, 4, 6] "
-                          "in eagle_config, or retrain the draft on (3, 6, 8)")
+    assert known.line == ("MISMATCH, NEGLIGIBLE COST: served (3, 6, 8) ≠ trained (2, 5, 7) (training "
+                          "record); on this text it costs 0.02 ± 0.03 accepted tokens per step "
+                          "(negligible: not separated, or under 2% of the accept length wired right); "
+                          "fix: ids [1, 4, 6] in eagle_config, or retrain the draft on (3, 6, 8)")
     same = dataclasses.replace(known, served=(2, 5, 7), cost=PairedTest(0.0, 0.0, 0.0, 40))
     assert same.mismatch is False and same.line.startswith("OK: served (2, 5, 7) = trained")
     # the layout agrees but the engine's draft file skips a flag the draft was trained with
@@ -310,13 +313,22 @@ def test_verdict_rules():
     assert forward.mismatch is False and forward.forward_mismatch
     assert forward.line.startswith("FORWARD MISMATCH: served (2, 5, 7) = trained (2, 5, 7) (training "
                                    "record), but the engine runs another forward (norm_before_fc ignored")
-    assert forward.line.endswith("(significant); fix: serve with sglang>=0.5.17")
+    assert forward.line.endswith("(it matters: the paired test separates them); fix: serve with "
+                                 "sglang>=0.5.17")
     assert forward.to_dict()["fix"] == "serve with sglang>=0.5.17"
     inferred = dataclasses.replace(known, trained_known=False, trained_source="inferred")
     assert inferred.mismatch is None and inferred.line.startswith(
         "UNDECIDED: served (3, 6, 8) is in the confidence set, but so are others ((2, 5, 7))")
     outside = dataclasses.replace(inferred, confident_set=[(2, 5, 7)])
-    assert outside.mismatch is True and outside.line.startswith("MISMATCH: served (3, 6, 8) is outside")
+    # one layout alone within noise of the best: measured, so settled
+    assert outside.mismatch is True and outside.line.startswith(
+        "MISMATCH, NEGLIGIBLE COST: served (3, 6, 8) ≠ (2, 5, 7), the only layout within noise of the best")
+    assert outside.training_layout == (2, 5, 7)
+    several = dataclasses.replace(inferred, confident_set=[(2, 5, 7), (2, 5, 8)])
+    assert several.mismatch is True
+    assert several.line.startswith("MISMATCH, NEGLIGIBLE COST: served (3, 6, 8) is outside")
+    assert several.training_layout is None
+    assert several.to_dict()["candidate_layouts"] == [[2, 5, 7], [2, 5, 8]]
     alone = dataclasses.replace(inferred, served=(2, 5, 7), confident_set=[(2, 5, 7)])
     assert alone.mismatch is False
     failed = dataclasses.replace(known, errors=["fc takes 3, engine feeds 2"])

@@ -119,8 +119,9 @@ def test_embedded_pair_check_and_diagnose_name_the_same_ways_out():
     pair = load_pair(TINY_KIMI / "target", TINY_KIMI / "draft")
     caps = eval_captures(pair, max_windows=2, window=64)
     d = diagnose(pair, caps, parse_engine("sglang==0.5.9"), steps=2, progress=False)
-    assert d.wiring.trained_source == "training record" and d.wiring.fix == shortest
-    assert d.verdict.startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record)")
+    assert "training record" in d.wiring.trained_source and d.wiring.fix == shortest
+    assert d.verdict.startswith("MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (the training record "
+                                "(training.json))")
     dd = diagnose_dump(pair.draft, open_dump(TINY_KIMI / "dump"), engine=parse_engine("sglang==0.5.9"),
                        draft_config=pair.draft_config, arch=arch, num_layers=n, steps=2, max_records=2,
                        max_tokens=96, progress=False, recorded=pair.recorded_layout)
@@ -231,23 +232,27 @@ def _without_record(tmp_path, ids, fmt: str) -> Path:
     return tmp_path / "draft"
 
 
-def test_a_prior_alone_never_says_ok(tmp_path):
+def test_a_draft_that_names_its_trainer_is_settled_alike_by_check_and_diagnose(tmp_path):
     """diagnose on a speculators-format Llama draft whose record is gone and whose ids are those it was
-    trained on: every writer agrees and the engine serves that layout, but the tiny target's layers are
-    nearly interchangeable, so the search leaves others within noise. The verdict is UNDECIDED, never OK
-    on the prior; the layout the writers mean is named."""
+    trained on: its config names its trainer (speculators_version), whose rule settles the layout for
+    ``check`` and the guard, so it settles it for ``diagnose`` too, even where the tiny target's layers are
+    nearly interchangeable and the search leaves others within noise."""
     from helpers.investigation.diagnosis import diagnose
+    from helpers.investigation.gate import check
     from helpers.investigation.pair import eval_captures, load_pair
 
     trained = tuple(json.loads((tiny_llama() / "draft" / "training.json").read_text())["training_boundaries"])
     pair = load_pair(tiny_llama() / "target", _without_record(tmp_path, trained, "speculators"))
     out = diagnose(pair, eval_captures(pair, max_windows=6, window=128), parse_engine("vllm"), steps=2,
                    progress=False)
-    assert out.recorded_layout is None and trained in out.confident_set and len(out.confident_set) > 1
+    assert out.recorded_layout is None and trained in out.confident_set
     w = out.wiring
-    assert not w.trained_known and w.mismatch is None and out.to_dict()["mismatch"] is None
-    assert out.verdict.startswith(f"UNDECIDED: served {trained}")
-    assert f"reads its ids as {trained}, a prior the ranking cannot confirm" in out.verdict
+    assert w.trained_known and w.mismatch is False and out.training_layout == trained
+    assert "named by the config (speculators_version" in w.trained_source
+    report = check(pair.draft_dir, parse_engine("vllm"), target=tiny_llama() / "target",
+                   across_releases=False)
+    assert report.training_layout == trained and report.evidence == "config"
+    assert out.verdict.startswith(f"OK: served {trained} = trained {trained}")
 
 
 def test_ids_converted_across_conventions(tmp_path):
@@ -256,7 +261,8 @@ def test_ids_converted_across_conventions(tmp_path):
     writers and SGLang read them as layer outputs, (1, 3, 5). Everyone downstream of the config agrees,
     and everyone is wrong. On too little text the ranking cannot tell them apart: UNDECIDED, naming what
     the writers mean, the cost at most and how to settle it. On enough text the ranking puts the training
-    layout first and separates the served one: MISMATCH, with the fix."""
+    layout first and separates the served one: MISMATCH; where it leaves several layouts within noise of the
+    best, those are candidates, and the fix is to settle which, never ids aimed at one of them."""
     from helpers.investigation.diagnosis import diagnose
     from helpers.investigation.pair import eval_captures, load_pair
 
@@ -283,7 +289,12 @@ def test_ids_converted_across_conventions(tmp_path):
     assert w.mismatch is True and w.significant and w.trained == trained
     assert enough.verdict.startswith("MISMATCH: served (1, 3, 5) is outside the confidence set ((0, 2, 4)")
     assert "the ranking separates that layout from the best" in enough.verdict
-    assert w.fix.startswith("ids [-1, 1, 3] in eagle_config")
+    if len(enough.confident_set) == 1:     # measured: the fix serves it, the command carrying the layout
+        assert w.training_layout == trained and "--layout 0,2,4" in w.fix_command
+    else:
+        assert w.training_layout is None and w.fix_command is None and w.fix_ids is None
+        assert w.fix.startswith("settle which of (0, 2, 4)") and "fixes record --draft" in w.fix
+        assert enough.to_dict()["training_layout"] is None and enough.exit_code == 1
 
 
 def test_every_judge_says_one_verdict_with_one_exit_code():

@@ -11,6 +11,7 @@ from ..errors import check_finite
 from ..model.draft import forward_verdict, run_as
 from ..rules.conventions import Engine
 from .evaluate import RANKED_BY, EvalText, evaluate_layout, paired_test
+from .evidence import IN_FOLDER, Basis, Evidence, training_evidence
 from .layout_search import SearchResult, search
 from .pair import more_captures, plan_problems
 from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
@@ -42,12 +43,13 @@ class Diagnosis:
     growth: str = ""                        # why more of it was evaluated, or why no more could be
 
     @property
-    def trained_layout(self) -> tuple[int, ...]:
-        """The record when there is one (it was written by the training run), else what settled it by
-        rule (every writer of the config's format), else the search's answer."""
-        if self.recorded_layout:
-            return tuple(self.recorded_layout)
-        return tuple(self.wiring.trained) if self.wiring and self.wiring.trained else tuple(self.best_layout)
+    def training_layout(self) -> tuple[int, ...] | None:
+        """What the draft was trained on, as the one chain settled it (``evidence.training_evidence``, then
+        the ranking where it leaves one layout alone within noise); None while the ranking leaves several:
+        those are ``candidates``, never a training layout."""
+        if self.wiring is not None:
+            return self.wiring.training_layout
+        return tuple(self.recorded_layout) if self.recorded_layout else None
 
     @property
     def confident_set(self) -> list[tuple[int, ...]]:
@@ -62,8 +64,12 @@ class Diagnosis:
 
     @property
     def record_disagrees(self) -> bool:
-        """The record's layout is significantly worse than the best: a stale record, or too little text."""
-        return bool(self.recorded_layout) and tuple(self.recorded_layout) not in self.confident_set
+        """The settled layout (a record, a trainer's rule) is significantly worse than the best: a stale
+        record, ids edited after training, or too little text."""
+        w = self.wiring
+        known = (tuple(w.trained) if w is not None and w.trained_known and w.trained else
+                 tuple(self.recorded_layout) if self.recorded_layout else None)
+        return known is not None and known not in self.confident_set
 
     @property
     def verdict(self) -> str:
@@ -89,7 +95,10 @@ class Diagnosis:
             "served_source": self.served_source, "served_notes": self.served_notes,
             "served_errors": self.served_errors,
             "recorded_layout": list(self.recorded_layout) if self.recorded_layout else None,
-            "trained_layout": list(self.trained_layout), "record_disagrees": self.record_disagrees,
+            # ``trained_layout`` is the old name of ``training_layout``, kept as an alias for one release
+            "trained_layout": None if self.training_layout is None else list(self.training_layout),
+            "aliases": {"trained_layout": "training_layout (the old name, kept for one release)"},
+            "record_disagrees": self.record_disagrees,
             **(self.wiring.to_dict() if self.wiring else {"mismatch": self.mismatch, "cost": None,
                                                           "significant": None, "verdict": self.verdict}),
             "confident_set": [list(l) for l in self.confident_set], "ranked_by": self.ranked_by,
@@ -121,9 +130,11 @@ def diagnose(pair, caps, engine: Engine, steps: int = 3, progress: bool = True,
         raise ValueError(f"steps must be at least 1, got {steps}")
     served = pair.served(engine)  # first: a bad engine string should not wait for the search
     errors = plan_problems(pair, served)
-    # the layout every writer of the config's format reads its ids as is scored too, to be confirmed
-    by_format = None if pair.recorded_layout else format_settled(pair, engine, served).layout
-    named = [tuple(l) for l in (None if errors else served.layout, pair.recorded_layout or by_format)
+    # the layout the chain settles (or, unsettled, every writer of the config's format reads its ids as) is
+    # scored too, to be confirmed
+    ev = chain(pair, engine, served)
+    by_format = ev.layout or format_settled(pair, engine, served).layout
+    named = [tuple(l) for l in (None if errors else served.layout, by_format)
              if l and len(l) == pair.draft.cfg.num_aux and all(b in caps.states for b in l)]
     # named layouts get the final measure too
     res = search(pair.draft, caps, progress=progress, include=named, steps=steps)
@@ -208,11 +219,12 @@ def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], step
         known = trained.source in ("training record", "stated")
         settled = Settled(layout, trained.source, known)
         confident = [layout] if known and layout else []
+        in_folder = trained.source == "training record"
     else:
         if search is None:
             raise ValueError("pair_verdict needs the search's ranking or a trained plan")
         confident = search.confident_set
-        settled = _settle(pair, engine, served, search)
+        settled, in_folder = _settle(pair, engine, served, search)
     cost = None
     if not errors and settled.layout:
         if served_score is None:
@@ -222,6 +234,7 @@ def pair_verdict(pair, caps, engine: Engine, served, errors: Sequence[str], step
         ref = ref or evaluate_layout(pair.draft, caps, settled.layout, steps)
         cost = paired_test(ref.blocks(), served_score.blocks())
     return judge(tuple(served.layout) or None, settled.layout, known=settled.known, source=settled.source,
+                 in_folder=settled.known and in_folder,
                  confident_set=confident, cost=cost, errors=errors, engine=engine, arch=pair.arch,
                  num_layers=pair.num_layers, rounds_per_s=rounds_per_s,
                  forward=forward_verdict(pair.draft, engine) if not errors else None, settled=settled,
@@ -240,11 +253,22 @@ def format_settled(pair, engine: Engine, served, search=None) -> Settled:
                      confident_set=search.confident_set if search is not None else ())
 
 
-def _settle(pair, engine, served, search) -> Settled:
-    recorded = pair.recorded_layout
-    if recorded:
-        return Settled(tuple(recorded), "training record", True)
+def chain(pair, engine: Engine, served) -> Evidence:
+    """The pair's draft asked the one chain (``evidence.training_evidence``): what ``check``, ``fixes deploy``
+    and the guard settle, this settles too."""
+    return training_evidence(pair.draft_dir, pair.draft_config, engine=engine, arch=pair.arch,
+                             num_layers=pair.num_layers, served=tuple(served.layout))
+
+
+def _settle(pair, engine, served, search) -> tuple[Settled, bool]:
+    """(the training layout as the chain settles it, else as the ranking confirms the format's prior, else
+    the ranking's best (settled only where it is alone within noise); whether ``fixes deploy`` reads it
+    from the draft folder)."""
+    ev = chain(pair, engine, served)
+    if ev.settled:
+        return Settled(ev.layout, ev.source, True), ev.basis in IN_FOLDER
     fmt = format_settled(pair, engine, served, search)
     if fmt.known:
-        return fmt
-    return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, fmt.note)
+        return fmt, False
+    note = "; ".join(x for x in (ev.note if ev.basis is not Basis.FORMAT else "", fmt.note) if x)
+    return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, note), False

@@ -432,6 +432,9 @@ class DumpDiagnosis:
             "best_layout": list(best["layout"]) if best["layout"] else None,
             "best_acc": best["acc0"], "best_ce": best["ce"], "best_full_acc": best["full_acc"],
             "trained_slots": list(self.trained_slots) if self.trained_slots is not None else None,
+            "training_layout": (None if self.wiring is None or self.wiring.training_layout is None
+                                else list(self.wiring.training_layout)),
+            # the old name: the layout the dump's slot choice gives, kept for one release
             "trained_layout": list(self.trained_layout) if self.trained_layout else None,
             "trained_acc": trained["acc0"] if trained else None,
             "trained_ce": trained["ce"] if trained else None,

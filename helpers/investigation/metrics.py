@@ -29,6 +29,7 @@ from ..record import read_record
 from ..rules import acceptance
 from ..rules.conventions import Engine, rules_of
 from . import evaluate
+from .diagnosis import chain
 from .evaluate import evaluate_layout
 from .exports import Level, ServedProfile, read_metrics
 from .pair import eval_captures, load_pair
@@ -242,6 +243,8 @@ class MetricsVerdict:
             if self.served_predicted is None
             else self.served_predicted.source,
             "served_layout": None if self.served_layout is None else list(self.served_layout),
+            "training_layout": None if self.trained_layout is None else list(self.trained_layout),
+            # the old name of training_layout, kept for one release
             "trained_layout": None if self.trained_layout is None else list(self.trained_layout),
             "temperature_assumed": self.temperature,
             "temperature_basis": self.temperature_basis,
@@ -534,8 +537,8 @@ def metrics_verdict(
     ignored: tuple[str, ...] = ()
     if target_dir is not None and k:
         pair = load_pair(target_dir, draft_dir, device)
-        trained = trained or pair.recorded_layout
         plan = pair.served(engine)
+        trained = trained or chain(pair, engine, plan).layout    # the one chain, as check and the guard ask
         served = tuple(plan.layout) if not plan.errors else None
         caps = eval_captures(pair, text, max_windows=windows)
         what = "--text" if text is not None else "held-out text"

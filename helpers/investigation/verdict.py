@@ -25,7 +25,15 @@ from ..boundaries import Layout, ProblemKind, WiringError
 from ..judgement import Judgement, PairedTest, Verdict, compare, deploy_command
 from ..rules.conventions import IDS_KEY, Engine, expect_engine
 from ..rules.wiring import ids_for_layout, resolve
-from .evidence import Settled, agreed_layout, by_format, candidate_table, read_format, writer_candidates  # noqa: F401
+from .evidence import (  # noqa: F401
+    SETTLE,
+    Settled,
+    agreed_layout,
+    by_format,
+    candidate_table,
+    read_format,
+    writer_candidates,
+)
 
 # --------------------------------------------------------------------------------------
 # The ways out of a mismatch
@@ -178,16 +186,18 @@ class Fix:
 
 
 def verdict_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
-                paths: tuple[str, str] | None = None, root=None) -> Fix:
+                paths: tuple[str, str] | None = None, root=None, with_layout: bool = False) -> Fix:
     """The shortest way out as a :class:`Fix`. ``paths`` (the draft's and the target's folders): where ids
-    alone serve the trained layout, the fix is the ``fixes deploy`` command, the hand edit beside it."""
+    alone serve the trained layout, the fix is the ``fixes deploy`` command, the hand edit beside it;
+    ``with_layout``: the command carries the layout (``fixes deploy`` cannot re-derive it from the folder)."""
     ways = _ways(trained, served, engine, arch, num_layers, root)
     if ways is None:
         return Fix()
     ids = ways.of(WayKind.WRITE_IDS)
     if ids is None or paths is None:
         return Fix(ways.shortest, ids.ids if ids else None)
-    command = deploy_command(*paths, ways.engine)
+    command = deploy_command(*paths, ways.engine) + (
+        f" --layout {','.join(map(str, trained))}" if with_layout else "")
     hand = ("permute the fc columns, then " if ways.of(WayKind.REORDER_FC) else "") + (
         f"ids {list(ids.ids)} in {_SHORT_WHERE[ids.where]}")
     return Fix(f"`{command}` (by hand: {hand}), or retrain the draft on {ways.served}", ids.ids, command)
@@ -210,6 +220,30 @@ MATERIAL = 0.02
 def material(gain: float, accept_length: float) -> bool:
     """A gain in accepted tokens per step worth a fix: at least ``MATERIAL`` of the accept length."""
     return gain >= MATERIAL * accept_length
+
+
+class Cost(StrEnum):
+    """Does a measured difference matter: the one rule every command, the metrics and the notebooks say."""
+
+    MATTERS = "matters"          # the paired test separates them and the interval's low end is material
+    NEGLIGIBLE = "negligible"    # measured on enough text, not MATTERS: a fix does not recover acceptance
+    UNSIZED = "unsized"          # too few blocks of tokens to size it
+
+
+def cost_of(c: PairedTest, accept_length: float | None) -> Cost:
+    """``c`` (trained minus served) against the accept length the draft reaches wired right: it matters
+    only when the test separates them and even the interval's low end is ``MATERIAL``; where the accept
+    length is not known, when the test separates them."""
+    if not c.enough:
+        return Cost.UNSIZED
+    low = c.difference - c.half_width
+    matters = c.significant and low > 0 and (accept_length is None or material(low, accept_length))
+    return Cost.MATTERS if matters else Cost.NEGLIGIBLE
+
+
+COST_WORDS = {Cost.MATTERS: "it matters: the paired test separates them{by}",
+              Cost.NEGLIGIBLE: "negligible: not separated, or under {pct} of the accept length wired right",
+              Cost.UNSIZED: "too few blocks of tokens to size it"}
 
 
 @dataclass(frozen=True)
@@ -299,6 +333,29 @@ class WiringVerdict:
         return None if self.cost is None else self.cost.significant
 
     @property
+    def cost_class(self) -> Cost | None:
+        """Does the difference matter (``cost_of``); None when unmeasured."""
+        if self.cost is None:
+            return None
+        return cost_of(self.cost, self.at_trained.accept_length if self.at_trained else None)
+
+    @property
+    def settled(self) -> bool:
+        """The training layout is settled: by rule, or by a ranking that leaves it alone within noise."""
+        return self.trained is not None and (
+            self.trained_known or [tuple(c) for c in self.confident_set] == [tuple(self.trained)])
+
+    @property
+    def training_layout(self) -> tuple[int, ...] | None:
+        """What the draft was trained on, where settled; an unsettled ranking's best is never it."""
+        return tuple(self.trained) if self.settled else None
+
+    @property
+    def candidates_set(self) -> list[tuple[int, ...]]:
+        """Unsettled: the layouts within noise of each other, any of them possibly the trained one."""
+        return [] if self.settled else [tuple(c) for c in self.confident_set]
+
+    @property
     def judgement(self) -> Judgement:
         """The verdict's kind: BLOCKED (the engine cannot feed the draft), MISWIRED or ORDER (served is not
         trained), IGNORED_FLAG (the layouts agree, the engine runs another forward), UNKNOWN (undecided),
@@ -315,15 +372,14 @@ class WiringVerdict:
 
     @property
     def costless(self) -> bool:
-        """A mismatch measured on enough text to cost nothing measurable, the forward the draft's own."""
-        c = self.cost
+        """A mismatch whose measured cost does not matter (``cost_of``), the forward the draft's own."""
         return (self.judgement in (Judgement.MISWIRED, Judgement.ORDER) and not self.forward
-                and c is not None and c.enough and not c.significant)
+                and self.cost_class is Cost.NEGLIGIBLE)
 
     @property
     def judged(self) -> Verdict:
         """This verdict as every judge says one (``judgement.Verdict``)."""
-        return Verdict(self.judgement, "diagnose", self.engine, self.served, self.trained,
+        return Verdict(self.judgement, "diagnose", self.engine, self.served, self.training_layout,
                        self.trained_source, self.line, self.fix if self.mismatch else self.forward_fix,
                        self.fix_command if self.mismatch else None, self.costless)
 
@@ -339,8 +395,10 @@ class WiringVerdict:
         if c is None:
             return self.cost_note
         verb = "costs" if c.difference >= 0 else "gains"
-        sig = ("significant" if c.significant else
-               "not significant" if c.enough else f"not significant: {c.blocks} blocks of tokens, too few")
+        by = f", by at least {MATERIAL:.0%} of the accept length wired right" if self.at_trained else ""
+        sig = COST_WORDS[self.cost_class].format(pct=f"{MATERIAL:.0%}", by=by)
+        if self.cost_class is Cost.UNSIZED:
+            sig = f"{c.blocks} blocks of tokens: {sig}"
         text = (f"on this text it {verb} {abs(c.difference):.2f} ± {c.half_width:.2f} accepted tokens per "
                 f"step ({sig})")
         if self.rounds_per_s:
@@ -382,7 +440,8 @@ class WiringVerdict:
         m = self.mismatch
         if m is False and not self.forward:
             return f"the wiring is right, so acceptance is the draft's own: {tops}"
-        if not c.enough:
+        kind = self.cost_class
+        if kind is Cost.UNSIZED:
             return (f"{what} costs {size} accepted tokens per step on {c.blocks} blocks of tokens, too few "
                     f"to size it: evaluate on more of your own text (--text, --windows)")
         if m is None:         # undecided: the best-scoring layout stands in for the training one
@@ -391,7 +450,7 @@ class WiringVerdict:
                         f"training layout is, rewiring will not recover acceptance; {tops}")
             return (f"{what} may cost up to {c.difference + c.half_width:.2f} accepted tokens per step "
                     f"against the best-scoring layout: settle which layout the draft was trained on")
-        if c.significant and material(c.difference - c.half_width, t.accept_length):
+        if kind is Cost.MATTERS:
             return (f"{what} costs {size} accepted tokens per step: fix it, and the draft reaches "
                     f"{t.accept_length:.2f}")
         if c.significant and c.difference < 0:
@@ -425,9 +484,11 @@ class WiringVerdict:
                        "neither is the training layout"))
         cost = self.cost_text()
         tail = "; ".join(p for p in (cost, f"fix: {self.fix}" if self.fix and m else "") if p)
+        mismatch = "MISMATCH, NEGLIGIBLE COST" if self.costless else "MISMATCH"
         if self.trained_known:
             if m:
-                return f"MISMATCH: served {tuple(srv)} ≠ trained {tuple(trn)} ({self.trained_source}); {tail}"
+                return (f"{mismatch}: served {tuple(srv)} ≠ trained {tuple(trn)} ({self.trained_source}); "
+                        f"{tail}")
             if self.forward:
                 fix = f"; fix: {self.forward_fix}" if self.forward_fix else ""
                 return (f"FORWARD MISMATCH: served {tuple(srv)} = trained {tuple(trn)} "
@@ -438,10 +499,14 @@ class WiringVerdict:
             return same + (f"; under the engine's forward {cost}" if self.cost and self.cost.difference
                            else "")
         others = [c for c in self.confident_set if tuple(c) != tuple(srv)]
-        inferred = "the training layout is inferred (no record or rule names it)" + (
+        how = "measured by the ranking" if self.settled else "inferred"
+        inferred = f"the training layout is {how} (no record or rule names it)" + (
             f"; {self.format_note}" if self.format_note else "")
+        if m and self.settled:
+            return (f"{mismatch}: served {tuple(srv)} ≠ {tuple(trn)}, the only layout within noise of the "
+                    f"best ({inferred}); {tail}")
         if m:
-            return (f"MISMATCH: served {tuple(srv)} is outside the confidence set "
+            return (f"{mismatch}: served {tuple(srv)} is outside the confidence set "
                     f"({_short(self.confident_set)}; {inferred}); {tail}")
         if m is None:
             return (f"UNDECIDED: served {tuple(srv)} is in the confidence set, but so are others "
@@ -458,7 +523,11 @@ class WiringVerdict:
                              "half_width": round(self.cost.half_width * self.rounds_per_s, 2),
                              "rounds_per_s": round(self.rounds_per_s, 3)}
         return {"mismatch": self.mismatch, "forward_mismatch": self.forward_mismatch, "forward": self.forward,
-                "cost": cost, "significant": self.significant, "judgement": str(self.judgement),
+                "cost": cost, "significant": self.significant,
+                "cost_class": None if self.cost_class is None else str(self.cost_class),
+                "judgement": str(self.judgement),
+                "training_layout": None if self.training_layout is None else list(self.training_layout),
+                "candidate_layouts": [list(c) for c in self.candidates_set],
                 "trained_known": self.trained_known, "trained_source": self.trained_source,
                 "fix": self.fix if self.mismatch else self.forward_fix, "verdict": self.line,
                 "candidates": self.candidates, "exit_code": self.exit_code,
@@ -484,18 +553,24 @@ def judge(served, trained, *, known: bool, source: str, confident_set=(), cost: 
           num_layers: int | None = None, cost_note: str = "", rounds_per_s: float | None = None,
           forward: tuple[list[str], str | None] | None = None, settled: Settled | None = None,
           at_served: Acceptance | None = None, at_trained: Acceptance | None = None,
-          paths: tuple[str, str] | None = None) -> WiringVerdict:
+          paths: tuple[str, str] | None = None, in_folder: bool = True) -> WiringVerdict:
     """The verdict on what each side settled: ``served`` (None: not resolved) against ``trained``, known by
     rule or inferred (then ``confident_set`` decides), with the cost measured elsewhere; the fix is the
     shortest way out (``ways_out``). ``forward``: the served layout was scored under the engine's forward,
     and these are the flags it never runs, with their fix (``model.draft.forward_verdict``). ``settled``:
     the format's writers, listed when they did not settle the layout. ``at_served`` / ``at_trained``: what
     the draft accepts at each, on the text the cost was measured on. ``paths``: the draft's and the
-    target's folders, for the fix's command (only when the training layout is known: an inferred one is
-    not deployed to)."""
+    target's folders, for the fix's command (only when the training layout is settled: a ranking that
+    leaves several within noise is a candidate set, never a fix's target); ``in_folder`` False: the
+    settled layout is not what ``fixes deploy`` reads from the draft folder, so the command carries it."""
     served = tuple(served) if served is not None else None
     trained = tuple(trained) if trained is not None else None
-    fix = verdict_fix(trained, served, engine, arch, num_layers, paths=paths if known else None)
+    within = [tuple(c) for c in confident_set]
+    alone = trained is not None and (known or within == [trained])
+    fix = (verdict_fix(trained, served, engine, arch, num_layers, paths=paths, with_layout=not in_folder)
+           if alone else Fix(f"settle which of {_short(within)} the draft was trained on, then fix the "
+                               f"wiring to it: {SETTLE.format(draft=paths[0] if paths else 'DRAFT')}"
+                               if served is not None and trained is not None else None))
     v = WiringVerdict(served, trained, known, source, [tuple(c) for c in confident_set], cost, fix.text,
                       list(errors), cost_note, rounds_per_s, at_served=at_served, at_trained=at_trained,
                       fix_ids=fix.ids, fix_command=fix.command, engine="" if engine is None else str(engine))
