@@ -190,7 +190,8 @@ def test_served_within_noise_is_still_a_mismatch(tmp_path):
     assert d.served_layout == (0, 3, 8) and d.served_slots == (0, 1, 3)
     assert len(d.confident_set) >= 2 and d.served_slots in d.confident_set
     assert d.mismatch is True and d.wiring.significant is False and "consistent" not in d.verdict
-    assert d.verdict.startswith("MISMATCH: served (0, 3, 8) ≠ trained (0, 3, 7) (training record)")
+    assert d.verdict.startswith("MISMATCH, NEGLIGIBLE COST: served (0, 3, 8) ≠ trained (0, 3, 7) (training "
+                                "record)")
 
 
 # --------------------------------------------------------------------------------------

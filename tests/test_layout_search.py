@@ -226,7 +226,8 @@ def test_verdict_keeps_the_two_questions_apart():
     d = near.to_dict()
     assert d["confident_set"] == [[3, 5, 7], [2, 5, 7]] and d["significant"] is False
     recorded = diag((2, 5, 7), (3, 5, 7))
-    assert recorded.mismatch is True and recorded.verdict.startswith("MISMATCH: served (2, 5, 7) ≠ trained")
+    assert recorded.mismatch is True
+    assert recorded.verdict.startswith("MISMATCH, NEGLIGIBLE COST: served (2, 5, 7) ≠ trained")
     assert "negligible" in recorded.verdict
     bad = diag((0, 1, 2), None)
     assert bad.mismatch is True and bad.verdict.startswith("MISMATCH")

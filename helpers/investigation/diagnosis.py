@@ -8,6 +8,7 @@ from typing import Sequence
 
 from ..boundaries import ExitCode, layout_label
 from ..errors import check_finite
+from ..judgement import MIN_BLOCKS
 from ..model.draft import forward_verdict, run_as
 from ..rules.conventions import Engine
 from .evaluate import RANKED_BY, EvalText, evaluate_layout, paired_test
@@ -265,10 +266,26 @@ def _settle(pair, engine, served, search) -> tuple[Settled, bool]:
     the ranking's best (settled only where it is alone within noise); whether ``fixes deploy`` reads it
     from the draft folder)."""
     ev = chain(pair, engine, served)
-    if ev.settled:
+    contradicted = _contradicted(ev, search)
+    if ev.settled and not contradicted:
         return Settled(ev.layout, ev.source, True), ev.basis in IN_FOLDER
     fmt = format_settled(pair, engine, served, search)
-    if fmt.known:
+    if fmt.known and not contradicted:
         return fmt, False
-    note = "; ".join(x for x in (ev.note if ev.basis is not Basis.FORMAT else "", fmt.note) if x)
+    said = ev.note if ev.basis is not Basis.FORMAT else ""
+    note = "; ".join(x for x in (contradicted, said, fmt.note) if x)
     return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, note), False
+
+
+def _contradicted(ev: Evidence, search) -> str:
+    """A layout read by a rule on the config's ids (the trainer the config names) that the ranking separates
+    from the best: the ids were edited after training (the original case's bug is exactly that), so the
+    measurement decides. What was stated at training (a record, the trainer's output, a trainer named) is
+    never overruled: a disagreement there is a note (``record_disagrees``)."""
+    if ev.basis is not Basis.CONFIG or search is None or search.blocks < MIN_BLOCKS:
+        return ""
+    ranked = {tuple(x) for x in search.ranking["layout"]}
+    if tuple(ev.layout) not in ranked or tuple(ev.layout) in {tuple(x) for x in search.confident_set}:
+        return ""
+    return (f"{ev.source} gives {ev.layout}, but the ranking separates that layout from the best: the "
+            f"config's ids are not the training's")
