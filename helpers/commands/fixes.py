@@ -107,13 +107,14 @@ def record(a) -> int:
         d = read_json_file(a.from_diagnose, "diagnose --json output")
         if not isinstance(d, dict) or "best_layout" not in d:
             raise BadOption(f"{a.from_diagnose}: not a 'diagnose --json' output (no best_layout)")
-        if not d.get("confident"):
-            held = d.get("confident_set") or []
+        settled = d.get("training_layout", d["best_layout"] if d.get("confident") else None)
+        if not settled:
+            held = d.get("candidate_layouts") or d.get("confident_set") or []
             raise BadOption(f"{a.from_diagnose}: diagnose could not separate {len(held)} layouts "
                             f"({', '.join(map(str, held[:4]))}); give --layout, or rerun diagnose on more "
                             f"text")
-        fields.update(training_boundaries=list(d["best_layout"]), source="diagnose",
-                      full_acc=d.get("best_full_acc"))
+        fields.update(training_boundaries=list(settled), source="diagnose",
+                      full_acc=d.get("best_full_acc") if list(settled) == list(d["best_layout"]) else None)
     if a.full_acc:
         fields["full_acc"] = _fractions(a.full_acc, "--full-acc")
     before = read_record(a.draft)
