@@ -853,7 +853,7 @@ def test_check_draft_config_path_reads_the_folder(pair, tmp_path, capsys):
     c2, o2, _ = run(capsys, *base, "--draft", str(draft / "config.json"))
     r1, r2 = json.loads(o1), json.loads(o2)
     assert c1 == c2 and r1["verdict"] == r2["verdict"] and r2["training_layout"] == r1["training_layout"]
-    assert r2["training_source"].startswith("training.json")
+    assert "training.json" in r2["training_source"]
 
 
 def test_eagle_config_as_a_list_is_refused(pair, broken, capsys):

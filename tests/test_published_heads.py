@@ -62,7 +62,11 @@ def test_published_head(tmp_path, draft, engine):
         assert r.training_layout and "named by the config (speculators_version" in r.training_source
         assert not r.verdict.startswith("UNKNOWN")
     else:
-        assert r.evidence == "none" and r.training_layout is None and r.verdict.startswith("UNKNOWN")
+        # the format's writers give a prior at most (``evidence.Basis.FORMAT``), never a training layout
+        # a release that feeds the draft nothing cannot serve it whatever it was trained on: BLOCKED
+        assert r.evidence in ("none", "format") and r.training_layout is None
+        assert r.verdict.startswith("BLOCKED" if r.cannot_serve else "UNKNOWN")
+        assert (r.answer.prior is not None) == (r.evidence == "format")
     target = json.loads((HEADS / "targets" / f"{MANIFEST['drafts'][draft]['target']}.json").read_text())
     assert r.num_layers == (target.get("text_config") or target)["num_hidden_layers"] > 1
 

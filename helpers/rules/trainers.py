@@ -12,6 +12,7 @@ captures through SGLang's own setter, so its ids go through the engine resolver 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -349,12 +350,32 @@ def _captured(rule: TrainerRule, ids: list[int], n: int, arch: str | None, versi
     return list(r.served_layout)
 
 
+_PRE_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(?:[.-]?(?:dev|a|b|rc|alpha|beta|pre)\d*)+$")
+
+
+def _fetch_release(rule: TrainerRule, version: str | None, out: TrainerResult) -> Path:
+    """The trainer's source at ``version``; a development or pre-release build that the index does not
+    carry (``0.8.0.dev0``, written by a trainer run from a git checkout) is read at the release it led to,
+    said as a warning, since that is the nearest code anyone can fetch."""
+    folders = [rule.folder or rule.package + "/"]
+    try:
+        return fetch(rule.package, version, folders)
+    except UnknownPackageVersion:
+        m = _PRE_RELEASE.match(version or "")
+        if not m:
+            raise
+        root = fetch(rule.package, m.group(1), folders)
+        out.warnings.append(f"{rule.package} {version} is a development build the package index does not "
+                            f"carry; its rule is read from {m.group(1)}, the release it led to")
+        return root
+
+
 def _confirm_from_source(rule: TrainerRule, version: str | None, n: int, documented: list[int],
                          out: TrainerResult) -> list[int]:
     """The release's own default ids (and, where the rule says where, its capture position), or the
     documented ones with a warning when the wheel cannot be fetched."""
     try:
-        root = fetch(rule.package, version, [rule.folder or rule.package + "/"])
+        root = _fetch_release(rule, version, out)
     except UnknownPackageVersion:
         raise
     except (PackageSourceError, CacheError, OSError) as exc:
