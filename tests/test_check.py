@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 from helpers.__main__ import main as cli
 from helpers.errors import InputError
-from helpers.investigation.gate import check, safetensors_shapes
+from helpers.investigation.draft_file import safetensors_shapes
+from helpers.investigation.gate import check
 from helpers.rules.conventions import parse_engine
 
 H = 16                      # a narrow hidden size: the checks depend on ids, depths and versions, not width

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from helpers.investigation.exports import Level, parse_duration, read_metrics, read_served, read_window
-from helpers.investigation.metrics import Expected, Explanation, baseline_gate, explain, export_engine
+from helpers.investigation.metrics import Expected, Explanation, baseline_gate, explain
+from helpers.investigation.metrics_report import export_engine
 from helpers.profile import SpeculationProfile, parse_profile, read_profile, write_profile
 from helpers.rules.conventions import Engine
 

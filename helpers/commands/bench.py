@@ -43,40 +43,7 @@ from ..rules.conventions import DEFAULT_ENGINE
 
 
 def main(argv=None) -> int:
-    ap = cli.parser("bench", __doc__)
-    ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
-    ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
-    ap.add_argument("--prompts", type=Path, default=None,
-                    help="JSONL with a 'prompt' field, or one prompt per line")
-    cli.add_pair_args(ap, engine="whose rules decide what 'served' means: sglang==VERSION, vllm[==VERSION]"
-                                 "[:v1|:v2], ...; default: a live --backend's installed release, else "
-                                 f"{DEFAULT_ENGINE} (said in the output's first line)")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--repeats", type=int, default=4,
-                    help="timed passes over the prompts; even, so each prompt runs each side first equally "
-                         "often")
-    ap.add_argument("--num-prompts", type=int, default=None)
-    ap.add_argument("--truncate-prompts", action="store_true",
-                    help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
-    ap.add_argument("--backend", choices=BACKENDS, default="reference",
-                    help="the runtime that runs: reference (this workbook's, in process), vllm (the real "
-                         "engine from .venv-vllm, its own process, under its own release's rules) or "
-                         "sglang (the real engine from .venv-sglang; --engine defaults to its release, and "
-                         "--engine sglang==0.5.9 runs that release's own capture rule on the installed "
-                         "runtime) or llamacpp (llama-server as `bash workbook.sh llamacpp` built it; "
-                         "the layout is the converted GGUF's eagle3.target_layers)")
-    ap.add_argument("--widen", type=int, default=None, metavar="FACTOR",
-                    help="bench a copy of the target whose feed-forward blocks are FACTOR times as wide, "
-                         "zero-padded (the same function, checked; model.widen): a decode step that waits on "
-                         "memory as a large target's does. Written once into the cache")
-    ap.add_argument("--outtype", choices=OUTTYPES, default=None,
-                    help="--backend llamacpp: the target GGUF's weight type (default f32, the pair's weights "
-                         "exactly; f16 or bf16 read half as much per decode step, and which is cheaper to "
-                         "verify with depends on the CPU: docs/timing.md)")
-    ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
-                    help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
-                         f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
-                         f"token served) or off; default: ${guard.GUARD_ENV} when set, else warn")
+    ap = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(cli.glue_option_values(argv, "--layout"))
     if not 1 <= a.steps <= MAX_STEPS:
@@ -143,23 +110,68 @@ def main(argv=None) -> int:
     else:
         if assumed:
             print(assumed)
-        print(f"reference engine (this workbook's), layout {plan.label} ({plan.source}), {a.steps} draft "
-              f"steps, {len(prompts)} prompts x {a.repeats} repeats")
-        for n in engine_notes:
-            print(f"  note: {n}")
-        print(f"  baseline     {res.baseline_tok_s:8.1f} tok/s")
-        print(f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   "
-              f"accept rate {res.accept_rate:.2f}")
-        print(f"  speedup      {speed_phrase(res.timing)}")
-        print(f"               paired, {res.timing.order}, {res.timing.pairs} pairs; {res.timing.method}")
-        print(f"  accept length {res.tau:.2f} (deterministic), per position {res.position_acceptance}   "
-              f"lossless: {res.lossless}")
-        print(f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
-              f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) "
-              f"-> predicted {res.predicted_speedup:.2f}x")
-        print(f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
-              f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts")
+        print(render_reference(res, plan, engine_notes, a.steps, len(prompts), a.repeats))
     return 0 if res.lossless else 1
+
+
+def _parser():
+    ap = cli.parser("bench", __doc__)
+    ap.add_argument("--layout", default="served", help="served | trained | a,b,c (boundaries)")
+    ap.add_argument("--steps", type=int, default=5, help="draft tokens per verify step")
+    ap.add_argument("--prompts", type=Path, default=None,
+                    help="JSONL with a 'prompt' field, or one prompt per line")
+    cli.add_pair_args(ap, engine="whose rules decide what 'served' means: sglang==VERSION, vllm[==VERSION]"
+                                 "[:v1|:v2], ...; default: a live --backend's installed release, else "
+                                 f"{DEFAULT_ENGINE} (said in the output's first line)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=4,
+                    help="timed passes over the prompts; even, so each prompt runs each side first equally "
+                         "often")
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--truncate-prompts", action="store_true",
+                    help="keep each prompt's last tokens so prompt + new tokens fit the target's positions")
+    ap.add_argument("--backend", choices=BACKENDS, default="reference",
+                    help="the runtime that runs: reference (this workbook's, in process), vllm (the real "
+                         "engine from .venv-vllm, its own process, under its own release's rules) or "
+                         "sglang (the real engine from .venv-sglang; --engine defaults to its release, and "
+                         "--engine sglang==0.5.9 runs that release's own capture rule on the installed "
+                         "runtime) or llamacpp (llama-server as `bash workbook.sh llamacpp` built it; "
+                         "the layout is the converted GGUF's eagle3.target_layers)")
+    ap.add_argument("--widen", type=int, default=None, metavar="FACTOR",
+                    help="bench a copy of the target whose feed-forward blocks are FACTOR times as wide, "
+                         "zero-padded (the same function, checked; model.widen): a decode step that waits on "
+                         "memory as a large target's does. Written once into the cache")
+    ap.add_argument("--outtype", choices=OUTTYPES, default=None,
+                    help="--backend llamacpp: the target GGUF's weight type (default f32, the pair's weights "
+                         "exactly; f16 or bf16 read half as much per decode step, and which is cheaper to "
+                         "verify with depends on the CPU: docs/timing.md)")
+    ap.add_argument("--guard", choices=[str(m) for m in guard.Mode], default=None,
+                    help=f"the engine guard inside a live engine (docs/guard.md): warn (the engine starts, "
+                         f"the mismatch is measured), refuse (a miswired draft never starts: exit 2, no "
+                         f"token served) or off; default: ${guard.GUARD_ENV} when set, else warn")
+    return ap
+
+
+def render_reference(res, plan, engine_notes: list[str], steps: int, prompts: int, repeats: int) -> str:
+    """The reference engine's run as a person reads it: the speed with its interval, then the deterministic
+    figures and the costs."""
+    t = res.timing
+    return "\n".join([
+        f"reference engine (this workbook's), layout {plan.label} ({plan.source}), {steps} draft steps, "
+        f"{prompts} prompts x {repeats} repeats",
+        *(f"  note: {n}" for n in engine_notes),
+        f"  baseline     {res.baseline_tok_s:8.1f} tok/s",
+        f"  speculative  {res.spec_tok_s:8.1f} tok/s   tau {res.tau:.2f}   accept rate {res.accept_rate:.2f}",
+        f"  speedup      {speed_phrase(t)}",
+        f"               paired, {t.order}, {t.pairs} pairs; {t.method}",
+        f"  accept length {res.tau:.2f} (deterministic), per position {res.position_acceptance}   "
+        f"lossless: {res.lossless}",
+        f"  costs        decode {res.decode_ms:.1f} ms, verify {res.verify_ms:.1f} ms, draft step "
+        f"{res.draft_step_ms:.2f} ms ({res.draft_cost_ratio:.2f} of a decode) "
+        f"-> predicted {res.predicted_speedup:.2f}x",
+        f"  break-even   tau {res.break_even_tau:.2f} (one round costs that many decode steps here); "
+        f"slower than baseline on {res.slower_prompts} of {len(res.per_prompt)} prompts",
+    ])
 
 
 def _widened(a):

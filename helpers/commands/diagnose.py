@@ -16,7 +16,8 @@ from ..errors import BadOption, InputError, fail, print_json, read_text_file
 from ..investigation.diagnosis import diagnose_text
 from ..investigation.evaluate import EvalInputError
 from ..investigation.exports import parse_duration, read_served
-from ..investigation.metrics import export_engine, metrics_verdict, render_metrics, served_profile_file
+from ..investigation.metrics import metrics_verdict
+from ..investigation.metrics_report import export_engine, render_metrics, served_profile_file
 from ..investigation.pair import MAX_STEPS, eval_captures, load_pair
 from ..investigation.verdict import candidate_table
 from ..judgement import MIN_BLOCKS
@@ -39,6 +40,51 @@ def served_profile_path(where: Path, draft: Path) -> Path:
 
 
 def main(argv=None) -> int:
+    ap = _parser()
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    engine_named, target_named = a.engine is not None, a.target is not None
+
+    if not 1 <= a.steps <= MAX_STEPS:
+        ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
+    given = a.windows is not None
+    a.windows = WINDOWS if a.windows is None else a.windows
+    if a.windows < 2:
+        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
+                 f"{a.windows}")
+    a.max_windows = max(a.max_windows or (a.windows if given else MAX_WINDOWS), a.windows)
+    try:   # a typo in --engine fails before any weights load; none given: the stated default, said first
+        a.engine, assumed = cli.stated_engine(a.engine)
+    except InputError as exc:
+        return fail(exc)
+    assumed_engine = str(a.engine) if assumed else None
+    if a.metrics is not None:
+        if a.data is not None:
+            return fail(BadOption("--metrics and --data answer different questions; pass one of them"))
+        return run_metrics_diagnosis(a, engine_named, target_named)
+    if a.data is not None:
+        return run_dump_diagnosis(a, assumed_engine)
+    try:
+        if a.text is not None and not a.text.is_file():
+            raise FileNotFoundError(f"no text file at {a.text}")
+
+        text = read_text_file(a.text, "text file") if a.text else None  # before the models load
+        pair = load_pair(a.target, a.draft, a.device)
+        caps = (eval_captures(pair, text, max_windows=a.windows, where=str(a.text), origin="--text") if text
+                else eval_captures(pair, max_windows=a.windows))
+        d = diagnose_text(pair, caps, a.engine, a.steps, budget=a.max_windows, progress=not a.json)
+        d.assumed_engine = assumed_engine
+    except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
+        return fail(exc)
+    if a.json:
+        print_json(d.to_dict())
+        return d.exit_code
+    if assumed:
+        print(assumed)
+    print(render_diagnosis(d, a.engine))
+    return d.exit_code
+
+
+def _parser():
     ap = cli.parser("diagnose", __doc__)
     cli.add_pair_args(ap)
     ap.add_argument("--text", type=Path, default=None,
@@ -86,81 +132,50 @@ def main(argv=None) -> int:
     metrics.add_argument("--served-on", choices=("cpu", "gpu"), default=None,
                          help="what the engine ran on, where the export does not say: SGLang verifies "
                               "greedily on a CPU at any temperature (its /server_info says)")
-    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    engine_named, target_named = a.engine is not None, a.target is not None
+    return ap
 
-    if not 1 <= a.steps <= MAX_STEPS:
-        ap.error(f"--steps must be from 1 to {MAX_STEPS}, got {a.steps}")
-    given = a.windows is not None
-    a.windows = WINDOWS if a.windows is None else a.windows
-    if a.windows < 2:
-        ap.error(f"--windows must be at least 2 (the ranking's confidence needs more than one window), got "
-                 f"{a.windows}")
-    a.max_windows = max(a.max_windows or (a.windows if given else MAX_WINDOWS), a.windows)
-    try:   # a typo in --engine fails before any weights load; none given: the stated default, said first
-        a.engine, assumed = cli.stated_engine(a.engine)
-    except InputError as exc:
-        return fail(exc)
-    assumed_engine = str(a.engine) if assumed else None
-    if a.metrics is not None:
-        if a.data is not None:
-            return fail(BadOption("--metrics and --data answer different questions; pass one of them"))
-        return run_metrics_diagnosis(a, engine_named, target_named)
-    if a.data is not None:
-        return run_dump_diagnosis(a, assumed_engine)
-    try:
-        if a.text is not None and not a.text.is_file():
-            raise FileNotFoundError(f"no text file at {a.text}")
 
-        text = read_text_file(a.text, "text file") if a.text else None  # before the models load
-        pair = load_pair(a.target, a.draft, a.device)
-        caps = (eval_captures(pair, text, max_windows=a.windows, where=str(a.text), origin="--text") if text
-                else eval_captures(pair, max_windows=a.windows))
-        d = diagnose_text(pair, caps, a.engine, a.steps, budget=a.max_windows, progress=not a.json)
-        d.assumed_engine = assumed_engine
-    except (FileNotFoundError, ValueError, EvalInputError) as exc:  # InputError is a ValueError
-        return fail(exc)
-    if a.json:
-        print_json(d.to_dict())
-        return d.exit_code
-    if assumed:
-        print(assumed)
+def render_diagnosis(d, engine) -> str:
+    """The lines a person reads: the verdict first, then the evidence (the ranking, the served layout, the
+    record, the candidates)."""
+    out = []
     L = d.num_layers
-    print("\n".join(d.wiring.head if d.wiring else [d.verdict]))
+    out.append("\n".join(d.wiring.head if d.wiring else [d.verdict]))
     if d.text is not None:
-        print(d.text.line + (f"; {d.growth}" if d.growth else ""))
-    print("evidence:")
-    print(f"ranked by {d.ranked_by}")
-    print(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length {d.best_accept:.3f}   "
-          f"step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
+        out.append(d.text.line + (f"; {d.growth}" if d.growth else ""))
+    out.append("evidence:")
+    out.append(f"ranked by {d.ranked_by}")
+    out.append(f"best: {layout_label(d.best_layout, L)} = {d.best_layout}   accept length "
+               f"{d.best_accept:.3f}   step-0 acc {d.best_acc:.3f}   ce {d.best_ce:.3f}")
     sr = d.search
     if sr.runner_up is not None:
         why = ("confident" if sr.confident else
                f"NOT confident: {sr.blocks} blocks are too few, evaluate on more text"
                if sr.blocks < MIN_BLOCKS else "NOT confident: evaluate on more text")
-        print(f"   runner-up {sr.runner_up}: {sr.margin:.3f} accepted tokens per step behind, z = {sr.z:.1f} "
-              f"over {sr.blocks} blocks of tokens ({why})")
+        out.append(f"   runner-up {sr.runner_up}: {sr.margin:.3f} accepted tokens per step behind, "
+                   f"z = {sr.z:.1f} over {sr.blocks} blocks of tokens ({why})")
     if len(d.confident_set) > 1:
-        print(f"   within noise of the best: {d.confident_set}")
+        out.append(f"   within noise of the best: {d.confident_set}")
     if d.served_errors:
-        print(f"served by {a.engine}: {layout_label(d.served_layout, L) if d.served_layout else 'nothing'} = "
-              f"{d.served_layout}   [{d.served_source}]  CANNOT FEED THIS DRAFT")
+        label = layout_label(d.served_layout, L) if d.served_layout else "nothing"
+        out.append(f"served by {engine}: {label} = {d.served_layout}   [{d.served_source}]  "
+                   f"CANNOT FEED THIS DRAFT")
         for e in d.served_errors:
-            print(f"   error: {e}")
+            out.append(f"   error: {e}")
     else:
-        print(f"served by {a.engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
-              f"accept length {d.served_accept:.3f}   step-0 acc {d.served_acc:.3f}   ce {d.served_ce:.3f}   "
-              f"[{d.served_source}]")
+        out.append(f"served by {engine}: {layout_label(d.served_layout, L)} = {d.served_layout}   "
+                   f"accept length {d.served_accept:.3f}   step-0 acc {d.served_acc:.3f}   "
+                   f"ce {d.served_ce:.3f}   [{d.served_source}]")
     for n in d.served_notes:
-        print(f"   note: {n}")
+        out.append(f"   note: {n}")
     if d.recorded_layout:
-        print(f"training record says: {d.recorded_layout}"
-              + ("  (the search prefers another layout: stale record, or evaluate on more text)"
-                 if d.record_disagrees else "  (the search agrees)"))
+        out.append(f"training record says: {d.recorded_layout}"
+                   + ("  (the search prefers another layout: stale record, or evaluate on more text)"
+                      if d.record_disagrees else "  (the search agrees)"))
     w = d.wiring
     if w and w.candidates and not w.trained_known:
-        print("\n".join(candidate_table(w.candidates, a.engine, L)))
-    return d.exit_code
+        out.append("\n".join(candidate_table(w.candidates, engine, L)))
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------------------

@@ -14,10 +14,9 @@ from .. import cli
 from ..boundaries import layout_label, parse_layout
 from ..errors import BadOption, BadText, fail, print_json
 from ..factory.dump_writer import write_from_text
-from ..investigation.dump_diagnose import RANKED_BY, diagnose_dump, load_for_dump
+from ..investigation.dump_diagnose import RANKED_BY, diagnose_dump, load_for_dump, stated_layout
 from ..investigation.dumps import FORMATS, check_new_dir, open_dump
 from ..investigation.pair import check_device
-from ..record import read_record
 from ..rules.conventions import assumed_engine_line
 
 
@@ -60,10 +59,11 @@ def run_dump_diagnosis(a, assumed_engine: str | None = None) -> int:
                 raise BadText(f"{dump.record_source} names boundaries {list(dump.recorded_boundaries)}, but "
                               f"the target has {L} layers (boundaries 0..{L}): {beyond} cannot be states of "
                               f"this target; is it the target the dump was written from?")
+        recorded, source = stated_layout(a.draft, dcfg, a.engine, arch, L)
         d = diagnose_dump(draft, dump, heads=heads, target=target, stated=stated, engine=a.engine,
                           draft_config=dcfg, arch=arch, num_layers=L, steps=a.steps,
                           max_records=a.max_records, max_tokens=a.max_tokens, progress=not a.json,
-                          recorded=_recorded(Path(a.draft)))
+                          recorded=recorded, recorded_source=source or "training record")
         d.notes = notes + d.notes
     except (FileNotFoundError, ValueError) as exc:   # InputError is a ValueError
         return fail(exc)
@@ -74,12 +74,6 @@ def run_dump_diagnosis(a, assumed_engine: str | None = None) -> int:
         print(assumed_engine_line(assumed_engine))
     print(format_dump_diagnosis(d, a.engine))
     return d.exit_code
-
-
-def _recorded(draft_dir: Path) -> tuple[int, ...] | None:
-    """The draft's training record's layout (training.json), which settles the training layout by rule."""
-    rec = read_record(draft_dir)
-    return rec.layout if rec else None
 
 
 def _row_text(r: dict | None) -> str:

@@ -29,140 +29,20 @@ from tqdm.auto import tqdm
 from ..boundaries import ExitCode, layout_label
 from ..errors import BadCheckpoint, BadOption, BadText
 from ..judgement import PairedTest
-from ..model.capture import decoder_parts, run_and_capture
 from ..model.checkpoint import NoEmbeddingError, load_draft
 from ..model.draft import forward_verdict, run_as
 from ..model.target import load_target
 from ..model.target_heads import HEAD_KEYS, load_target_heads
+from ..record import read_record
 from ..rules.conventions import Engine, read_draft_config, read_target
 from ..rules.wiring import served_plan
 from . import scoring
+from .dump_slots import SlotIdentity, identify_slots
 from .dumps import Dump, check_token_ids
 from .evaluate import RANKED_BY, accuracy_table, paired_test, token_blocks
+from .evidence import training_evidence
 from .scoring import score_states
 from .verdict import Acceptance, Settled, WiringVerdict, by_format, judge, read_format
-
-
-@dataclass
-class SlotIdentity:
-    slot: int
-    boundary: int | None
-    how: str                         # record / stated / measured: ... / format / unknown
-    evidence: dict = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------------------
-# Naming the slots
-
-
-@torch.no_grad()
-def measure_slots(dump: Dump, heads=None, target=None, probe_tokens: int = 256) -> list[dict]:
-    """Per slot, on the first record: distance to the embedding lookup, the next-token accuracy
-    and cross-entropy of ``lm_head(norm(slot))``, and (when the target can run) the boundary whose
-    capture it matches. Each is a fact about the slot's content, not about any naming."""
-    rec = next(dump.records(max_records=1))
-    vocab = (heads.embed.weight.shape[0] if heads is not None
-             else target.config.vocab_size if target is not None else None)
-    if vocab is not None:
-        check_token_ids(rec, vocab)
-    n = min(rec.tokens, probe_tokens)
-    ids, slots = rec.token_ids[:n], rec.slots[:n]
-    out = [{"slot": s} for s in range(dump.num_slots)]
-    if heads is not None:
-        emb = heads.boundary0(ids).to(slots.dtype).float()
-        nxt = ids[1:]
-        for s in range(dump.num_slots):
-            x = slots[:, s].float()
-            out[s]["embed_rel_diff"] = float((x - emb).abs().max() / (emb.abs().max() + 1e-12))
-            logits = heads.logits(heads.final_norm(x[:-1]))
-            out[s]["next_acc"] = float((logits.argmax(-1) == nxt).float().mean())
-            out[s]["next_ce"] = float(F.cross_entropy(logits, nxt))
-            if rec.final_normed is not None:
-                fin = rec.final_normed[:n].float()
-                diff = (heads.final_norm(x) - fin).abs().max()
-                out[s]["final_norm_rel_diff"] = float(diff / (fin.abs().max() + 1e-12))
-    if target is not None:
-        L = len(decoder_parts(target)[1])
-        dev = next(target.parameters()).device
-        _, store = run_and_capture(target, ids[None].to(dev), range(L + 1), use_cache=False)
-        for s in range(dump.num_slots):
-            x = slots[:, s].float()
-            errs = {b: float((store[b][0].float().cpu() - x).abs().max() / (x.abs().max() + 1e-12))
-                    for b in store}
-            b = min(errs, key=errs.get)
-            out[s]["capture_match"] = b
-            out[s]["capture_rel_diff"] = errs[b]
-    return out
-
-
-def identify_slots(dump: Dump, heads=None, target=None, stated=None,
-                   num_layers: int | None = None) -> tuple[list[SlotIdentity], list[str]]:
-    """Each slot's boundary, with how it is known, and notes on disagreements.
-
-    Precedence: stated by the user, then the target's own capture (exact), then the dump's own
-    record, then exact tests against the embedding (boundary 0) and the final norm/head
-    (boundary L), then the format's promise (speculators >= 0.5 puts boundary L last)."""
-    notes: list[str] = []
-    k = dump.num_slots
-    meas = (measure_slots(dump, heads, target) if (heads is not None or target is not None)
-            else [{} for _ in range(k)])
-    L = num_layers if num_layers is not None else (heads.num_layers if heads is not None else None)
-    ids: list[SlotIdentity] = [SlotIdentity(s, None, "unknown", meas[s]) for s in range(k)]
-    if stated is not None:
-        if len(stated) != k:
-            raise BadOption(f"--slot-boundaries names {len(stated)} boundaries {tuple(stated)}; the dump's "
-                            f"records hold {k} slots")
-        for s, b in enumerate(stated):
-            ids[s].boundary, ids[s].how = (None if b is None else int(b)), "stated"
-    if target is not None:
-        for s in range(k):
-            if ids[s].boundary is None and meas[s].get("capture_rel_diff", 1.0) < 2e-2:
-                ids[s].boundary, ids[s].how = (meas[s]["capture_match"],
-                                               "measured: matches the target's capture")
-    if dump.recorded_boundaries is not None:
-        for s, b in enumerate(dump.recorded_boundaries):
-            if ids[s].boundary is None:
-                ids[s].boundary, ids[s].how = b, "record"
-            elif ids[s].boundary != b:
-                notes.append(f"slot {s}: the dump's record says boundary {b}, {ids[s].how} says "
-                             f"{ids[s].boundary}")
-    if heads is not None:
-        best_final = min(range(k), key=lambda s: meas[s]["next_ce"])
-        for s in range(k):
-            m = meas[s]
-            exact0 = m["embed_rel_diff"] < 1e-3
-            exact_final = m.get("final_norm_rel_diff", 1.0) < 2e-2
-            reproduces = s == best_final and m["next_acc"] >= 0.9
-            if exact0:
-                found, why = 0, "measured: equals embed_tokens[token_ids]"
-            elif exact_final:
-                found, why = L, "measured: its norm equals the dump's post-norm hidden_state"
-            elif reproduces:
-                found, why = L, f"measured: lm_head(norm(x)) reproduces {m['next_acc']:.0%} of next tokens"
-            else:
-                continue
-            if ids[s].boundary is None:
-                ids[s].boundary, ids[s].how = found, why
-            elif ids[s].boundary != found:
-                notes.append(f"slot {s}: {ids[s].how} says boundary {ids[s].boundary}, but it "
-                             f"{why.split(': ')[1]} (boundary {found})")
-        zero = [s for s in range(k) if meas[s]["embed_rel_diff"] < 1e-3]
-        if not zero and any(i.boundary == 0 for i in ids):
-            s0 = next(i.slot for i in ids if i.boundary == 0)
-            notes.append(f"slot {s0} is named boundary 0 ({ids[s0].how}) but does not equal "
-                         f"embed_tokens[token_ids] (relative difference {meas[s0]['embed_rel_diff']:.3g})")
-    fs = dump.final_slot_by_format
-    if fs is not None and ids[fs].boundary is None and L is not None:
-        ids[fs].boundary, ids[fs].how = L, "format: speculators >= 0.5 saves the final boundary last"
-    unknown = [i.slot for i in ids if i.boundary is None]
-    if unknown:
-        how = ("let the target run (--run-target yes) to match every slot against its capture"
-               if heads is not None
-               else "pass --target DIR to measure boundary 0 and the final boundary from its embedding, norm "
-                    "and head")
-        notes.append(f"slot(s) {unknown} stayed unknown: name them with --slot-boundaries, or {how}")
-    return ids, notes
-
 
 # --------------------------------------------------------------------------------------
 # Scoring
@@ -467,9 +347,11 @@ def candidate_slots(num_slots: int, width: int, extra=()) -> list[tuple[int, ...
 def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, engine: Engine | None = None,
                   draft_config: dict | None = None, arch: str | None = None, num_layers: int | None = None,
                   steps: int = 3, max_records: int | None = None, max_tokens: int | None = None,
-                  progress: bool = True, recorded=None) -> DumpDiagnosis:
-    """``recorded``: the draft's training record (training.json ``training_boundaries``), which names
-    the training layout when the dump's own slot choice does not fit the draft."""
+                  progress: bool = True, recorded=None,
+                  recorded_source: str = "training record") -> DumpDiagnosis:
+    """``recorded``: the training layout the chain of evidence settled before any scoring (``stated_layout``:
+    the record, the trainer's output, the trainer the config names), ``recorded_source`` what it rests on;
+    it names the training layout when the dump's own slot choice does not fit the draft."""
     t0 = time.perf_counter()
     k_fc = draft.cfg.num_aux
     if dump.hidden != draft.cfg.target_hidden_size:
@@ -485,54 +367,15 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     slots, notes = identify_slots(dump, heads, target, stated, L)
     notes = list(dump.notes) + notes
     bounds = [s.boundary for s in slots]
-    trained = dump.trained_slots if len(dump.trained_slots) == k_fc else None
-    if trained is None and dump.engine_capture is None:
-        notes.append(f"the trainer's choice "
-                     f"({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) gives "
-                     f"{len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it "
-                     f"was trained from, or holds extra states")
-    trained_source = ""
-    outside = None         # a recorded training layout the dump cannot score: still the answer by rule
-    if trained is not None:
-        rule = "all aux slots" if dump.format == "specforge" else "hidden_states[:-1]"
-        trained_source = f"the {dump.format} format's slot choice, {rule}"
-        got = tuple(bounds[s] for s in trained)
-        if recorded is not None and None not in got and got != tuple(recorded):
-            notes.append(f"the draft's training record says {tuple(recorded)}; the dump's slot choice holds "
-                         f"{got}")
-    elif recorded is not None:
-        where = {b: s for s, b in enumerate(bounds) if b is not None}
-        if all(b in where for b in recorded) and len(recorded) == k_fc:
-            trained, trained_source = tuple(where[b] for b in recorded), "training record"
-        else:
-            notes.append(f"the draft's training record says {tuple(recorded)}, not all (known to be) in the "
-                         f"dump's slots {bounds}")
-            outside = tuple(int(b) for b in recorded)
-    served_layout, served_slots, served_source, served_errors = None, None, "", []
-    if engine and draft_config is not None and arch and L is not None:
-        plan = served_plan(draft_config, L, arch, engine)
-        served_layout, served_source = tuple(plan.layout), plan.source
-        served_errors = list(plan.errors)
-        notes += [f"served plan: {n}" for n in (*plan.warnings, *plan.notes)]
-        if not served_errors and len(served_layout) != k_fc:
-            served_errors.append(f"{plan.source} feeds {len(served_layout)} features {served_layout}; the "
-                                 f"draft's fc takes {k_fc}")
-        if not served_errors:
-            where = {b: s for s, b in enumerate(bounds) if b is not None}
-            if all(b in where for b in served_layout):
-                served_slots = tuple(where[b] for b in served_layout)
-            else:
-                missing = [b for b in served_layout if b not in where]
-                notes.append(f"the served boundaries {missing} are not (known to be) in the dump, whose "
-                             f"slots hold {bounds}: served accuracy cannot be measured from it")
-    elif engine:
-        notes.append("no target config (--target DIR or --layers/--arch): the served layout was not resolved")
+    trained, trained_source, outside = _trained_slots(dump, k_fc, bounds, recorded, recorded_source, notes)
+    served_layout, served_slots, served_source, served_errors = _served_slots(draft_config, engine, arch, L,
+                                                                              k_fc, bounds, notes)
     layouts = candidate_slots(dump.num_slots, k_fc, (trained, served_slots))
     final_slot = next((s.slot for s in slots if L is not None and s.boundary == L), None)
     scored = score_layouts(draft, dump, layouts, steps, heads, final_slot, max_records, max_tokens, progress,
                            target=target)
     ranking = rank(scored, bounds, L)
-    settled, outside_source = None, "training record (its boundaries are not all in this dump)"
+    settled, outside_source = None, f"{recorded_source} (its boundaries are not all in this dump)"
     if trained is None and outside is None and recorded is None and engine:
         # neither the dump's slot choice nor a record: every writer of the config's format may still name it
         settled = _by_format(ranking, k_fc, draft_config, engine, arch, L, served_layout, served_errors)
@@ -561,6 +404,71 @@ def diagnose_dump(draft, dump: Dump, *, heads=None, target=None, stated=None, en
     d.wiring = _wiring(d, scored["accs"], served_acc, engine, arch, trained_source, outside, outside_source,
                        settled, draft if served_slots is not None else None)
     return d
+
+
+def _trained_slots(dump: Dump, k_fc: int, bounds, recorded, recorded_source: str, notes: list[str]):
+    """The dump's slots the draft was trained on: the format's own slot choice where it fits the draft, else
+    the settled training layout's boundaries where the dump holds them all. Returns (slots, what they rest
+    on, a settled layout the dump cannot score)."""
+    trained = dump.trained_slots if len(dump.trained_slots) == k_fc else None
+    if trained is None and dump.engine_capture is None:
+        notes.append(f"the trainer's choice "
+                     f"({'all aux slots' if dump.format == 'specforge' else 'slots [:-1]'}) gives "
+                     f"{len(dump.trained_slots)} states; the draft takes {k_fc}: this dump is not the one it "
+                     f"was trained from, or holds extra states")
+    if trained is not None:
+        rule = "all aux slots" if dump.format == "specforge" else "hidden_states[:-1]"
+        got = tuple(bounds[s] for s in trained)
+        if recorded is not None and None not in got and got != tuple(recorded):
+            notes.append(f"{recorded_source} says {tuple(recorded)}; the dump's slot choice holds {got}")
+        return trained, f"the {dump.format} format's slot choice, {rule}", None
+    if recorded is None:
+        return None, "", None
+    where = {b: s for s, b in enumerate(bounds) if b is not None}
+    if all(b in where for b in recorded) and len(recorded) == k_fc:
+        return tuple(where[b] for b in recorded), recorded_source, None
+    notes.append(f"{recorded_source} says {tuple(recorded)}, not all (known to be) in the dump's slots "
+                 f"{bounds}")
+    return None, "", tuple(int(b) for b in recorded)   # the answer still, though the dump cannot score it
+
+
+def _served_slots(draft_config, engine, arch, L, k_fc: int, bounds, notes: list[str]):
+    """What the engine serves this draft (``rules.wiring.served_plan``) and the dump's slots that hold it.
+    Returns (layout, slots or None, source, errors)."""
+    if not engine:
+        return None, None, "", []
+    if draft_config is None or not arch or L is None:
+        notes.append("no target config (--target DIR or --layers/--arch): the served layout was not resolved")
+        return None, None, "", []
+    plan = served_plan(draft_config, L, arch, engine)
+    layout, errors = tuple(plan.layout), list(plan.errors)
+    notes += [f"served plan: {n}" for n in (*plan.warnings, *plan.notes)]
+    if not errors and len(layout) != k_fc:
+        errors.append(f"{plan.source} feeds {len(layout)} features {layout}; the draft's fc takes {k_fc}")
+    if errors:
+        return layout, None, plan.source, errors
+    where = {b: s for s, b in enumerate(bounds) if b is not None}
+    if all(b in where for b in layout):
+        return layout, tuple(where[b] for b in layout), plan.source, errors
+    missing = [b for b in layout if b not in where]
+    notes.append(f"the served boundaries {missing} are not (known to be) in the dump, whose slots hold "
+                 f"{bounds}: served accuracy cannot be measured from it")
+    return layout, None, plan.source, errors
+
+
+def stated_layout(draft_dir: str | Path, draft_config: dict | None, engine: Engine | None, arch: str | None,
+                  num_layers: int | None) -> tuple[tuple[int, ...] | None, str]:
+    """What the one chain of evidence (``evidence.training_evidence``) settles before the dump is scored, and
+    its sentence: the record, the trainer's output, the trainer the config names. Without a target's depth
+    only the record can be read; the format's writers are left to the ranking (``_by_format``)."""
+    folder = Path(draft_dir)
+    if not folder.is_dir():
+        return None, ""
+    if num_layers is None or engine is None or draft_config is None:
+        rec = read_record(folder)
+        return (tuple(rec.layout), "training record") if rec and rec.layout is not None else (None, "")
+    ev = training_evidence(folder, draft_config, engine=engine, arch=arch, num_layers=num_layers)
+    return (ev.layout, ev.source) if ev.settled else (None, "")
 
 
 def _by_format(ranking: pd.DataFrame, width: int, draft_config, engine, arch, num_layers, served_layout,

