@@ -1,22 +1,20 @@
 """The workbook's patch: let SGLang 0.5.9 capture boundary 0 (the embedding output).
 
-A draft trained on ``cat([embed, b3, b7])`` needs the engine to capture the embedding
-output. With SGLang's ``+1`` rule, id ``-1`` already maps to capture index 0 in
-``set_eagle3_layers_to_capture`` (``[val + 1 for val in layer_ids]``), so the setter needs no
-change. What fails is the forward loop: before layer 0 on the first pipeline rank
-``residual`` is None, and the capture evaluates ``hidden_states + residual``. The edit
-makes that one capture take ``hidden_states`` alone (which *is* the embedding output) when
-there is no residual yet on the first rank, in ``llama.py`` and ``deepseek_v2.py``.
+A draft trained on ``cat([embed, b3, b7])`` needs the engine to capture the embedding output. With SGLang's
+``+1`` rule, id ``-1`` already maps to capture index 0 in ``set_eagle3_layers_to_capture`` (``[val + 1 for
+val in layer_ids]``), so the setter needs no change. What fails is the forward loop: before layer 0 on the
+first pipeline rank ``residual`` is None, and the capture evaluates ``hidden_states + residual``. The edit
+makes that one capture take ``hidden_states`` alone (which *is* the embedding output) when there is no
+residual yet on the first rank, in ``llama.py`` and ``deepseek_v2.py``.
 
-The edits are exact, anchored text replacements, judged file by file: a version can have
-the Llama capture but no DeepSeek capture at all (0.5.4 has no EAGLE3 for DeepSeek), and a
-Llama user should not be refused because of a file that has nothing to fix. A file is
-written only when its anchor occurs exactly once and the result compiles; a file that does
-not fit is reported and left byte for byte as it was. ``apply --arch`` insists on the file
-that architecture captures in, so the command ``wiring`` advises fails loudly rather than
-patching something else. Pristine copies of the written files are kept beside the tree with
-their sha256 so ``revert`` restores every file byte for byte. Versions whose own code
-already captures boundary 0 (0.5.23 moved capture into the layers) need no patch.
+The edits are exact, anchored text replacements, judged file by file: a version can have the Llama capture
+but no DeepSeek capture at all (0.5.4 has no EAGLE3 for DeepSeek), and a Llama user should not be refused
+because of a file that has nothing to fix. A file is written only when its anchor occurs exactly once and
+the result compiles; a file that does not fit is reported and left byte for byte as it was. ``apply --arch``
+insists on the file that architecture captures in, so the command ``wiring`` advises fails loudly rather
+than patching something else. Pristine copies of the written files are kept beside the tree with their
+sha256 so ``revert`` restores every file byte for byte. Versions whose own code already captures boundary
+0 (0.5.23 moved capture into the layers) need no patch.
 """
 from __future__ import annotations
 
@@ -120,15 +118,12 @@ CHECKED_ARCHS = tuple(e.arch for e in EDITS)
 
 @dataclass
 class PatchStatus:
-    """Where a tree stands.
-
-    ``state``: pristine (the patch would apply) | patched | partial (some files patched, some
-    still pristine: an interrupted apply or revert; apply or revert finishes it) | stranded (the
-    files are pristine but an interrupted apply/revert left a backup folder; apply or revert
-    removes it) | not-needed | unsupported (nothing fits).
-    ``file_states`` holds each edited file's own state (pristine, patched, not-needed,
-    no-capture, misfit, missing) and ``skipped`` why apply leaves a file alone.
-    """
+    """Where a tree stands. ``state``: pristine (the patch would apply) | patched | partial (some files
+    patched, some still pristine: an interrupted apply or revert; apply or revert finishes it) | stranded
+    (the files are pristine but an interrupted apply/revert left a backup folder; apply or revert removes
+    it) | not-needed | unsupported (nothing fits). ``file_states`` holds each edited file's own state
+    (pristine, patched, not-needed, no-capture, misfit, missing) and ``skipped`` why apply leaves a file
+    alone."""
 
     version: str
     root: str

@@ -221,10 +221,9 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
             if 0 <= layer < L and layer in marked:
                 captured.add(layer)
                 if v < 0:
-                    errors.append(error(
-                        K.WRONG_LAYER,
-                        f"capture index {v}{src_id} flags self.layers[{v}], which Python reads as layer "
-                        f"{layer}: sglang {src.version} captures boundary {layer} there, not the embedding"))
+                    errors.append(error(K.WRONG_LAYER, f"capture index {v}{src_id} flags self.layers[{v}], "
+                                        f"which Python reads as layer {layer}: sglang {src.version} "
+                                        f"captures boundary {layer} there, not the embedding"))
             else:
                 errors.append(error(
                     K.NEVER_CAPTURED,
@@ -236,9 +235,8 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
         elif v == L:
             errors.append(error(
                 K.NEVER_CAPTURED,
-                f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never "
-                f"captured by sglang {src.version}: the loop {where} visits {span} and nothing "
-                f"captures after it"))
+                f"capture index {v}{src_id} = boundary {L} (final state before the norm) is never captured "
+                f"by sglang {src.version}: the loop {where} visits {span} and nothing captures after it"))
         else:
             errors.append(error(K.NEVER_CAPTURED,
                                 f"capture index {v}{src_id} matches no layer: the loop {where} visits "
@@ -272,9 +270,8 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
         add, rn, fr = capture.unguarded_add, capture.residual_none, capture.first_rank
         errors.append(error(
             BOUNDARY0_HAZARD,
-            f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: "
-            f"on the first "
-            f"pipeline rank `residual` is None before layer 0 ({rn.file}:{rn.line}"
+            f"boundary 0 (embedding output) cannot be captured by unpatched sglang {src.version}: on the "
+            f"first pipeline rank `residual` is None before layer 0 ({rn.file}:{rn.line}"
             + (f", under `{fr.text}`" if fr else "") + f") and {add.file}:{add.line} evaluates "
             f"`{add.text}` -> TypeError on the first forward"))
         hazards.append({"kind": BOUNDARY0_HAZARD, "arch": wiring.arch, "file": capture.file,
