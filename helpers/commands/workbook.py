@@ -101,6 +101,57 @@ def _versioned(engine: str | None) -> str | None:
 
 
 def main(argv=None) -> int:
+    ap = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = ap.parse_args(cli.glue_option_values(argv, "--training-layout"))
+    try:
+        a.backend, a.engine = old_spellings(a.backend, a.engine, a.engine_version)
+        a.backend = a.backend or "auto"
+        engine = _versioned(a.engine)
+    except InputError as exc:
+        return fail(f"{exc} (nothing was run and nothing under --out was touched)")
+    params: dict = dict(SMALL) if a.small else {}
+    for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
+                     ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
+                     ("DATA", a.data)]:
+        if val is not None:
+            params[key] = val
+    params.update(BACKEND="reference" if a.backend == "auto" else a.backend, DEVICE=a.device)
+    if engine is not None:
+        params["ENGINE_VERSION"] = engine
+    given = _given_params(ap, a.param, params)   # what -p set
+    problems = check_run_inputs(params, a.only)
+    if a.out.exists() and not a.out.is_dir():
+        problems.insert(0, OUT_IS_A_FILE.format(out=a.out))
+    if problems:     # every problem, on the one line an error gets
+        return fail("; ".join(problems) + " (nothing was run and nothing under --out was touched)")
+    a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
+    measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
+    if a.backend == "auto" and measures and "BACKEND" not in given:
+        params["BACKEND"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
+    if "ENGINE_VERSION" not in params:            # neither --engine nor -p ENGINE_VERSION: said in one line
+        params["ENGINE_VERSION"], line = default_rules(params, params["BACKEND"])
+        print(line)
+    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
+        if params.get(key):
+            params[key] = str(Path(params[key]).resolve())
+    t0 = time.perf_counter()
+    runs = run_workbook(a.out, params, a.only, render=not a.no_render)
+    for r in runs:
+        print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<28} {r.seconds:6.1f}s {r.error}")
+    if runs.incomplete is None:
+        print(f"reports in {a.out} ({time.perf_counter() - t0:.0f}s); open {a.out / 'index.html'}")
+        return 0
+    bad = next((r for r in runs if not r.ok), None)
+    where = ((bad.name + (f" cell {bad.cell}" if bad.cell is not None else "")) if bad
+             else "before any notebook")
+    what = "interrupted" if runs.interrupted else "failed"
+    print(f"error: {what} at {where} ({bad.error if bad else 'no notebook ran'}); --out {a.out} left as it "
+          f"was; partial run in {runs.incomplete} (marked INCOMPLETE)", file=sys.stderr)
+    return 130 if runs.interrupted else 1
+
+
+def _parser():
     ap = cli.parser("run-workbook", __doc__)
     ap.add_argument("--out", type=Path, default=REPO / "reports")
     cli.add_pair_args(ap, engine=None, json=False, paths=False)
@@ -131,25 +182,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-render", action="store_true")
     ap.add_argument("-p", "--param", action="append", default=[], metavar="NAME=JSON",
                     help="any notebook parameter, e.g. -p NUM_PROMPTS=4")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a = ap.parse_args(cli.glue_option_values(argv, "--training-layout"))
-    try:
-        a.backend, a.engine = old_spellings(a.backend, a.engine, a.engine_version)
-        a.backend = a.backend or "auto"
-        engine = _versioned(a.engine)
-    except InputError as exc:
-        return fail(f"{exc} (nothing was run and nothing under --out was touched)")
-    params: dict = dict(SMALL) if a.small else {}
-    for key, val in [("TARGET", a.target), ("DRAFT", a.draft), ("RETRAINED_DRAFT", a.retrained_draft),
-                     ("TRAINING_LAYOUT", a.training_layout), ("PROMPTS", a.prompts), ("DRAFT_STEPS", a.steps),
-                     ("DATA", a.data)]:
-        if val is not None:
-            params[key] = val
-    params.update(BACKEND="reference" if a.backend == "auto" else a.backend, DEVICE=a.device)
-    if engine is not None:
-        params["ENGINE_VERSION"] = engine
-    given = set()                # what -p set, under the parameters' current names
-    for p in a.param:
+    return ap
+
+
+def _given_params(ap, pairs: list[str], params: dict) -> set[str]:
+    """``-p NAME=VALUE`` into ``params`` (a path as text, anything else as JSON where it parses); returns the
+    names given, under the parameters' current names."""
+    given = set()
+    for p in pairs:
         if "=" not in p:
             ap.error(f"--param expects NAME=VALUE, got {p!r}")
         k, v = p.split("=", 1)
@@ -162,32 +202,4 @@ def main(argv=None) -> int:
             params[k] = json.loads(v)
         except json.JSONDecodeError:
             params[k] = v
-    problems = check_run_inputs(params, a.only)
-    if a.out.exists() and not a.out.is_dir():
-        problems.insert(0, OUT_IS_A_FILE.format(out=a.out))
-    if problems:     # every problem, on the one line an error gets
-        return fail("; ".join(problems) + " (nothing was run and nothing under --out was touched)")
-    a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
-    measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
-    if a.backend == "auto" and measures and "BACKEND" not in given:
-        params["BACKEND"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
-    if "ENGINE_VERSION" not in params:            # neither --engine nor -p ENGINE_VERSION: said in one line
-        params["ENGINE_VERSION"], line = default_rules(params, params["BACKEND"])
-        print(line)
-    for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
-        if params.get(key):
-            params[key] = str(Path(params[key]).resolve())
-    t0 = time.perf_counter()
-    runs = run_workbook(a.out, params, a.only, render=not a.no_render)
-    for r in runs:
-        print(f"{'ok ' if r.ok else 'FAIL'} {r.name:<28} {r.seconds:6.1f}s {r.error}")
-    if runs.incomplete is None:
-        print(f"reports in {a.out} ({time.perf_counter() - t0:.0f}s); open {a.out / 'index.html'}")
-        return 0
-    bad = next((r for r in runs if not r.ok), None)
-    where = ((bad.name + (f" cell {bad.cell}" if bad.cell is not None else "")) if bad
-             else "before any notebook")
-    what = "interrupted" if runs.interrupted else "failed"
-    print(f"error: {what} at {where} ({bad.error if bad else 'no notebook ran'}); --out {a.out} left as it "
-          f"was; partial run in {runs.incomplete} (marked INCOMPLETE)", file=sys.stderr)
-    return 130 if runs.interrupted else 1
+    return given

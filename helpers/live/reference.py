@@ -145,12 +145,52 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                         f"exceeds the target's {limit} positions (max_position_embeddings); "
                         f"shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
-    n = len(prompt_ids)
+    base_all, spec_all, pairs, signal = _measure(target, draft, plan, prompt_ids, steps, max_new_tokens,
+                                                 repeats, progress, label)
+    keys = ("base", "spec", "prompt", "base_cpu", "spec_cpu", "first")
+    col = {key: [p[key] for p in pairs] for key in keys}
+    timing = PairedTiming(col["base"], col["spec"], col["prompt"], signal, col["base_cpu"], col["spec_cpu"],
+                          col["first"])
+    base_last, spec_last = base_all[-1], spec_all[-1]
+    base_flat = [b for rep in base_all for b in rep]
+    spec_flat = [s for rep in spec_all for s in rep]
+    base_runs = [sum(len(b.tokens) for b in rep) / sum(b.seconds for b in rep) for rep in base_all]
+    spec_runs = [sum(len(s.tokens) for s in rep) / sum(s.seconds for s in rep) for rep in spec_all]
+    lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
+    # round costs pooled over every measured pass of the same paired design
+    decode_ms = 1000 * sum(b.seconds for b in base_flat) / max(sum(len(b.tokens) for b in base_flat), 1)
+    verify_ms = (1000 * sum(s.verify_seconds for s in spec_flat)
+                 / max(sum(s.verify_steps for s in spec_flat), 1))
+    draft_ms = 1000 * sum(s.draft_seconds for s in spec_flat) / max(sum(s.draft_calls for s in spec_flat), 1)
+    accepted = sum(sum(r.accepted) for r in spec_last)
+    per_prompt = _per_prompt(pairs, base_last, spec_last, lossless)
+    verifies = sum(r.verify_steps for r in spec_last)
+    check_finite("tok/s", *base_runs, *spec_runs)
+    tokens_b, secs_b = sum(len(b.tokens) for b in base_flat), sum(b.seconds for b in base_flat)
+    tokens_s, secs_s = sum(len(s.tokens) for s in spec_flat), sum(s.seconds for s in spec_flat)
+    return BenchResult(
+        layout=tuple(plan.layout), label=label or plan.label, steps=steps,
+        baseline_tok_s=round(tokens_b / secs_b, 2), spec_tok_s=round(tokens_s / secs_s, 2),
+        tau=round((accepted + verifies) / verifies, 3) if verifies else 1.0,
+        accept_rate=round(accepted / (verifies * steps), 3) if verifies else 0.0,
+        lossless=all(lossless), lossless_per_prompt=lossless, histogram=acceptance_histogram(spec_last),
+        position_acceptance=[round(x, 3) for x in position_acceptance(spec_last)], verify_steps=verifies,
+        tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
+        baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
+        plan_source=plan.source, decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3),
+        draft_step_ms=round(draft_ms, 3), per_prompt=per_prompt, timing=timing,
+    )
+
+
+def _measure(target, draft, plan: CapturePlan, prompt_ids, steps, max_new_tokens, repeats, progress, label):
+    """A warm-up pass, then ``repeats`` passes over the prompts, each prompt a pair (baseline, speculative) in
+    the balanced order ``baseline_first`` gives. Returns the generations per measured pass, one record per
+    measured pair (wall and CPU tok/s of each side, the prompt, which ran first), and the machine's noise."""
     base_all: list[list[GenerationResult]] = []    # per measured repeat, per prompt
     spec_all: list[list[GenerationResult]] = []
-    pair_base, pair_spec, pair_prompt, pair_first, cpu_base, cpu_spec = [], [], [], [], [], []
-    bar = tqdm(total=(repeats + 1) * n, desc=f"bench {label or plan.layout}", disable=not progress,
-               mininterval=1.0)
+    pairs: list[dict] = []
+    bar = tqdm(total=(repeats + 1) * len(prompt_ids), desc=f"bench {label or plan.layout}",
+               disable=not progress, mininterval=1.0)
 
     def timed(fn):
         c0 = time.process_time()
@@ -170,12 +210,10 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                 else:
                     (s, cs), (b, cb) = timed(run_s), timed(run_b)
                 if rep:
-                    pair_base.append(len(b.tokens) / b.seconds)
-                    pair_spec.append(len(s.tokens) / s.seconds)
-                    pair_prompt.append(i)
-                    pair_first.append(first)
-                    cpu_base.append(len(b.tokens) / cb if cb > 0 else float("nan"))
-                    cpu_spec.append(len(s.tokens) / cs if cs > 0 else float("nan"))
+                    pairs.append({"prompt": i, "first": first, "base": len(b.tokens) / b.seconds,
+                                  "spec": len(s.tokens) / s.seconds,
+                                  "base_cpu": len(b.tokens) / cb if cb > 0 else float("nan"),
+                                  "spec_cpu": len(s.tokens) / cs if cs > 0 else float("nan")})
                 base_rep.append(b)
                 spec_rep.append(s)
                 bar.update(1)
@@ -183,44 +221,21 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                 base_all.append(base_rep)
                 spec_all.append(spec_rep)
     bar.close()
-    timing = PairedTiming(pair_base, pair_spec, pair_prompt, watch.signal, cpu_base, cpu_spec, pair_first)
-    base_last, spec_last = base_all[-1], spec_all[-1]
-    base_flat = [b for rep in base_all for b in rep]
-    spec_flat = [s for rep in spec_all for s in rep]
-    base_runs = [sum(len(b.tokens) for b in rep) / sum(b.seconds for b in rep) for rep in base_all]
-    spec_runs = [sum(len(s.tokens) for s in rep) / sum(s.seconds for s in rep) for rep in spec_all]
-    lossless = [check_lossless(b, s) for b, s in zip(base_last, spec_last)]
-    # round costs pooled over every measured pass of the same paired design
-    decode_ms = 1000 * sum(b.seconds for b in base_flat) / max(sum(len(b.tokens) for b in base_flat), 1)
-    verify_ms = (1000 * sum(s.verify_seconds for s in spec_flat)
-                 / max(sum(s.verify_steps for s in spec_flat), 1))
-    draft_ms = 1000 * sum(s.draft_seconds for s in spec_flat) / max(sum(s.draft_calls for s in spec_flat), 1)
-    accepted = sum(sum(r.accepted) for r in spec_last)
-    per_prompt = []
-    for i, (b, s) in enumerate(zip(base_last, spec_last)):
-        ratios = [pair_spec[k] / pair_base[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i]
-        b_tok_s = statistics.median(pair_base[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
-        s_tok_s = statistics.median(pair_spec[k] for k in range(len(pair_prompt)) if pair_prompt[k] == i)
-        per_prompt.append({"prompt": i, "tau": round(s.tau, 3), "baseline_tok_s": round(b_tok_s, 2),
-                           "spec_tok_s": round(s_tok_s, 2),
-                           "speedup": round(statistics.geometric_mean(ratios), 3),
-                           "lossless": lossless[i]})
-    verifies = sum(r.verify_steps for r in spec_last)
-    check_finite("tok/s", *base_runs, *spec_runs)
-    tokens_b, secs_b = sum(len(b.tokens) for b in base_flat), sum(b.seconds for b in base_flat)
-    tokens_s, secs_s = sum(len(s.tokens) for s in spec_flat), sum(s.seconds for s in spec_flat)
-    return BenchResult(
-        layout=tuple(plan.layout), label=label or plan.label, steps=steps,
-        baseline_tok_s=round(tokens_b / secs_b, 2), spec_tok_s=round(tokens_s / secs_s, 2),
-        tau=round((accepted + verifies) / verifies, 3) if verifies else 1.0,
-        accept_rate=round(accepted / (verifies * steps), 3) if verifies else 0.0,
-        lossless=all(lossless), lossless_per_prompt=lossless, histogram=acceptance_histogram(spec_last),
-        position_acceptance=[round(x, 3) for x in position_acceptance(spec_last)], verify_steps=verifies,
-        tokens=sum(len(r.tokens) for r in spec_last), repeats=repeats,
-        baseline_runs=[round(x, 2) for x in base_runs], spec_runs=[round(x, 2) for x in spec_runs],
-        plan_source=plan.source, decode_ms=round(decode_ms, 3), verify_ms=round(verify_ms, 3),
-        draft_step_ms=round(draft_ms, 3), per_prompt=per_prompt, timing=timing,
-    )
+    return base_all, spec_all, pairs, watch.signal
+
+
+def _per_prompt(pairs: list[dict], base_last, spec_last, lossless: list[bool]) -> list[dict]:
+    """Each prompt's figures: its tau in the last pass, the median tok/s of each side over its pairs and the
+    geometric mean of their ratios."""
+    out = []
+    for i, s in enumerate(spec_last[:len(base_last)]):
+        mine = [p for p in pairs if p["prompt"] == i]
+        out.append({"prompt": i, "tau": round(s.tau, 3),
+                    "baseline_tok_s": round(statistics.median(p["base"] for p in mine), 2),
+                    "spec_tok_s": round(statistics.median(p["spec"] for p in mine), 2),
+                    "speedup": round(statistics.geometric_mean(p["spec"] / p["base"] for p in mine), 3),
+                    "lossless": lossless[i]})
+    return out
 
 
 def finding(name: str, label: str, res: BenchResult) -> str:

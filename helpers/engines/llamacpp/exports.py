@@ -69,6 +69,12 @@ def read_log(text: str, where: str) -> ServedProfile | None:
                 "drafts recovered from the logged mean acceptance length (running totals: the last line)",
             ),
         )
+    return _per_request(text, where)
+
+
+def _per_request(text: str, where: str) -> ServedProfile | None:
+    """Newer servers log one 'draft acceptance' line per request (a slot's stats reset per request): added
+    up, the verify steps recovered from each line's mean length."""
     reqs = list(_REQ.finditer(text))
     if not reqs:
         return None
