@@ -69,11 +69,6 @@ def parameters_cell(nb: dict) -> dict | None:
                 None)
 
 
-def cell_text(nb: dict) -> str | None:
-    cell = parameters_cell(nb)
-    return None if cell is None else "".join(cell["source"])
-
-
 def write_cells(paths: list[Path]) -> list[Path]:
     """Put ``CELL`` into each notebook's parameters cell; returns the notebooks changed."""
     changed = []

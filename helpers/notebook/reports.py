@@ -466,15 +466,6 @@ def quoted_steps(reports_dir) -> dict:
     return out
 
 
-def markdown_table(rows: list[dict]) -> str:
-    if not rows:
-        return "(no configuration could be measured)"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def write_summary(reports_dir, summary: Summary) -> Path:
     """summary.json, and summary.md for people: the table first (a row per wiring and engine, the engine
     named in each), then the headline, which says only what the table cannot."""

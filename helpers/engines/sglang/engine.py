@@ -68,12 +68,6 @@ class Generation:
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
 
     @property
-    def sglang_accept_length(self) -> float:
-        """SGLang's own ``spec_accept_length`` (completion tokens / verify rounds), pooled: it also counts
-        the token the prefill produced, so it sits a little above ``accept_length`` on short outputs."""
-        return self.completion_tokens / self.drafts if self.drafts else 1.0
-
-    @property
     def tok_s(self) -> float:
         total = sum(self.seconds)
         return sum(len(t) for t in self.tokens) / total if total > 0 else 0.0

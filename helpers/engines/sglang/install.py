@@ -47,10 +47,6 @@ class SglangInstall:
         """The engine whose rules a live run is held to: this release, running."""
         return Engine("sglang", self.version, live=True, runtime=self.version)
 
-    @property
-    def install_log(self) -> Path:
-        return self.venv.parent / (self.venv.name + ".install.log")
-
 
 def venv_path() -> Path:
     return Path(os.environ.get(VENV_ENV) or ROOT / ".venv-sglang").expanduser()

@@ -16,7 +16,7 @@ from ...boundaries import CapturePlan, ProblemKind
 from ...investigation.fixes import with_engine_ids
 from ...record import read_record
 from ...rules.conventions import Engine, TargetSpec, read_draft_config, read_target
-from .bench import LiveWiring, fixes_for
+from .bench import fixes_for
 from .install import VllmInstall
 
 # vLLM's boundary-0 capture adds a residual that is still None (conventions.resolve_vllm)
@@ -57,8 +57,3 @@ def vllm_wirings(pair, rules: Engine, install: VllmInstall, training_layout: tup
         else:
             found["fix B"] = (Path(retrained), pair.served(rules, config=rec))
     return found
-
-
-def as_live(wirings: dict[str, tuple[Path, CapturePlan]]) -> list[LiveWiring]:
-    return [LiveWiring(name, Path(d), tuple(plan.layout)) for name, (d, plan) in wirings.items()
-            if not plan.errors]
