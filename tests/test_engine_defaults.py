@@ -77,7 +77,7 @@ class FakeBackend:
     family, label, live, unavailable = "sglang", "fake SGLang", True, None
 
     def __init__(self, named, seen):
-        self.rules = named if named is not None else Engine("sglang", "0.5.23", live=True)
+        self.engine = named if named is not None else Engine("sglang", "0.5.23", live=True)
         self.seen = seen
         seen["named"] = named
 

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                 raise BadOption(backend.unavailable)
             if backend.refuses(named):
                 raise BadOption(backend.refuses(named))
-            a.engine = backend.rules
+            a.engine = backend.engine
         check_device(a.device)          # a typo in --device fails before any model loads (--engine: cli)
         if a.prompts is not None:
             read_prompts(a.prompts)

@@ -185,13 +185,13 @@ def _main_sglang(a) -> int:
             raise BadConfig(f"{tspec.where} has no integer hidden_size")
         cfg = read_draft_config(a.draft)
         text = read_text_file(a.text, "text file")
-        plan = resolve(backend.rules, tspec.arch or "", tspec.num_layers, draft=cfg,
+        plan = resolve(backend.engine, tspec.arch or "", tspec.num_layers, draft=cfg,
                        target_config=tspec.config)
         predicted = list(plan.served_layout)
         target, windows = _target_windows(a, tspec, text)
         run = capture_sglang(backend.install, a.target, a.draft, windows, a.out, target=target,
                              hidden=tspec.hidden_size, capture_rule=backend.capture_rule, timeout=a.timeout,
-                             meta={"predicted_layout": predicted, "predicted_by": str(backend.rules),
+                             meta={"predicted_layout": predicted, "predicted_by": str(backend.engine),
                                    "draft": str(a.draft)})
     except (InputError, FileNotFoundError, OSError, ValueError) as exc:
         return fail(exc)
@@ -209,7 +209,7 @@ def _main_sglang(a) -> int:
         for m in run.matches:
             print(f"  slot {m.slot}: id {m.layer_id} -> boundary {m.boundary} "
                   f"(max abs diff {m.max_abs_diff:.2e})")
-        print(f"  predicted {tuple(predicted)} by {backend.rules}'s rules; measured {tuple(measured)}: "
+        print(f"  predicted {tuple(predicted)} by {backend.engine}'s rules; measured {tuple(measured)}: "
               f"{'the prediction holds' if agree else 'THEY DIFFER'}")
     return 0 if agree else 1
 

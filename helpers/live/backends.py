@@ -46,7 +46,7 @@ class Backend:
     """What a notebook runs on: a live engine (``install``), or why not (``unavailable``)."""
 
     family: str                                  # reference | vllm | sglang | llamacpp: what measures
-    rules: Engine                                # whose rules decide what 'served' means
+    engine: Engine                               # whose rules decide what 'served' means
     install: VllmInstall | SglangInstall | ServerBuild | None = None
     unavailable: str | None = None               # why the named live engine cannot run here
     capture_rule: str | None = None              # SGLang: the release whose setter the runtime runs
@@ -74,8 +74,8 @@ class Backend:
             return f"llama.cpp {self.install.build} (llama-server, cpu)"
         if isinstance(self.install, SglangInstall):
             where = f"({self.install.device}, {self.install.venv.name})"
-            if self.capture_rule and str(self.rules) == str(CASE_ENGINE):
-                return f"{_replay(self.rules, self.install.version)} {where}"
+            if self.capture_rule and str(self.engine) == str(CASE_ENGINE):
+                return f"{_replay(self.engine, self.install.version)} {where}"
             rule = f", capture rule {self.capture_rule}" if self.capture_rule else ""
             return f"SGLang runtime {self.install.version}{rule} {where}"
         return f"vLLM {self.install.version} ({self.install.device}, {self.install.venv.name})"
@@ -88,7 +88,7 @@ class Backend:
         weight type (the Python engines run the checkpoint's own)."""
         if isinstance(self.install, VllmInstall):
             return vllm_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
-                                         max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
+                                         max_new_tokens=max_new_tokens, repeats=repeats, rules=self.engine,
                                          progress=progress, log_dir=log_dir, guard=guard)
         if isinstance(self.install, SglangInstall):
             return sglang_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
@@ -97,8 +97,9 @@ class Backend:
                                            guard=guard)
         if isinstance(self.install, ServerBuild):
             return llamacpp_bench.live_bench(self.install, target, wirings, prompt_ids, steps=steps,
-                                             max_new_tokens=max_new_tokens, repeats=repeats, rules=self.rules,
-                                             progress=progress, log_dir=log_dir, guard=guard, outtype=outtype)
+                                             max_new_tokens=max_new_tokens, repeats=repeats,
+                                             rules=self.engine, progress=progress, log_dir=log_dir,
+                                             guard=guard, outtype=outtype)
         raise ValueError(f"no live engine to benchmark on ({self.unavailable or self.family})")
 
     def refuses(self, named: Engine | None) -> str | None:
@@ -106,14 +107,14 @@ class Backend:
         only its own release's rules, SGLang any SGLang release's (its setter installed live)."""
         if named is None or not self.live:
             return None
-        if named.rules is not self.rules.rules:
+        if named.rules is not self.engine.rules:
             return (f"--engine {named} names another engine's rules, but --backend {self.family} runs "
-                    f"{self.rules}; drop --engine (the runtime's own release), or pass the --backend that "
+                    f"{self.engine}; drop --engine (the runtime's own release), or pass the --backend that "
                     f"engine runs on")
-        if named.version and named.version != self.rules.version and isinstance(self.install, ServerBuild):
+        if named.version and named.version != self.engine.version and isinstance(self.install, ServerBuild):
             return (f"--engine {named}: the llama-server here is {self.install.build} and runs its own "
                     f"build's converter and graph; drop --engine, or name llamacpp=={self.install.build}")
-        if named.version and named.version != self.rules.version:
+        if named.version and named.version != self.engine.version:
             return (f"--engine {named}: the vLLM here is {self.install.version} and runs its own release's "
                     f"rules; drop --engine, or name vllm=={self.install.version}")
         return None

