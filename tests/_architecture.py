@@ -168,7 +168,43 @@ def table() -> str:
     rows.append("")
     short = [(m.removeprefix("helpers."), d.removeprefix("helpers.")) for m, d in up]
     rows += [f"- `{m}` -> `{d}`" for m, d in short] or ["- none"]
+    size = sizes(known)
+    rows += ["", f"Size: {size['lines']:,} lines in {len(known)} modules, the largest `{size['largest']}` "
+                 f"({size['largest_lines']} lines); {size['public_classes']} public classes; "
+                 f"{len(size['long_functions'])} functions over {LONG_FUNCTION} lines; "
+                 f"{size['many_parameters']} functions with {MANY_PARAMETERS} or more parameters."]
     return "\n".join(rows)
+
+
+LONG_FUNCTION = 80       # lines: a function longer than this does more than one job
+MANY_PARAMETERS = 8      # a function that takes this many wants a typed value instead
+LARGEST_MODULE = 600     # lines
+
+
+def sizes(known: dict | None = None) -> dict:
+    """The package's size, as the table's last line states it: lines, the largest module, public classes,
+    functions over ``LONG_FUNCTION`` lines and functions taking ``MANY_PARAMETERS`` or more parameters
+    (``self``/``cls`` not counted)."""
+    known = known or modules()
+    out = {"lines": 0, "largest": "", "largest_lines": 0, "public_classes": 0, "long_functions": [],
+           "many_parameters": 0}
+    for m, path in known.items():
+        text = path.read_text()
+        n = text.count("\n")
+        out["lines"] += n
+        if n > out["largest_lines"]:
+            out["largest"], out["largest_lines"] = m.removeprefix("helpers."), n
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                out["public_classes"] += 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > LONG_FUNCTION:
+                    out["long_functions"].append(f"{m}.{node.name}")
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                count = len(names) - (names[:1] in (["self"], ["cls"])) + bool(a.vararg) + bool(a.kwarg)
+                out["many_parameters"] += count >= MANY_PARAMETERS
+    return out
 
 
 def doc_table() -> str | None:

@@ -2,7 +2,18 @@
 no module-level import cycle exists, and every module says what it is for."""
 from __future__ import annotations
 
-from _architecture import cycles, doc_table, floors, imports, modules, purpose, table
+from _architecture import (
+    LARGEST_MODULE,
+    LONG_FUNCTION,
+    cycles,
+    doc_table,
+    floors,
+    imports,
+    modules,
+    purpose,
+    sizes,
+    table,
+)
 
 
 def test_no_import_cycles_and_every_module_says_what_it_is_for():
@@ -22,6 +33,14 @@ def test_no_cycle_even_counting_imports_inside_functions():
     first use, which registers), not by importing up."""
     found = {tuple(g): g for g in cycles(imports(modules()))}
     assert set(found) <= set(ALLOWED_CYCLES), [g for k, g in found.items() if k not in ALLOWED_CYCLES]
+
+
+def test_short_functions_and_modules():
+    """A function does one job and a module holds one concern: none over the limits docs/architecture.md's
+    last line states (the split is by job: decide, then render)."""
+    size = sizes()
+    assert size["long_functions"] == [], f"over {LONG_FUNCTION} lines: {size['long_functions']}"
+    assert size["largest_lines"] <= LARGEST_MODULE, (size["largest"], size["largest_lines"])
 
 
 def test_the_docs_module_table_is_the_codes():
