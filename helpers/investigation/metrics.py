@@ -497,8 +497,22 @@ def metrics_verdict(
     served_pred: dict[float, Expected | None] = dict.fromkeys(temps)
     served, notes, ignored = None, [], ()
     if target_dir is not None and k:
-        served, trained, ignored, notes = _simulated(target_dir, draft_dir, device, engine, text, windows, k,
-                                                     rule, trained, expected, served_pred)
+        pair = load_pair(target_dir, draft_dir, device)
+        plan = pair.served(engine)
+        trained = trained or chain(pair, engine, plan).layout    # the one chain, as check and the guard ask
+        served = tuple(plan.layout) if not plan.errors else None
+        caps = eval_captures(pair, text, max_windows=windows)
+        what = "--text" if text is not None else "held-out text"
+        wanted = {"served": served, "trained": trained if any(expected[t] is None for t in temps) else None}
+        with run_as(pair.draft, engine):
+            simulated = _simulated(pair, caps, what, k, rule, wanted, temps)
+        for (which, t), e in simulated.items():
+            if which == "served":
+                served_pred[t] = e
+            elif expected[t] is None:
+                expected[t] = e
+        ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
+        notes = [f"served layout from {plan.source}"]
     if rule is not None:
         notes.append(f"acceptance above temperature 0: {rule.sentence()}"
                      + (f" [the recorded rule: {why_recorded}]" if why_recorded else ""))
@@ -520,34 +534,25 @@ def metrics_verdict(
     return v
 
 
-def _simulated(target_dir, draft_dir, device, engine, text, windows, k, rule, trained, expected, served_pred):
-    """With a target: the layout ``engine`` serves, and the trained one (from the one chain, as check and the
-    guard ask), each run teacher-forced on held-out text at every temperature, filling ``served_pred`` and
-    the ``expected`` nothing shipped. Returns (served, trained, the flags the engine ignores, notes)."""
-    pair = load_pair(target_dir, draft_dir, device)
-    plan = pair.served(engine)
-    trained = trained or chain(pair, engine, plan).layout
-    served = tuple(plan.layout) if not plan.errors else None
-    caps = eval_captures(pair, text, max_windows=windows)
-    what = "--text" if text is not None else "held-out text"
-    with run_as(pair.draft, engine):
-        for t in served_pred:
-            greedy = t == 0 or rule.verify is acceptance.Verify.GREEDY
-            where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens), " + (
-                "greedy top-1" if t == 0 else f"{rule.engine}'s {rule.verify} at temperature {t:g}")
-
-            def rates(layout, t=t, greedy=greedy):
-                if greedy:
-                    return list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
-                return list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t,
-                                                        verify=rule.verify, sampler=rule.sampler).marginal)
-
-            if served is not None:
-                served_pred[t] = Expected(rates(served), f"{where} at the served layout {served}", t)
-            if expected[t] is None and trained is not None:
-                expected[t] = Expected(rates(trained), f"{where} at the trained layout {trained}", t)
-    ignored = tuple(phrase for phrase in forward_verdict(pair.draft, engine)[0])
-    return served, trained, ignored, [f"served layout from {plan.source}"]
+def _simulated(pair, caps, what: str, k: int, rule, layouts: dict, temps: list[float]) -> dict:
+    """Each named layout (``layouts``: served, trained; None skipped) teacher-forced on ``caps`` at each
+    temperature: greedy top-1 at 0, above it the engine's verify rule (``rule``). The caller runs it under
+    the engine's forward (``run_as``). Returns {(name, temperature): Expected}."""
+    out = {}
+    for t in temps:
+        greedy = t == 0 or rule.verify is acceptance.Verify.GREEDY
+        where = f"teacher-forced on {what} ({int(caps.input_ids.numel())} tokens), " + (
+            "greedy top-1" if t == 0 else f"{rule.engine}'s {rule.verify} at temperature {t:g}")
+        for name, layout in layouts.items():
+            if layout is None:
+                continue
+            if greedy:
+                rates = list(evaluate_layout(pair.draft, caps, layout, steps=k).full_acc)
+            else:
+                rates = list(evaluate.sampled_acceptance(pair.draft, pair.target, caps, layout, k, t,
+                                                         verify=rule.verify, sampler=rule.sampler).marginal)
+            out[(name, t)] = Expected(rates, f"{where} at the {name} layout {layout}", t)
+    return out
 
 
 def _unknown_temperature(v: MetricsVerdict, alt: MetricsVerdict, expected, temps: list[float],

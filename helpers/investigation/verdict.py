@@ -186,11 +186,11 @@ class Fix:
 
 
 def verdict_fix(trained, served, engine: Engine | None, arch: str | None, num_layers: int | None, *,
-                paths: tuple[str, str] | None = None, root=None, with_layout: bool = False) -> Fix:
+                paths: tuple[str, str] | None = None, with_layout: bool = False) -> Fix:
     """The shortest way out as a :class:`Fix`. ``paths`` (the draft's and the target's folders): where ids
     alone serve the trained layout, the fix is the ``fixes deploy`` command, the hand edit beside it;
     ``with_layout``: the command carries the layout (``fixes deploy`` cannot re-derive it from the folder)."""
-    ways = _ways(trained, served, engine, arch, num_layers, root)
+    ways = _ways(trained, served, engine, arch, num_layers, None)
     if ways is None:
         return Fix()
     ids = ways.of(WayKind.WRITE_IDS)

@@ -145,8 +145,14 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                         f"exceeds the target's {limit} positions (max_position_embeddings); "
                         f"shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
-    base_all, spec_all, pairs, signal = _measure(target, draft, plan, prompt_ids, steps, max_new_tokens,
-                                                 repeats, progress, label)
+    bar = tqdm(total=(repeats + 1) * len(prompt_ids), desc=f"bench {label or plan.layout}",
+               disable=not progress, mininterval=1.0)
+    with bar:
+        base_all, spec_all, pairs, signal = _measure(
+            functools.partial(baseline_generate, target, max_new_tokens=max_new_tokens),
+            functools.partial(speculative_generate, target, draft, plan, max_new_tokens=max_new_tokens,
+                              k=steps),
+            prompt_ids, repeats, bar)
     keys = ("base", "spec", "prompt", "base_cpu", "spec_cpu", "first")
     col = {key: [p[key] for p in pairs] for key in keys}
     timing = PairedTiming(col["base"], col["spec"], col["prompt"], signal, col["base_cpu"], col["spec_cpu"],
@@ -182,15 +188,14 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
     )
 
 
-def _measure(target, draft, plan: CapturePlan, prompt_ids, steps, max_new_tokens, repeats, progress, label):
-    """A warm-up pass, then ``repeats`` passes over the prompts, each prompt a pair (baseline, speculative) in
-    the balanced order ``baseline_first`` gives. Returns the generations per measured pass, one record per
-    measured pair (wall and CPU tok/s of each side, the prompt, which ran first), and the machine's noise."""
+def _measure(baseline, speculative, prompt_ids, repeats: int, bar):
+    """A warm-up pass, then ``repeats`` passes over the prompts, each prompt a pair (``baseline(ids)``,
+    ``speculative(ids)``) in the balanced order ``baseline_first`` gives. Returns the generations per measured
+    pass, one record per measured pair (wall and CPU tok/s of each side, the prompt, which ran first), and
+    the machine's noise."""
     base_all: list[list[GenerationResult]] = []    # per measured repeat, per prompt
     spec_all: list[list[GenerationResult]] = []
     pairs: list[dict] = []
-    bar = tqdm(total=(repeats + 1) * len(prompt_ids), desc=f"bench {label or plan.layout}",
-               disable=not progress, mininterval=1.0)
 
     def timed(fn):
         c0 = time.process_time()
@@ -201,9 +206,7 @@ def _measure(target, draft, plan: CapturePlan, prompt_ids, steps, max_new_tokens
         for rep in range(repeats + 1):  # rep 0 warms up
             base_rep, spec_rep = [], []
             for i, ids in enumerate(prompt_ids):
-                run_b = functools.partial(baseline_generate, target, ids, max_new_tokens)
-                run_s = functools.partial(speculative_generate, target, draft, plan, ids, max_new_tokens,
-                                          steps)
+                run_b, run_s = functools.partial(baseline, ids), functools.partial(speculative, ids)
                 first = baseline_first(i, rep - 1)      # measured repeats count from 0; the warm-up is -1
                 if first:
                     (b, cb), (s, cs) = timed(run_b), timed(run_s)
@@ -220,7 +223,6 @@ def _measure(target, draft, plan: CapturePlan, prompt_ids, steps, max_new_tokens
             if rep:
                 base_all.append(base_rep)
                 spec_all.append(spec_rep)
-    bar.close()
     return base_all, spec_all, pairs, watch.signal
 
 
