@@ -273,7 +273,7 @@ def _settle(pair, engine, served, search) -> tuple[Settled, bool]:
     if fmt.known and not contradicted:
         return fmt, False
     said = ev.note if ev.basis is not Basis.FORMAT else ""
-    note = "; ".join(x for x in (contradicted, said, fmt.note) if x)
+    note = "; ".join(dict.fromkeys(x for x in (contradicted, said, fmt.note) if x))   # each said once
     return Settled(tuple(search.best), "inferred by the layout search", False, fmt.candidates, note), False
 
 
