@@ -365,5 +365,6 @@ def test_dump_without_the_trained_slots_is_still_a_mismatch_by_record(capsys):
                  "--engine", "sglang==0.5.9", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["mismatch"] is True and out["cost"] is None
-    assert "MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (training record" in out["verdict"]
+    said = "MISMATCH: served (3, 7, 10) ≠ trained (0, 3, 7) (the training record (training.json)"
+    assert said in out["verdict"]
     assert "cost cannot be measured from this dump" in out["verdict"]
