@@ -21,12 +21,11 @@ import json
 import os
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import net
 from ..engines.llamacpp import exports as llamacpp
 from ..engines.sglang import exports as sglang
 from ..engines.vllm import exports as vllm
@@ -219,28 +218,29 @@ def _json_source(obj, where: str, num_spec_tokens: int | None) -> ServedProfile:
 TOKEN_ENV = "EAGLE3_WORKBOOK_METRICS_TOKEN"
 
 
+# what one answer may be: a /metrics page is kilobytes, a Prometheus range over a busy fleet a few megabytes
+MAX_EXPORT_BYTES = 32 * net.MB
+
+
 def fetch(url: str, timeout: float = 10.0) -> str:
     """One GET of a deployment's export, on this machine or another (a GPU pod's /metrics, a Prometheus
-    behind a gateway), with the bearer token ``EAGLE3_WORKBOOK_METRICS_TOKEN`` names when it is set."""
+    behind a gateway), whole within ``timeout`` seconds and at most ``MAX_EXPORT_BYTES``, with the bearer
+    token ``EAGLE3_WORKBOOK_METRICS_TOKEN`` names when it is set (sent to the URL's own host only)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadOption(f"--metrics {url}: expected an http(s) URL with a host")
-    headers = {"User-Agent": "eagle3-workbook", "Accept": "text/plain, application/json"}
     token = (os.environ.get(TOKEN_ENV) or "").strip()
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
-            return r.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
+        return net.get(url, deadline_s=timeout, max_bytes=MAX_EXPORT_BYTES,
+                       headers={"Accept": "text/plain, application/json"},
+                       auth=f"Bearer {token}" if token else None).text()
+    except net.HTTPStatus as exc:
         hint = (f"; set {TOKEN_ENV} to the bearer token it expects" if exc.code in (401, 403) and not token
                 else "")
-        raise BadOption(f"--metrics {url}: HTTP {exc.code} {exc.reason}{hint}") from None
-    except OSError as exc:
-        raise BadOption(
-            f"--metrics {url}: cannot read it ({getattr(exc, 'reason', exc)}); expected a "
-            f"running engine's /metrics, or a Prometheus query URL"
-        ) from None
+        raise BadOption(f"--metrics {exc}{hint}") from None
+    except net.NetError as exc:
+        raise BadOption(f"--metrics {exc}; expected a running engine's /metrics, or a Prometheus query URL"
+                        ) from None
 
 
 PROMETHEUS_QUERY = ("/api/v1/query", "/api/v1/query_range")

@@ -75,6 +75,7 @@ class CheckReport:
     evidence: str = "none"
     fix_command: str | None = None       # fixes deploy, where ids alone serve the trained layout
     answer: Evidence | None = None       # the chain's whole answer (``evidence.training_evidence``)
+    rule_basis: str = ""                 # its rule read from the release now, or recorded (``rule_basis``)
 
     @property
     def agree(self) -> bool | None:
@@ -257,7 +258,15 @@ def _report(req: CheckRequest, eng: Engine, draft_dir: Path, spec: TargetSpec, s
                        f"ids {served.ids_used} from {served.ids_source} -> layers_to_capture "
                        f"{served.layers_to_capture}" + ("" if captures else
                                                         ", but the release never turns capture on"),
-                       assumed_engine=str(DEFAULT_ENGINE) if req.engine is None else None)
+                       assumed_engine=str(DEFAULT_ENGINE) if req.engine is None else None,
+                       rule_basis=rule_basis(served))
+
+
+def rule_basis(served) -> str:
+    """How the engine's rule was had: its release's own code run or read now, or a recorded rule (a cache of
+    what was read from its releases), as on an air-gapped host."""
+    recorded = any(p.kind == ProblemKind.RULE_NOT_RUN for p in served.problems)
+    return "recorded, not read now" if recorded or not served.source_lines else "read from the release now"
 
 
 def _served_problems(report: CheckReport, served) -> None:
@@ -324,6 +333,9 @@ def _releases(report: CheckReport, eng: Engine, spec: TargetSpec, cfg: dict) -> 
     is the failure people meet most (SGLang PR #25454 changed DeepSeek's rule in 0.5.13)."""
     drift = eng.rules.across_releases(eng, spec.arch, spec.num_layers, cfg, spec.config)
     if drift is None:
+        return
+    if not drift.runs:
+        report.notes.append(f"across releases: {drift.how}")
         return
     report.served_across_releases = drift.entries()
     report.release_drift = drift.line(eng.version)
@@ -483,7 +495,8 @@ def _ids_key(report: CheckReport, cfg: dict, ids, where: IdsAt, eng: Engine) -> 
 
 def format_report(r: CheckReport) -> str:
     lines = [assumed_engine_line(r.assumed_engine)] if r.assumed_engine else []
-    lines += [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers)",
+    basis = f"; its rule {r.rule_basis}" if r.rule_basis else ""
+    lines += [f"check  {r.draft}  on  {r.engine}  ({r.arch}, {r.num_layers} layers{basis})",
              f"  trained on : {r._label(r.training_layout)}   [{r.training_source}]",
              f"  served     : {r._label(r.served_layout)}   [{r.served_source}]"]
     if r.measured_layout is not None:

@@ -167,7 +167,7 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
                   desc=f"SGLang releases, {arch}", disable=not progress, mininterval=1.0):
         try:
             r = resolve(Engine("sglang", v), arch, num_layers, ids=ids, draft=draft,
-                        target_config=target_config)
+                        target_config=target_config, recorded=False)
         except ss.UnknownArchitectureError:
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue
@@ -427,6 +427,11 @@ def sglang_across_releases(arch: str, num_layers: int, draft: dict, target_confi
         spans = [(r.version, r.version, 1, r) for r in found]
         how = (f"{arch} is not in {DATA_NAME}: every release resolved now ({len(versions)}; add it to "
                f"matrix.COMMON_TARGETS and regenerate with `wiring --matrix-doc docs/sglang-matrix.md`)")
+    unread = [row for *_, row in spans if row.status == "source unavailable"]
+    if spans and len(unread) == len(spans):    # an air-gapped host: no release read, none guessed
+        why = unread[0].problems[0].message if unread[0].problems else "no release could be read"
+        return Drift("SGLang", [], f"not read now, no release's files could be had here ({why[:200]})",
+                     round(time.perf_counter() - started, 3))
     return Drift("SGLang", _merge(spans), how, round(time.perf_counter() - started, 3))
 
 

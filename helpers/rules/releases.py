@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
@@ -145,12 +144,9 @@ def derive(package: str, version: str) -> ReleaseRow:
 
 def listed_versions(package: str) -> list[str]:
     """Every final release the index lists, oldest first (its JSON listing; else pip's)."""
-    url = f"{wheels.index_url()}/{re.sub(r'[-_.]+', '-', package).lower()}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=wheels.RANGED_TIMEOUT_S) as resp:
-            found = json.load(resp).get("versions", [])
-    except (OSError, ValueError):
+    listing = wheels.index_listing(package)
+    found = listing.get("versions") if listing is not None else None
+    if not isinstance(found, list):
         found = wheels.released_versions(package)
     final = [v for v in found if wheels.is_version_string(v) and not re.search(r"(a|b|rc|dev)\d", v)]
     return sorted(set(final), key=version_tuple)

@@ -23,7 +23,6 @@ Eviction, done after each download (a cache miss) of a package, inside ``<cache>
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import shutil
@@ -32,12 +31,12 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import BadOption, CacheError
+from .. import net
+from ..errors import BadOption, CacheError, one_line
 from .conventions import is_version_string, version_tuple
 
 CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
@@ -115,12 +114,24 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
     if not whole and download is None:
         raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
                                  f"{index_url()} (offline, or an index without a JSON listing)")
+    earlier = _UNREACHABLE.get((index_url(), download))
+    if earlier is not None:     # one air-gapped answer is enough: pip is not asked again in this process
+        raise PackageIndexUnreachable(f"cannot fetch {package} {version}: the package index did not answer "
+                                      f"earlier in this run ({earlier}); {_cached_hint(package, base)}")
     run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
     with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
-        wheel = _download_wheel(package, version, Path(tmp), base, run)
+        try:
+            wheel = _download_wheel(package, version, Path(tmp), base, run)
+        except PackageIndexUnreachable as exc:
+            _UNREACHABLE[(index_url(), download)] = one_line(exc)[:200]
+            raise
         _install(package, version, wheel, wanted, base)
     evict(base, spare=version)
     return base / version
+
+
+# the indexes that did not answer pip in this process: an air-gapped host is told once, not once per release
+_UNREACHABLE: dict[tuple[str, Download | None], str] = {}
 
 
 def _keep_predicate(keep: Keep) -> Callable[[str], bool]:
@@ -242,6 +253,7 @@ INDEX_ENV = "EAGLE3_WORKBOOK_INDEX_URL"      # else PIP_INDEX_URL, else PyPI's s
 RANGED_ENV = "EAGLE3_WORKBOOK_RANGED"        # "0" turns ranged reads off (pip downloads the whole wheel)
 RANGE_BLOCK = 1 << 18                        # bytes per request beyond what zipfile asks for
 RANGED_TIMEOUT_S = 60
+MAX_LISTING_BYTES = 64 << 20                # an index's JSON listing of one package (torch's is a few MB)
 
 
 class RangedFile(io.RawIOBase):
@@ -270,12 +282,12 @@ class RangedFile(io.RawIOBase):
 
     def _get(self, start: int, end: int) -> bytes:
         """Bytes [start, end) from the server, in one request."""
-        req = urllib.request.Request(self.url, headers={"Range": f"bytes={start}-{end - 1}"})
         self.requests += 1
-        with urllib.request.urlopen(req, timeout=RANGED_TIMEOUT_S) as resp:
-            if resp.status != 206:
-                raise PackageSourceError(f"{self.url} ignores byte ranges (HTTP {resp.status})")
-            return resp.read()
+        resp = net.get(self.url, deadline_s=RANGED_TIMEOUT_S, max_bytes=end - start,
+                       headers={"Range": f"bytes={start}-{end - 1}"})
+        if resp.status != 206 or len(resp.body) != end - start:
+            raise PackageSourceError(f"{self.url} ignores byte ranges (HTTP {resp.status})")
+        return resp.body
 
     def read(self, n: int = -1) -> bytes:
         end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
@@ -305,15 +317,23 @@ def index_url() -> str:
     return (os.environ.get(INDEX_ENV) or os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple").rstrip("/")
 
 
+def index_listing(package: str) -> dict | None:
+    """The index's JSON listing of ``package`` (PEP 691), or None where it cannot be read as one."""
+    url = f"{index_url()}/{re.sub(r'[-_.]+', '-', package).lower()}/"
+    try:
+        listing = net.get(url, deadline_s=RANGED_TIMEOUT_S, max_bytes=MAX_LISTING_BYTES,
+                          headers={"Accept": "application/vnd.pypi.simple.v1+json"}).json()
+    except (OSError, ValueError):
+        return None
+    return listing if isinstance(listing, dict) else None
+
+
 def remote_wheel(package: str, version: str) -> RangedFile | None:
     """The release's wheel on the index, as a ranged file (any platform's: only Python files are read), or
     None where the index has no JSON listing, no such wheel, or does not serve ranges."""
     url = f"{index_url()}/{re.sub(r'[-_.]+', '-', package).lower()}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=RANGED_TIMEOUT_S) as resp:
-            listing = json.load(resp)
-    except (OSError, ValueError):
+    listing = index_listing(package)
+    if listing is None:
         return None
     stem = f"{re.sub(r'[-_.]+', '_', package)}-{version}-".lower()
     wheels = [f for f in listing.get("files", []) if isinstance(f, dict)

@@ -22,6 +22,7 @@ from .conventions import (
     DEFAULT_ENGINES,
     Engine,
     IdsAt,
+    check_ids,
     check_num_layers,
     expect_engine,
     ids_in_config,
@@ -32,7 +33,7 @@ from .conventions import (
 def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,
             draft: str | Path | dict | None = None, *, source: ss.SglangSource | None = None,
             root: str | Path | None = None, target_config: dict | None = None,
-            read_vllm_source: bool = False) -> WiringResult:
+            read_vllm_source: bool = False, recorded: bool = True) -> WiringResult:
     """Resolve a draft's ids to the served layout the way ``engine`` itself would (its family's
     ``resolve``).
 
@@ -46,17 +47,25 @@ def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | Non
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
     return eng.rules.resolve(eng, arch, num_layers, ids, cfg, source=source, root=root,
-                             target_config=target_config, read_vllm_source=read_vllm_source)
+                             target_config=target_config, read_vllm_source=read_vllm_source,
+                             recorded=recorded)
 
 
 def resolve_sglang_release(eng: Engine, arch: str, num_layers: int, ids: Sequence[int] | None,
                            cfg: dict | None, *, source: ss.SglangSource | None = None,
                            root: str | Path | None = None, target_config: dict | None = None,
-                           read_vllm_source: bool = False) -> WiringResult:
+                           read_vllm_source: bool = False, recorded: bool = True) -> WiringResult:
     """SGLang's family ``resolve``: the release's own setter run on its source, with the patch's advice
-    attached to a boundary-0 hazard."""
+    attached to a boundary-0 hazard. Where the release's files cannot be had (an air-gapped host, nothing
+    cached) its recorded rule judges, and says so, unless ``recorded`` is False (the release matrix, which
+    states only what each release's own code did)."""
     version = eng.version
-    src = source or source_for(version, root)
+    try:
+        src = source or source_for(version, root)
+    except ss.IndexUnreachableError as exc:     # an air-gapped host, nothing cached: the recorded rule judges
+        if not recorded:
+            raise
+        return recorded_sglang(eng, arch, num_layers, ids, cfg, one_line(exc))
     if version is not None and src.version not in (version, "unknown"):
         raise WiringError(f"engine asks for sglang {version} but the source given is sglang {src.version}")
     result = resolve_sglang(src, arch, num_layers, ids, cfg, target_config)
@@ -66,6 +75,22 @@ def resolve_sglang_release(eng: Engine, arch: str, num_layers: int, ids: Sequenc
                                    fix=patch_command(src, hazard["arch"], hazard["file"]))
                            if p.kind == BOUNDARY0_HAZARD else p for p in result.problems]
     return result
+
+
+def recorded_sglang(eng: Engine, arch: str, num_layers: int, ids: Sequence[int] | None, cfg: dict | None,
+                    why: str) -> WiringResult:
+    """SGLang's rule as recorded from its releases (docs/conventions.md), for a host that cannot read the
+    release's files now (no index, nothing cached); a warning says so, and which rule it assumed."""
+    found, where = (list(ids), IdsAt.EXPLICIT) if ids is not None else ids_in_config(cfg or {})
+    check_ids(found, num_layers)
+    read_as = IdsAt.EAGLE_CONFIG if where == IdsAt.EXPLICIT else where   # explicit ids: as SGLang's own
+    layout, rule = eng.rules.documented_layout(eng, arch, num_layers, found, read_as)
+    note = warning(ProblemKind.RULE_NOT_RUN,
+                   f"recorded, not read now: {eng}'s files could not be read here ({why[:200]}); its "
+                   f"recorded rule is applied: {rule}")
+    return WiringResult(engine=str(eng), version=eng.version, arch=arch, num_layers=num_layers,
+                        served_layout=tuple(layout), layers_to_capture=list(layout), ids_used=found,
+                        ids_source=where, problems=[note])
 
 
 def patch_command(src: ss.SglangSource, arch: str, capture_file: str) -> str | None:

@@ -22,11 +22,12 @@ import subprocess
 import tarfile
 import tempfile
 import time
-import urllib.request
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from ... import net
 from ...errors import CacheError
 from ...rules.acceptance import LLAMACPP_FILES, llamacpp_source_dir
 from ...rules.conventions import Engine
@@ -39,6 +40,8 @@ SERVER = "llama-server"
 CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
               "-DLLAMA_BUILD_SERVER=ON")
+MAX_SDIST_BYTES = 1 << 30            # where the index does not give the sdist's size
+SDIST_DEADLINE_S = 900
 INDEX = os.environ.get("EAGLE3_WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simple")   # a PEP 691 index
 SKIP_ENV = "EAGLE3_WORKBOOK_LLAMACPP"       # 0: never build, never look for it
 # what llama.cpp's converter needs of the tree, kept beside the server (engines.llamacpp.convert runs it)
@@ -165,21 +168,22 @@ def fetch_sdist(dest: Path, index: str = INDEX) -> Path:
     version 0.0.0 outside a git checkout, so pip discards it."""
     name = f"{SDIST.replace('-', '_')}-{SDIST_VERSION}.tar.gz"
     try:
-        req = urllib.request.Request(f"{index}/{SDIST}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            files = json.load(r).get("files", [])
-        entry = next((f for f in files if f.get("filename") == name), None)
+        listing = net.get(f"{index}/{SDIST}/", deadline_s=60, max_bytes=16 * net.MB,
+                          headers={"Accept": "application/vnd.pypi.simple.v1+json"}).json()
+        files = listing.get("files", []) if isinstance(listing, dict) else []
+        entry = next((f for f in files if isinstance(f, dict) and f.get("filename") == name), None)
         if entry is None:
             raise LlamacppUnavailable(f"the package index lists no {name} (llama.cpp {BUILD}'s source); "
                                       f"the other engines measure")
         out = dest / name
+        size = entry.get("size") if isinstance(entry.get("size"), int) else MAX_SDIST_BYTES
+        net.download(urllib.parse.urljoin(f"{index}/{SDIST}/", entry["url"]), out,
+                     deadline_s=SDIST_DEADLINE_S, max_bytes=size)
         digest = hashlib.sha256()
-        with urllib.request.urlopen(entry["url"], timeout=300) as r, out.open("wb") as f:
-            for chunk in iter(lambda: r.read(1 << 20), b""):
+        with out.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-                f.write(chunk)
-    except (OSError, ValueError) as exc:       # URLError is an OSError; a bad JSON page a ValueError
+    except (OSError, ValueError) as exc:       # a NetError is an OSError; a bad JSON page a ValueError
         raise LlamacppUnavailable(f"cannot fetch {name} from {index} ({exc}); the other engines "
                                   f"measure") from None
     want = (entry.get("hashes") or {}).get("sha256")

@@ -15,18 +15,16 @@ One slot (``--parallel 1``): llama.cpp orders the captured layer inputs per batc
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ... import net
 from ...errors import InputError, check_loopback
 from ...investigation.exports import parse_prometheus
 from ...live.settings import argv_settings
@@ -36,6 +34,7 @@ from .build import ServerBuild
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
+MAX_ANSWER_BYTES = 64 * net.MB      # a completion with its per-token details
 PREFIX = "llamacpp:spec_decode_"
 
 
@@ -138,12 +137,8 @@ class LlamacppEngine(Stoppable):
             if code is not None:
                 raise LlamacppEngineError(f"llama-server exited with code {code} before it was ready: "
                                           f"{self.log_tail()} (log: {self.log_path})")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            if net.healthy(self.base_url + "/health", deadline_s=5):
+                return
             if time.monotonic() > deadline:
                 raise LlamacppEngineError(f"llama-server not ready after {START_TIMEOUT_S:.0f} s "
                                           f"(log: {self.log_path})")
@@ -185,22 +180,19 @@ class LlamacppEngine(Stoppable):
     # ----------------------------------------------------------------------------- requests
 
     def _post(self, path: str, payload: dict) -> dict:
-        req = urllib.request.Request(self.base_url + path, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-                return json.loads(r.read().decode())
-        except urllib.error.HTTPError as exc:
-            body = exc.read().decode(errors="replace")[:300]
+            return net.post_json(self.base_url + path, payload, deadline_s=REQUEST_TIMEOUT_S,
+                                 max_bytes=MAX_ANSWER_BYTES).json()
+        except net.HTTPStatus as exc:
+            body = exc.body.decode(errors="replace")[:300]
             raise LlamacppEngineError(f"POST {path} -> HTTP {exc.code}: {body}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (net.NetError, ValueError) as exc:
             raise LlamacppEngineError(f"POST {path}: {exc} (log: {self.log_path})") from None
 
     def metrics_text(self) -> str | None:
         try:
-            with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as r:
-                return r.read().decode()
-        except (urllib.error.URLError, OSError):
+            return net.get(self.base_url + "/metrics", deadline_s=30, max_bytes=4 * net.MB).text()
+        except net.NetError:
             return None
 
     def _counters(self) -> tuple[float, float, float, dict[int, float]]:

@@ -17,12 +17,8 @@ One dump on disk (``hs_{i}.safetensors``: ``hidden_states [tokens, k, H]`` and `
 """
 from __future__ import annotations
 
-import http.client
 import json
-import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ... import net
 from ...errors import InputError, one_line
 from ...investigation.dumps import staged_dir
 from ...investigation.measured import SlotMatch, match_boundaries
@@ -77,38 +74,37 @@ def request_payload(input_ids: list[int]) -> dict:
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
 
 
-def _send(req, url: str, timeout: float, silent: str) -> bytes:
-    """The body of one request; every way a connection can fail becomes one CaptureError naming ``url``
-    (``silent`` ends the line for a server that accepted and said nothing). An HTTP error status is the
-    caller's to judge, so it passes through."""
+# one window's hidden states as JSON: 256 rows of k slots of the target's width (Kimi-K2.5: 3 x 7168)
+MAX_ANSWER_BYTES = 1 << 30
+
+
+def _send(url: str, timeout: float, silent: str, payload: dict | None = None) -> bytes:
+    """The body of one request (a GET, or a POST of ``payload``); every way a connection can fail becomes
+    one CaptureError naming ``url`` (``silent`` ends the line for a server that accepted and said nothing).
+    An HTTP error status is the caller's to judge, so it passes through as ``net.HTTPStatus``."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read()
-    except urllib.error.HTTPError:
+        if payload is None:
+            return net.get(url, deadline_s=timeout, max_bytes=MAX_ANSWER_BYTES).body
+        return net.post_json(url, payload, deadline_s=timeout, max_bytes=MAX_ANSWER_BYTES).body
+    except net.HTTPStatus:
         raise
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
-        why = getattr(reason, "strerror", None) or str(reason)
+    except net.DeadlineExceeded:
+        raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
+    except net.TooLarge as exc:
+        raise CaptureError(f"{exc}; expected one window's hidden states") from None
+    except net.NetError as exc:
+        why = str(exc).removeprefix(f"{url}: ")
         raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
                            f"(--engine-url)") from None
-    except (TimeoutError, socket.timeout):
-        raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
-    except (http.client.HTTPException, ConnectionError) as exc:
-        raise CaptureError(f"{url} did not answer as an HTTP server ({type(exc).__name__}: "
-                           f"{str(exc)[:120]!r}); expected SGLang's HTTP API at --engine-url") from None
 
 
 def post_json(url: str, payload: dict, timeout: float = DEFAULT_TIMEOUT_S) -> object:
     """POST one request; every way a server can misbehave becomes one CaptureError naming the URL,
     so a user sees which server failed and how, never a socket-level traceback."""
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
     try:
-        raw = _send(req, url, timeout, " (--timeout); is the engine overloaded or hung?")
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")[:300]
+        raw = _send(url, timeout, " (--timeout); is the engine overloaded or hung?", payload)
+    except net.HTTPStatus as exc:
+        body = exc.body.decode(errors="replace")[:300]
         raise CaptureError(f"POST {url} -> HTTP {exc.code}: {body or exc.reason}") from None
     try:
         return json.loads(raw.decode("utf-8") or "null")
@@ -170,9 +166,9 @@ def probe(url: str, timeout: float = PROBE_S) -> None:
     window is sent or any folder is made. Any HTTP answer will do: /generate is judged request by request."""
     health = url.rstrip("/") + "/health"
     try:
-        _send(health, health, timeout, "; expected a running SGLang server at --engine-url (it accepted the "
-                                       "connection and said nothing)")
-    except urllib.error.HTTPError:
+        _send(health, timeout, "; expected a running SGLang server at --engine-url (it accepted the "
+                               "connection and said nothing)")
+    except net.HTTPStatus:
         return
 
 

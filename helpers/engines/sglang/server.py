@@ -18,7 +18,6 @@ Names read from SGLang's source (0.5.9 and 0.5.23 wheels):
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shlex
 import signal
@@ -28,12 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ... import net
 from ...errors import check_loopback
 from ...live.stopping import reclaim_shm, shm_names
 
@@ -127,26 +125,28 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 # --------------------------------------------------------------------------- HTTP
 
 
+MAX_ANSWER_BYTES = 256 * net.MB    # a /generate answer with its hidden states, or /server_info
+
+
 def http_json(url: str, payload: dict | None = None, timeout: float = 600.0) -> Any:
-    """GET (payload None) or POST JSON; SGLang answers errors with a JSON body worth showing."""
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
+    """GET (payload None) or POST JSON; SGLang answers errors with a JSON body worth showing. Any failure is
+    a RuntimeError naming the request."""
+    method = "GET" if payload is None else "POST"
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode() or "null")
-    except urllib.error.HTTPError as e:
-        body = e.read().decode(errors="replace")[:500]
-        raise RuntimeError(f"{req.get_method()} {url} -> HTTP {e.code}: {body}") from None
+        if payload is None:
+            resp = net.get(url, deadline_s=timeout, max_bytes=MAX_ANSWER_BYTES)
+        else:
+            resp = net.post_json(url, payload, deadline_s=timeout, max_bytes=MAX_ANSWER_BYTES)
+        return resp.json()
+    except net.HTTPStatus as e:
+        body = e.body.decode(errors="replace")[:500]
+        raise RuntimeError(f"{method} {url} -> HTTP {e.code}: {body}") from None
+    except (net.NetError, ValueError) as e:
+        raise RuntimeError(f"{method} {url}: {e}") from None
 
 
 def _is_healthy(url: str, timeout: float = 5.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
+    return net.healthy(url, deadline_s=timeout)
 
 
 # --------------------------------------------------------------------------- server lifecycle
@@ -353,6 +353,6 @@ def read_server_info(base_url: str, timeout: float = 30.0) -> ServerInfo:
     for path in SERVER_INFO_PATHS:
         try:
             return parse_server_info(http_json(base_url.rstrip("/") + path, timeout=timeout))
-        except (RuntimeError, urllib.error.URLError) as e:
+        except RuntimeError as e:
             errors.append(f"{path}: {e}")
     raise RuntimeError("no server info endpoint answered: " + "; ".join(errors))
