@@ -172,7 +172,9 @@ setup_engines() {
 # llama.cpp's llama-server, built once per machine into the cache (helpers/engines/llamacpp/build.py): about
 # 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
 # (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
-# line and the other engines measure. EAGLE3_WORKBOOK_LLAMACPP=0 skips it.
+# line and the other engines measure. EAGLE3_WORKBOOK_LLAMACPP=0 skips it. One build at a time: the build
+# holds a lock in the cache (<cache>/llama.cpp/b11434.lock), so a `run` and a `test` at once compile once,
+# the later one waiting on the lock and then using the earlier one's build.
 LLAMACPP_PID=""
 start_llamacpp() {
   [ "${EAGLE3_WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
@@ -207,12 +209,13 @@ case "$cmd" in
     setup
     # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
     # told not to (-p KERNELS=null, --small). The build starts now, in the background, while the engines'
-    # venvs install and notebook 01's first half runs; the notebook waits for the process named in
-    # EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID. --backend llamacpp needs it before the first notebook.
+    # venvs install and notebook 01's first half runs; the notebook waits on the build's lock (and names
+    # its log, EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, if it did not complete). --backend llamacpp needs it
+    # before the first notebook.
     case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
     setup_engines
     case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*BACKEND=*llamacpp*) wait_llamacpp ;; esac
-    export EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID="$LLAMACPP_PID" EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"
+    if [ -n "$LLAMACPP_PID" ]; then export EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"; fi
     trap stop_llamacpp EXIT
     "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;

@@ -11,8 +11,12 @@ import hashlib
 import io
 import json
 import os
+import signal
 import subprocess
+import sys
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,8 @@ if [ "$1" = "-S" ]; then
 fi
 if [ "$1" = "--build" ]; then
   [ "$3 $4" = "--target llama-server" ] || { echo "asked for $3 $4"; exit 1; }
+  n=0   # with FAKE_GO set, the compile waits for that file (at most 60 s): a build held open by the test
+  while [ -n "${FAKE_GO:-}" ] && [ ! -e "$FAKE_GO" ] && [ "$n" -lt 1200 ]; do sleep 0.05; n=$((n + 1)); done
   for p in 10 40 70 100; do echo "[$p%] Building CXX object"; done
   mkdir -p "$2/bin"; printf '#!/bin/sh\necho "version: 0 (stand-in)"\n' > "$2/bin/llama-server"
   chmod +x "$2/bin/llama-server"; exit 0
@@ -102,6 +108,123 @@ def test_the_server_is_built_once_into_the_cache(stand_ins):
     (built.server.parents[1] / "build.json").write_text("{")     # a torn record: not trusted, built again
     assert lb.find_server() is None
     assert lb.build_server(log=said.append).server == built.server and len(fetched) == 2
+
+
+# A builder in a process of its own, the sdist fetch standing in as in ``stand_ins``: ``build`` prints the
+# server it got, ``hold`` takes the build lock and keeps it until killed.
+DRIVER = """import os, shutil, sys, time
+from pathlib import Path
+from helpers.engines.llamacpp import build as lb
+lb.fetch_sdist = lambda dest, index=lb.INDEX: Path(shutil.copy(os.environ["FAKE_SDIST"], dest))
+if sys.argv[1] == "build":
+    print("SERVER", lb.build_server(jobs=1, log=lambda s: print(s, flush=True)).server, flush=True)
+else:
+    with lb.build_lock():
+        print("HELD", flush=True)
+        time.sleep(120)
+"""
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def start(stand_ins):
+    """Starts a builder process (``DRIVER``), its output in ``<tmp>/<name>.out``; any still running when
+    the test ends (a failed one) is killed."""
+    tmp = stand_ins[0]
+    (tmp / "driver.py").write_text(DRIVER)
+    sdist = _sdist(tmp)
+    started = []
+
+    def run(what: str, name: str) -> tuple[subprocess.Popen, Path]:
+        env = dict(os.environ, FAKE_SDIST=str(sdist),       # the test's own settings (FAKE_GO) included
+                   PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        out = tmp / f"{name}.out"
+        with out.open("w") as f:
+            proc = subprocess.Popen([sys.executable, str(tmp / "driver.py"), what], stdout=f,
+                                    stderr=subprocess.STDOUT, env=env, cwd=tmp)
+        started.append(proc)
+        return proc, out
+
+    yield run
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+
+
+def _said(out: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> str:
+    """``out``'s text once it holds ``text``; fails if the process ends first or it takes ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while text not in out.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, f"no {text!r} in: {out.read_text()}"
+        time.sleep(0.05)
+    return out.read_text()
+
+
+def test_two_builders_at_once_compile_once(stand_ins, start, monkeypatch):
+    """``run`` and ``test`` at once: the second waits on the first's lock, then takes its entry; one compile,
+    one server, nothing of the first's deleted or staged beside it."""
+    tmp, _ = stand_ins
+    monkeypatch.setenv("FAKE_GO", str(tmp / "go"))
+    first, first_out = start("build", "first")
+    _said(first_out, "1/4 fetching", first)                 # it holds the lock, and compiles until told
+    assert lb.lock_path().read_text().strip() == str(first.pid)
+    second, second_out = start("build", "second")
+    _said(second_out, f"waiting for llama-server's build, which process {first.pid} holds (lock: "
+                      f"{lb.lock_path()})", second)
+    (tmp / "go").touch()
+    assert first.wait(60) == 0 and second.wait(60) == 0
+    server = tmp / "cache" / "llama.cpp" / "b11434" / "bin" / "llama-server"
+    said = [first_out.read_text(), second_out.read_text()]
+    assert [o.splitlines()[-1] for o in said] == [f"SERVER {server}"] * 2
+    assert "was built by another process" in said[1] and "1/4 fetching" not in said[1]
+    compiles = [c for c in (tmp / "cmake.log").read_text().splitlines() if c.startswith("--build")]
+    assert len(compiles) == 1
+    assert sorted(p.name for p in server.parents[2].iterdir()) == [
+        "b11434", "b11434-convert", "b11434.lock"]
+    assert lb.find_server().seconds == json.loads((server.parents[1] / "build.json").read_text())["seconds"]
+
+
+def test_a_killed_holder_does_not_block_the_next_builder(stand_ins, start):
+    """A waiter with a deadline names the lock and its holder; once the holder is killed (SIGKILL: no
+    cleanup runs), the OS has released its lock and the next builder builds."""
+    tmp, _ = stand_ins
+    holder, out = start("hold", "holder")
+    _said(out, "HELD", holder)
+    said = []
+    with pytest.raises(lb.BuildWaitTimeout) as late:
+        lb.await_server(wait_s=0.3, log=said.append)
+    assert str(late.value) == (f"llama-server's build, held by process {holder.pid}, did not finish "
+                               f"within 0.3 s (lock: {lb.lock_path()})")
+    assert said == [f"[llamacpp] waiting for llama-server's build, which process {holder.pid} holds "
+                    f"(lock: {lb.lock_path()})"]
+    os.kill(holder.pid, signal.SIGKILL)
+    assert holder.wait(60) == -signal.SIGKILL
+    assert lb.lock_path().read_text().strip() == str(holder.pid)    # its pid is left behind, harmlessly
+    said = []
+    assert lb.await_server(wait_s=5, log=said.append) is None and said == []   # free at once: nothing built
+    built = lb.build_server(jobs=1, log=said.append, workdir=tmp)
+    assert built.server.is_file() and not any("waiting" in s for s in said)
+
+
+def test_the_notebook_waits_on_the_lock_not_a_pid(stand_ins, start, monkeypatch):
+    """``kernels.server``: while a build holds the lock it waits, up to its deadline (then one line naming
+    the lock, the holder and the build's log), and takes the build's server once it is installed."""
+    from helpers.notebook import kernels
+
+    tmp, _ = stand_ins
+    monkeypatch.setenv("FAKE_GO", str(tmp / "go"))
+    monkeypatch.setenv(kernels.BUILD_LOG_ENV, str(tmp / "first.out"))
+    first, first_out = start("build", "first")
+    _said(first_out, "1/4 fetching", first)
+    late = kernels.server(progress=False, wait_s=0.2)
+    assert late == (f"llama-server's build, held by process {first.pid}, did not finish within 0.2 s "
+                    f"(lock: {lb.lock_path()}) (its log: {tmp / 'first.out'})")
+    threading.Timer(0.3, (tmp / "go").touch).start()
+    found = kernels.server(progress=False, wait_s=60)
+    assert isinstance(found, lb.ServerBuild) and found == lb.find_server()
+    assert first.wait(60) == 0 and first_out.read_text().splitlines()[-1] == f"SERVER {found.server}"
+    assert len([c for c in (tmp / "cmake.log").read_text().splitlines() if c.startswith("--build")]) == 1
 
 
 def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, capsys):

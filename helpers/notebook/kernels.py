@@ -14,20 +14,19 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
   (``engines.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
 
 ``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install and notebook 01's
-first half runs, and names the build's process in ``BUILD_PID_ENV``; ``server`` waits for it. Outcomes are
-data (``KernelsRun``), the sentences are built here, and the notebooks print them.
+first half runs; ``server`` waits on the build's lock (``engines.llamacpp.build.await_server``), at most
+``BUILD_WAIT_S``, and never builds. Outcomes are data (``KernelsRun``), the sentences are built here, and the
+notebooks print them.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from ..engines.llamacpp.build import ServerBuild, find_server
+from ..engines.llamacpp.build import LlamacppUnavailable, ServerBuild, await_server
+from ..errors import CacheError
 from ..investigation.fixes import deploy
 from ..investigation.pair import REPO, load_pair
 from ..investigation.prompts import read_prompts
@@ -44,8 +43,8 @@ PAIR = REPO / "data" / "tiny-llama"
 WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
 OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
 STEPS = 3           # draft tokens per round: a verify of 4 stays cheap where a round of 5 does not
-BUILD_PID_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_PID"     # set by `bash workbook.sh run`: the build it started
-BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"
+BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.sh run` when it started a build
+BUILD_WAIT_S = 60 * 60   # a build takes 8-15 min on 2 cores; one still holding its lock after an hour hangs
 NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)
 
@@ -94,37 +93,20 @@ def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int 
             "prompts": num_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats}
 
 
-def server(progress: bool = True) -> ServerBuild | str:
-    """The llama-server this host has, waiting first for the build ``bash workbook.sh run`` started in the
-    background (``BUILD_PID_ENV``); else why there is none, in one line."""
-    pid = os.environ.get(BUILD_PID_ENV, "")
-    if pid.isdigit() and _alive(int(pid)):
-        with tqdm(desc="waiting for llama-server's build", unit="s", disable=not progress,
-                  bar_format="{desc}: {elapsed}") as bar:
-            while _alive(int(pid)):
-                time.sleep(2)
-                bar.update(2)
-    found = find_server()
+def server(progress: bool = True, wait_s: float = BUILD_WAIT_S) -> ServerBuild | str:
+    """The llama-server this host has, waiting first on the lock of a build another process holds (the one
+    ``bash workbook.sh run`` started in the background), at most ``wait_s`` seconds; else why there is none,
+    in one line."""
+    log = os.environ.get(BUILD_LOG_ENV, "")
+    try:
+        found = await_server(wait_s=wait_s, log=print if progress else (lambda line: None))
+    except (LlamacppUnavailable, CacheError) as exc:
+        return f"{exc}" + (f" (its log: {log})" if log else "")
     if found is not None:
         return found
-    log = os.environ.get(BUILD_LOG_ENV, "")
-    if pid.isdigit() and log:
+    if log:
         return f"llama-server's build did not complete on this host (its log: {log})"
     return choose("llamacpp").unavailable or "llama-server is not built on this host"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:     # a finished child of this process that was not reaped yet is not running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def wide_target(widen_by: int = WIDEN) -> Widened:

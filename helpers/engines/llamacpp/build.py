@@ -8,11 +8,19 @@ network, ``scripts/ui-assets.cmake``), no tests, examples or libcurl, and the ho
 (``rules.wheels.cache_root("llama.cpp")/<build>/``, beside a ``build.json`` that says how long the build
 took and with what), so a machine builds it once and ``run`` and ``test`` find it. Nothing is committed.
 
+One build at a time: ``build_server`` holds an exclusive lock (``flock``) on
+``<cache>/llama.cpp/<build>.lock`` while it fetches, compiles and installs. A second builder (``run`` and
+``test`` at once) waits on that lock and then finds the first one's entry instead of compiling again;
+``await_server`` (the notebooks) waits on the same lock and never builds. The holder writes its pid into
+the file, for the waiting line only: the OS releases the lock when its holder dies, so a killed build never
+blocks the next.
+
 ``python -m helpers llamacpp-build`` (``bash workbook.sh llamacpp``) calls ``build_server``; a host
 without a compiler or cmake gets one line saying so, and the other engines carry on.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -23,9 +31,10 @@ import tarfile
 import tempfile
 import time
 import urllib.parse
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ... import net
 from ...errors import CacheError
@@ -47,10 +56,15 @@ SKIP_ENV = "EAGLE3_WORKBOOK_LLAMACPP"       # 0: never build, never look for it
 # what llama.cpp's converter needs of the tree, kept beside the server (engines.llamacpp.convert runs it)
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")
+POLL_S = 1.0                # how often a waiter with a deadline tries the lock again
 
 
 class LlamacppUnavailable(RuntimeError):
     """llama.cpp cannot be built or found on this host; the message is the one line a user sees."""
+
+
+class BuildWaitTimeout(LlamacppUnavailable):
+    """Another process held llama-server's build lock past a waiter's deadline (a hung build)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +121,8 @@ def missing_tools() -> list[str]:
 
 def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[str], None] = print,
                  workdir: Path | None = None) -> ServerBuild:
-    """``llama-server`` of ``build``: the cached one at once, else fetched and built (progress lines)."""
+    """``llama-server`` of ``build``: the cached one at once, else fetched and built (progress lines) under
+    the build lock; a builder that waited on another's lock takes that one's entry without building."""
     if os.environ.get(SKIP_ENV, "1") == "0":
         raise LlamacppUnavailable(f"{SKIP_ENV}=0: llama.cpp is not built; the other engines measure")
     found = find_server(build)
@@ -120,8 +135,87 @@ def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[
     if lacking:
         raise LlamacppUnavailable(f"cannot build llama.cpp {build} here: no {', '.join(lacking)} on PATH; "
                                   f"the other engines measure")
+    with build_lock(build, log=log):
+        found = find_server(build)       # the process this one waited for may have built it meanwhile
+        if found is not None:
+            log(f"[llamacpp] {SERVER} {build} was built by another process: {found.server}")
+            return found
+        return _compile(build, jobs or max(1, os.cpu_count() or 1), log, workdir)
+
+
+def await_server(build: str = BUILD, *, wait_s: float | None = None,
+                 log: Callable[[str], None] = print) -> ServerBuild | None:
+    """The cached server of ``build``, waiting first (up to ``wait_s`` seconds; None: as long as it takes)
+    for a build another process holds the lock of; None when none is built. Never builds; raises
+    ``BuildWaitTimeout`` past the deadline."""
+    found = find_server(build)
+    if found is not None or os.environ.get(SKIP_ENV, "1") == "0":
+        return found
+    with build_lock(build, log=log, wait_s=wait_s):
+        return find_server(build)
+
+
+def lock_path(build: str = BUILD) -> Path:
+    return cache_root("llama.cpp") / f"{build}.lock"
+
+
+@contextmanager
+def build_lock(build: str = BUILD, *, log: Callable[[str], None] = print, wait_s: float | None = None,
+               poll_s: float = POLL_S) -> Iterator[Path]:
+    """Hold ``lock_path(build)`` exclusively, waiting (one line said) while another process holds it; with
+    ``wait_s``, at most that long, then ``BuildWaitTimeout`` naming the lock and its holder. The file is
+    never deleted (a waiter may hold it open); its content is the holder's pid, information only."""
+    path = lock_path(build)
+    check_cache_writable(path.parent, "llama.cpp")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CacheError(f"cannot open llama-server's build lock {path} ({exc.strerror or exc})") from None
+    try:
+        _acquire(fd, path, log, wait_s, poll_s)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield path
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)                     # closing the last descriptor releases the lock
+
+
+def _acquire(fd: int, path: Path, log: Callable[[str], None], wait_s: float | None, poll_s: float) -> None:
+    if _try_lock(fd):
+        return
+    log(f"[llamacpp] waiting for llama-server's build, which {_holder(fd)} holds (lock: {path})")
+    if wait_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    deadline = time.monotonic() + wait_s
+    while not _try_lock(fd):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BuildWaitTimeout(f"llama-server's build, held by {_holder(fd)}, did not finish within "
+                                   f"{wait_s:g} s (lock: {path})")
+        time.sleep(min(poll_s, left))
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as its file says: ``process 1234``, or ``another process`` before it wrote."""
+    text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    return f"process {text}" if text.isdigit() else "another process"
+
+
+def _compile(build: str, jobs: int, log: Callable[[str], None], workdir: Path | None) -> ServerBuild:
+    """Fetch, configure, build and install ``llama-server`` (the caller holds the build lock)."""
     dest = check_cache_writable(cache_root("llama.cpp"), "llama.cpp")
-    jobs = jobs or max(1, os.cpu_count() or 1)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="llamacpp-build-", dir=workdir) as tmp:
         tmp = Path(tmp)
@@ -222,20 +316,27 @@ def _compiler() -> str:
 
 
 def _install(built: Path, dest: Path, build: str, record: ServerBuild) -> None:
-    """The binary and its record staged beside the cache entry and renamed into place when complete."""
+    """The binary and its record staged beside the cache entry and renamed into place when complete. A
+    complete entry is never replaced; one ``find_server`` refused (torn, incomplete) is set aside first."""
     staging = Path(tempfile.mkdtemp(prefix=f".{build}-", dir=dest))
+    aside = None
     try:
         (staging / "bin").mkdir()
         shutil.copy2(built, staging / "bin" / SERVER)
         (staging / "build.json").write_text(json.dumps(record.to_dict(), indent=1) + "\n", encoding="utf-8")
         (staging / COMPLETE_MARKER).write_text(f"{SDIST}=={SDIST_VERSION}\n", encoding="utf-8")
+        if find_server(build) is not None:
+            return                               # finished by another process: kept; this copy dropped
         if (dest / build).exists():
-            shutil.rmtree(dest / build)        # an incomplete earlier attempt: find_server refused it
+            aside = Path(tempfile.mkdtemp(prefix=f".{build}-refused-", dir=dest))
+            os.rename(dest / build, aside / build)
         os.rename(staging, dest / build)
     except OSError as exc:
         raise CacheError(f"cannot install llama-server into {dest / build} ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
 
 
 def converter_dir(build: str = BUILD) -> Path:
@@ -279,8 +380,10 @@ def install_converter(tree: Path, build: str = BUILD) -> Path:
                 raise LlamacppUnavailable(f"llama.cpp {build}'s source has no {part}; cannot convert to GGUF")
         (staging / COMPLETE_MARKER).write_text(f"llama.cpp {build} converter\n", encoding="utf-8")
         dest = converter_dir(build)
+        if find_converter(build) is not None:
+            return dest                          # another process installed it meanwhile: kept
         if dest.exists():
-            shutil.rmtree(dest)
+            shutil.rmtree(dest)                  # an incomplete one: find_converter refused it
         os.rename(staging, dest)
     except OSError as exc:
         raise CacheError(f"cannot install llama.cpp's converter into {converter_dir(build)} "
