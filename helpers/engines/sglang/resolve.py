@@ -40,8 +40,8 @@ def source_for(version: str | None, root: str | Path | None) -> ss.SglangSource:
                                   "use e.g. 'sglang==0.5.9'")
             return src
         return ss.fetch_sglang(version)
-    except ss.UnknownVersionError as exc:
-        raise WiringError(str(exc)) from None
+    except ss.UnknownVersionError as exc:     # the user's to fix; to the release matrix, unreadable here
+        raise WiringError(str(exc), ProblemKind.SOURCE_UNAVAILABLE) from None
 
 
 def knows_speculators(src: SglangSource) -> bool | None:
