@@ -29,9 +29,9 @@ import re
 import shlex
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
+from helpers import net
 from helpers.engines.sglang.engine import SGLangEngine, SglangLaunch
 from helpers.engines.sglang.install import find_sglang
 from helpers.engines.sglang.server import SERVER_INFO_PATHS, http_json
@@ -110,8 +110,7 @@ def write(path: Path, data) -> None:
 
 
 def get_text(url: str, timeout: float = 30.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read().decode("utf-8")
+    return net.get(url, deadline_s=timeout, max_bytes=64 * net.MB).body.decode("utf-8")
 
 
 def common_manifest(args, engine: str, version: str, draft: Path | None, prompts: list[str]) -> dict:

@@ -227,3 +227,21 @@ def test_download_is_whole_or_absent(serve, no_proxy_env, tmp_path):
                                        ("metrics.internal", False), (None, False)])
 def test_loopback_is_recognised(host, loop):
     assert net.is_loopback(host) is loop
+
+
+def test_every_request_goes_through_the_one_client():
+    """No module but helpers/net.py opens HTTP itself (urllib.request, http.client, requests, httpx)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    direct = {"urllib.request", "http.client", "requests", "httpx", "urllib3", "aiohttp"}
+    found = []
+    for f in sorted((root / "helpers").rglob("*.py")) + sorted((root / "benchmarks").glob("*.py")):
+        if f.name == "net.py" and f.parent.name == "helpers":
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{f.relative_to(root)}: {n}" for n in names if n in direct]
+    assert found == [], found
