@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _pairs import tiny_default
 
 REPO = Path(__file__).resolve().parent.parent
+PAIR = REPO / "data" / "tiny-kimi"
 
 SITECUSTOMIZE = '''
 import errno, ipaddress, socket
@@ -56,7 +56,7 @@ def offline_env(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("engine", ["sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm"])
 def test_check_judges_offline_from_the_recorded_rule(engine, offline_env, tmp_path):
-    target, draft = tiny_default()
+    target, draft = PAIR / "target", PAIR / "draft"   # check reads configs, the record and headers only
     cache = tmp_path / "cache"
     env = {**offline_env, "EAGLE3_WORKBOOK_CACHE": str(cache)}
     proc = subprocess.run([sys.executable, "-m", "helpers", "check", "--target", str(target), "--draft",
