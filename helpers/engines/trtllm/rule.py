@@ -150,7 +150,7 @@ def _chosen(ids, cfg, options: TrtllmOptions | None) -> tuple[list[int] | None, 
         own = inner if inner is not None else top
         if own is not None and (found is None or sorted(own) != sorted(found)):
             notes.append(warning(K.IDS_IGNORED, f"TensorRT-LLM ignores the draft's config.json ids {own}: it "
-                                 f"takes {IDS_KEY} from its launch options only"))
+                                 f"takes {IDS_KEY} from its launch options' speculative config only"))
     return found, source, notes
 
 
