@@ -157,3 +157,22 @@ def test_the_wheel_is_read_where_it_can_be(tmp_path):
     assert other.problems[0].kind == K.SOURCE_DISAGREES and "disagrees with the release" in \
         other.problems[0].message
     assert RECORDED["default_two_model"]["line"] and RECORDED["sort_one_model"]["line"]
+
+
+def test_a_stub_wheel_is_source_unavailable_and_a_real_one_is_read(tmp_path):
+    """The index here carries a stub of tensorrt-llm: a cached release without eagle3.py is not a source."""
+    from helpers.rules.wheels import COMPLETE_MARKER, PackageSourceError
+
+    stub = tmp_path / "cache" / "9.9.8"
+    stub.mkdir(parents=True)
+    (stub / COMPLETE_MARKER).write_text("")
+    with pytest.raises(PackageSourceError, match="stub"):
+        trtllm_source.read_release("9.9.8", cache=tmp_path / "cache")
+    real = tmp_path / "cache" / "9.9.9"
+    (real / EAGLE3).parent.mkdir(parents=True)
+    (real / EAGLE3).write_text("layers_to_capture = (1, self.num_layers // 2 - 1, self.num_layers - 4)\n"
+                               "layers_to_capture = sorted(list(self.layers_to_capture))\n"
+                               "if layers_to_capture[0] == -1:\n")
+    (real / COMPLETE_MARKER).write_text("")
+    read = trtllm_source.read_release("9.9.9", cache=tmp_path / "cache")
+    assert [p.kind for p in read.problems] == [K.SOURCE_CHECKED] and len(read.lines) == 3
