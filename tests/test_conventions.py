@@ -208,8 +208,9 @@ def test_read_target_config(tmp_path):
 def test_trtllm_layer_outputs_and_the_post_norm_minus_one():
     default = resolve_trtllm(None, "LlamaForCausalLM", 32, None, None)
     assert default.layers_to_capture == [1, 15, 28] and default.served_layout == (2, 16, 29)
-    post = resolve_trtllm(None, "LlamaForCausalLM", 32, [-1, 1, 15, 28], None)
-    assert post.layers_to_capture == [1, 15, 28, -1] and post.errors and post.served_layout == (2, 16, 29)
+    post = resolve_trtllm(None, "LlamaForCausalLM", 32, [-1, 1, 15, 28], None)    # one-model: -1 stays first
+    assert post.layers_to_capture == [-1, 1, 15, 28] and not post.errors
+    assert post.served_layout == (32, 2, 16, 29)
     ignored = resolve_trtllm(None, "LlamaForCausalLM", 32, None, NESTED)
     assert ignored.ids_used is None and any("speculative config" in w for w in ignored.warnings)
 

@@ -2,8 +2,9 @@
 it match, and what fixes it. ``check``, ``wiring``, ``fixes deploy``, the engine guard and ``diagnose`` each
 answer from the one chain (``investigation.evidence.training_evidence``) and the one fix writer, so on each
 test draft (a record, none, a trainer the config names, a trainer named by the user, a deployed copy) and
-each engine (SGLang, vLLM, llama.cpp) they must agree; and every fix command ``check`` prints must run as
-printed and serve the training layout on that engine (docs/architecture.md, "Where a rule lives")."""
+each engine (SGLang, vLLM, llama.cpp, TensorRT-LLM) they must agree; and every fix command ``check`` prints
+must run as printed and serve the training layout on that engine (docs/architecture.md, "Where a rule
+lives")."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import pytest
 from _pairs import tiny_default, tiny_llama
 
 from helpers.commands.wiring import main as wiring_main
+from helpers.engines.trtllm.options import OPTIONS_FILE
 from helpers.errors import BadOption
 from helpers.investigation.evidence import training_evidence
 from helpers.investigation.fixes import deploy
@@ -25,7 +27,7 @@ from helpers.judgement import Judgement
 from helpers.live import guard
 from helpers.rules.conventions import parse_engine, read_draft_config, read_target
 
-ENGINES = ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434")
+ENGINES = ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -107,7 +109,9 @@ def test_every_door_gives_the_same_answer(drafts, case, engine, tmp_path, capsys
         proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, cwd=tmp_path,
                               timeout=300)
         assert proc.returncode == 0, (row, proc.stdout[-2000:], proc.stderr[-2000:])
-        again = check(tmp_path / "printed", eng, target=target, across_releases=False)
+        options = tmp_path / "printed" / OPTIONS_FILE       # TensorRT-LLM: the ids are in its launch options
+        again = check(tmp_path / "printed", eng, target=target, across_releases=False,
+                      trtllm_options=options if options.is_file() else None)
         assert again.served_layout == tuple(sorted(report.training_layout)) and again.ok, again.verdict
     print(row)
 

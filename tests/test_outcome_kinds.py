@@ -85,7 +85,9 @@ def test_vllm_kinds():
 
 
 def test_trtllm_and_llamacpp_kinds():
-    assert _kinds(resolve_trtllm(None, "LlamaForCausalLM", 32, [-1, 15, 28], None)) == {K.POST_NORM_STATE}
+    post = resolve_trtllm(None, "LlamaForCausalLM", 32, [-1, 15, 28], None)     # served, post-norm: advisory
+    assert _kinds(post) == set() and K.POST_NORM_STATE in {p.kind for p in post.problems}
+    assert _kinds(resolve_trtllm(None, "LlamaForCausalLM", 32, [1, 15, 32], None)) == {K.NEVER_CAPTURED}
     assert _kinds(resolve_trtllm(None, "LlamaForCausalLM", 32, [1, 1, 28], None)) == {K.REPEATED}
     assert _kinds(resolve_llamacpp("9093", "LlamaForCausalLM", 32, None, None)) == {K.NO_CAPTURE}
     assert _kinds(resolve_llamacpp("11434", "DeepseekV3ForCausalLM", 61, None, None)) == {K.NO_CAPTURE}

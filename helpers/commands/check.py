@@ -46,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--gguf", type=Path, default=None, metavar="FILE",
                    help="llama.cpp: the draft as converted to GGUF, whose eagle3.target_layers are what the "
                         "engine serves (run before llama-server; --engine llamacpp[==BUILD])")
+    p.add_argument("--trtllm-options", type=Path, default=None, metavar="FILE",
+                   help="TensorRT-LLM: the options file it is launched with (trtllm-serve "
+                        "--extra_llm_api_options FILE.yaml, or JSON); its speculative_config's "
+                        "eagle3_layers_to_capture are the ids served (without it: the release's default)")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: also check the capture facts against the release's own files (read by "
                         "ranges from the index, once)")
@@ -61,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                trainer=args.trainer, train_ids=ids, algorithm=args.algorithm,
                                root=args.sglang_root, read_vllm_source=args.read_source, tp=args.tp,
                                pp=args.pp, measured=args.measured, gguf=args.gguf,
-                               training_output=args.training_output)
+                               training_output=args.training_output, trtllm_options=args.trtllm_options)
         report = check_deployment(request)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:
         return fail(exc)

@@ -36,6 +36,10 @@ def _parser():
     p.add_argument("--sglang-root", help="folder holding an sglang/ tree to read instead of the cache; its "
                    "setter runs sandboxed (child process, no network, no writes, restricted builtins: "
                    "docs/conventions.md)")
+    p.add_argument("--trtllm-options", type=Path, default=None, metavar="FILE",
+                   help="TensorRT-LLM: the options file it is launched with (trtllm-serve "
+                        "--extra_llm_api_options FILE.yaml, or JSON): its eagle3_layers_to_capture are "
+                        "served")
     p.add_argument("--read-source", action="store_true",
                    help="vLLM: also check the capture facts against the release's own files (read by ranges "
                         "from the index, once; the whole wheel where ranges cannot be read)")
@@ -80,7 +84,9 @@ def format_report(r: WiringResult) -> str:
     lines += [f"  warning: {w}" for w in r.warnings]
     if r.source_lines:
         lines.append("  source:")
-        lines += [f"    {s['file']}:{s['line']}: {s['text']}" for s in r.source_lines]
+        lines += [f"    {s['file']}{'' if s.get('line') is None else ':' + str(s['line'])}"
+                  f"{' @ ' + s['commit'][:10] if s.get('commit') else ''}: {s['text']}"
+                  for s in r.source_lines]
     return "\n".join(lines)
 
 
@@ -172,8 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   empty_hint=", or omit --ids to use the engine's default ids")
                if args.ids is not None else None)
         engine, assumed = cli.stated_engine(args.engine)      # no --engine: the stated default, said first
+        options = None
+        if args.trtllm_options is not None:
+            from ..engines.trtllm.options import read_options
+
+            options = read_options(args.trtllm_options)
         result = resolve(engine, arch, layers, ids=ids, draft=args.draft, root=args.sglang_root,
-                         target_config=target.config if target else None, read_vllm_source=args.read_source)
+                         target_config=target.config if target else None, read_vllm_source=args.read_source,
+                         options=options)
     except SystemExit as exc:  # --help, or a flag argparse refused (already said in one line)
         return int(exc.code or 0)
     except (InputError, ss.SglangSourceError, PackageSourceError) as exc:

@@ -206,7 +206,13 @@ class Deployment:
                              "then": f.then} for f in self.fixes]}
 
 
-_KEYS = {"eagle_config": "eagle_config", "top-level": "top-level", "gguf-conversion": "top-level"}
+LAUNCH_OPTIONS = "launch-options"    # TensorRT-LLM: the ids go in the options file written beside the draft
+_KEYS = {"eagle_config": "eagle_config", "top-level": "top-level", "gguf-conversion": "top-level",
+         "speculative-config": LAUNCH_OPTIONS}
+NO_BOUNDARY0 = ("boundary 0 (the embedding output) cannot be expressed in TensorRT-LLM's "
+                "eagle3_layers_to_capture: id k is layer k's output (boundary k + 1) and -1 the state after "
+                "the final norm, so no id names the embedding; what does: retrain the draft on boundaries "
+                ">= 1")
 
 
 def _engine_needs(trained: tuple[int, ...], engine: Engine, arch: str, num_layers: int,
@@ -232,8 +238,10 @@ def _engine_needs(trained: tuple[int, ...], engine: Engine, arch: str, num_layer
                                  f"{ways_out(trained, served, eng, arch, num_layers).listed}")
     if ids is None:
         ways = ways_out(trained, served, eng, arch, num_layers)
+        why = f"{NO_BOUNDARY0}; " if key == LAUNCH_OPTIONS and 0 in trained else ""
+        where = "in its launch options" if key == LAUNCH_OPTIONS else "in the draft"
         return EngineFix(str(eng), None, key,
-                         verdict=f"no ids in the draft make {eng} serve {trained}: {ways.listed}")
+                         verdict=f"no ids {where} make {eng} serve {trained}: {why}{ways.listed}")
     then = ("convert it: convert_hf_to_gguf.py COPY --target-model-dir TARGET (llama.cpp's converter "
             "fixes the ids into the GGUF)" if eng.rules.fix_ids_at == "gguf-conversion" else None)
     return EngineFix(str(eng), tuple(ids), key, then=then)
@@ -246,6 +254,13 @@ def _write_copy(dest: Path, draft: Path, cfg: dict, fmt: str, ids: dict[str, lis
     from ..model.checkpoint import config_from_json, config_to_json
 
     shutil.copytree(draft, dest)
+    if LAUNCH_OPTIONS in ids:         # TensorRT-LLM: its options file beside the draft, the draft as it is
+        from ..engines.trtllm.options import OPTIONS_FILE, options_text
+
+        (dest / OPTIONS_FILE).write_text(options_text(ids[LAUNCH_OPTIONS], dest), encoding="utf-8")
+        ids = {k: v for k, v in ids.items() if k != LAUNCH_OPTIONS}
+        if not ids and weights is None:
+            return []
     out_cfg = dict(cfg)
     if weights is not None:           # another format: the config and one weights file rewritten
         parsed = config_from_json(cfg)
@@ -287,9 +302,11 @@ def _write_copy(dest: Path, draft: Path, cfg: dict, fmt: str, ids: dict[str, lis
 
 def _judge(folder: Path, fix: EngineFix, engine: Engine, target: Path) -> EngineFix:
     """``check`` on the written copy, as the user would run it."""
+    from ..engines.trtllm.options import OPTIONS_FILE
     from .gate import check
 
-    report = check(folder, engine, target=target, across_releases=False)
+    options = folder / OPTIONS_FILE if fix.key == LAUNCH_OPTIONS else None
+    report = check(folder, engine, target=target, across_releases=False, trtllm_options=options)
     return replace(fix, served=tuple(report.served_layout), verdict=report.verdict,
                    folder=folder if report.ok else None)
 
@@ -366,10 +383,24 @@ def deploy(draft, out, engines: Sequence[Engine], *, target, layout: Sequence[in
             out.rmdir()
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(tmp), str(out))
-        return replace(deployment, fixes=tuple(replace(f, folder=out / f.folder.relative_to(tmp))
-                                               for f in fixes))
+        return replace(deployment, fixes=tuple(_landed(replace(f, folder=out / f.folder.relative_to(tmp)),
+                                                       Path(target)) for f in fixes))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _landed(fix: EngineFix, target: Path) -> EngineFix:
+    """A fix whose ids live in launch options: the file rewritten to name the copy where it landed, and the
+    commands that launch and check it."""
+    if fix.key != LAUNCH_OPTIONS or fix.folder is None:
+        return fix
+    from ..engines.trtllm.options import OPTIONS_FILE, options_text
+
+    opts = fix.folder / OPTIONS_FILE
+    opts.write_text(options_text(list(fix.ids), fix.folder), encoding="utf-8")
+    return replace(fix, then=(f"launch it: trtllm-serve {target} --extra_llm_api_options {opts}; check it: "
+                              f"python -m helpers check --draft {fix.folder} --target {target} --engine "
+                              f"{fix.engine} --trtllm-options {opts}"))
 
 
 def _reordered(weights: dict, trained: tuple[int, ...], ascending: tuple[int, ...]) -> dict:

@@ -178,6 +178,7 @@ class CheckRequest:
     measured: str | Path | None = None
     gguf: str | Path | None = None
     training_output: str | Path | None = None
+    trtllm_options: str | Path | None = None   # TensorRT-LLM's launch options (``--extra_llm_api_options``)
 
     def validate(self) -> None:
         check_sizes(self.tp, self.pp)
@@ -240,8 +241,16 @@ def check_deployment(req: CheckRequest) -> CheckReport:
 
 def _served(req: CheckRequest, eng: Engine, cfg: dict, spec: TargetSpec):
     """(what the engine serves, and the config's own resolution where a converted GGUF overrides it)."""
+    options = None
+    if req.trtllm_options is not None:
+        from ..engines.trtllm.options import read_options
+
+        options = read_options(req.trtllm_options)
     served = resolve(eng, spec.arch, spec.num_layers, draft=cfg, root=req.root, target_config=spec.config,
-                     read_vllm_source=req.read_vllm_source)
+                     read_vllm_source=req.read_vllm_source, options=options)
+    if options is not None:
+        served.problems.append(Problem(ProblemKind.IDS_READ, f"launch options {options.describe()}",
+                                       blocking=False))
     if req.gguf is None:
         return served, None
     # the file the engine loads decides, not the config it was converted from

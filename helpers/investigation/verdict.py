@@ -54,7 +54,8 @@ GGUF_CONVERSION = "gguf-conversion"     # llama.cpp: the ids are fixed in the GG
 _RECONVERT = (f"the draft config's top-level {IDS_KEY}, then the draft converted again "
               f"(convert_hf_to_gguf.py --target-model-dir TARGET)")
 _LISTED_WHERE = {"eagle_config": f"eagle_config.{IDS_KEY}", "top-level": f"top-level {IDS_KEY}",
-                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config",
+                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config (the launch options "
+                                     "YAML, trtllm-serve --extra_llm_api_options FILE)",
                  GGUF_CONVERSION: _RECONVERT}
 _SHORT_WHERE = {"eagle_config": "eagle_config", "top-level": "the top-level key",
                 SPECULATIVE_CONFIG: "eagle3_layers_to_capture of the speculative config",

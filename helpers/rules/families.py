@@ -15,6 +15,7 @@ from ..boundaries import Layout, ProblemKind, WiringResult, warning
 from ..engines.llamacpp import rule as llamacpp_rule
 from ..engines.sglang import rule as sglang_rule
 from ..engines.trtllm import rule as trtllm_rule
+from ..engines.trtllm import source as trtllm_source
 from ..engines.vllm import own as vllm_own
 from ..engines.vllm import rule as vllm_rule
 from ..errors import BadOption, CacheError, one_line
@@ -22,7 +23,7 @@ from . import conventions, flags
 from .conventions import IDS_KEY, DraftIds, Engine, IdsAt
 from .matrix import llamacpp_across_builds, sglang_across_releases, vllm_across_releases
 from .topology import sglang_carried, vllm_carried
-from .wheels import PackageSourceError
+from .wheels import PackageSourceError, UnknownPackageVersion
 from .wiring import checked_against_vllm_source, ids_for_layout, resolve_sglang_release
 
 
@@ -40,6 +41,7 @@ class EngineRules:
     release_packages: tuple[str, ...] = ()   # its packages on the index the release matrix reads (the
     #                                          first is what --engine NAME==X means; rules.releases)
     ids_home: IdsAt | None = None         # where it reads a draft's ids (None: not from the draft's config)
+    launch_options: bool = False          # its ids come from a launch options file (``--trtllm-options``)
     fix_ids_at: str = "speculative-config"   # where fix A tells people to write the ids (a key of
     #                                          verdict's WHERE_LISTED): the draft's config or the engine's
     draft_files_read: bool = False        # its draft model files were read (FLAG_FIRST, FIRST_MLA_DRAFT)
@@ -290,12 +292,22 @@ class VllmRules(EngineRules):
 class TrtllmRules(EngineRules):
     name, title = "trtllm", "TensorRT-LLM"
     ids_home = None                       # eagle3_layers_to_capture sit in its speculative config
+    launch_options = True                 # ``--trtllm-options FILE``: the options it is launched with
 
     def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
         return trtllm_rule.ids_trtllm_reads(cfg)
 
-    def resolve(self, engine, arch, num_layers, ids, cfg, **source):
-        return trtllm_rule.resolve_trtllm(engine.version, arch, num_layers, ids, cfg)
+    def resolve(self, engine, arch, num_layers, ids, cfg, *, trtllm_options=None, **source):
+        read, why = None, ""
+        if engine.version is not None:        # the release's own eagle3.py, where the index serves it
+            try:
+                read = trtllm_source.read_release(engine.version)
+            except UnknownPackageVersion:
+                raise
+            except PackageSourceError as exc:
+                why = one_line(exc)
+        return trtllm_rule.resolve_trtllm(engine.version, arch, num_layers, ids, cfg, trtllm_options, read,
+                                          why)
 
     def fc_slots(self, cfg, engine):
         return None, "TensorRT-LLM's fc sizing is not recorded here"

@@ -33,9 +33,10 @@ from .conventions import (
 def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | None = None,
             draft: str | Path | dict | None = None, *, source: ss.SglangSource | None = None,
             root: str | Path | None = None, target_config: dict | None = None,
-            read_vllm_source: bool = False, recorded: bool = True) -> WiringResult:
+            read_vllm_source: bool = False, recorded: bool = True, options=None) -> WiringResult:
     """Resolve a draft's ids to the served layout the way ``engine`` itself would (its family's
-    ``resolve``).
+    ``resolve``). ``options``: the launch options an engine takes its ids from (TensorRT-LLM's,
+    ``engines.trtllm.options``); given to any other engine, bad input.
 
     ``ids`` are passed as given (``ids_source='explicit'``); otherwise they are read from
     ``draft`` with the engine's own rule; with neither, the engine's defaults apply.
@@ -46,9 +47,14 @@ def resolve(engine: Engine, arch: str, num_layers: int, ids: Sequence[int] | Non
     if ids is not None and draft is not None:
         raise WiringError("give either explicit ids or a draft config, not both")
     cfg = read_draft_config(draft) if draft is not None else None
+    more = {}
+    if options is not None:
+        if not eng.rules.launch_options:
+            raise WiringError(f"--trtllm-options are TensorRT-LLM's launch options; {eng} takes none")
+        more["trtllm_options"] = options
     return eng.rules.resolve(eng, arch, num_layers, ids, cfg, source=source, root=root,
                              target_config=target_config, read_vllm_source=read_vllm_source,
-                             recorded=recorded)
+                             recorded=recorded, **more)
 
 
 def resolve_sglang_release(eng: Engine, arch: str, num_layers: int, ids: Sequence[int] | None,
