@@ -245,8 +245,8 @@ def recorded_lmdeploy(
     """The rule recorded from lmdeploy RECORDED_FROM, for when the release's files cannot be read."""
     note = warning(
         K.RULE_NOT_RUN,
-        f"LMDeploy rule recorded from lmdeploy {RECORDED_FROM}'s files (the file:line "
-        f"cited), not read now: {why[:200]}",
+        f"LMDeploy rule recorded, not read now, from lmdeploy {RECORDED_FROM}'s files (the file:line "
+        f"cited): {why[:200]}",
     )
     if backend == "turbomind":
         r = _turbomind(version, arch, num_layers, ids, cfg, RECORDED_TURBOMIND)
