@@ -64,7 +64,8 @@ def add_pair_args(p: argparse.ArgumentParser, *,
                   target: str | None = "target model folder (Hugging Face layout)",
                   draft: str | None = "EAGLE-3 draft folder (SGLang, speculators or EAGLE reference format)",
                   engine: str | None = ("whose rules decide what 'served' means: sglang==VERSION, "
-                                        "vllm[==VERSION][:v1|:v2], trtllm or llamacpp[==BUILD]; default: "
+                                        "vllm[==VERSION][:v1|:v2], trtllm, llamacpp[==BUILD] or "
+                                        "lmdeploy[==VERSION][:turbomind]; default: "
                                         f"{DEFAULT_ENGINE}, said in the output's first line"),
                   device: bool = True, json: bool = True, required: bool = False, paths: bool = True) -> None:
     """The options naming the pair and where it runs; pass None to leave one out."""

@@ -216,14 +216,14 @@ NO_BOUNDARY0 = ("boundary 0 (the embedding output) cannot be expressed in Tensor
 
 
 def _engine_needs(trained: tuple[int, ...], engine: Engine, arch: str, num_layers: int,
-                  cfg: dict) -> EngineFix:
+                  cfg: dict, target_config: dict | None = None) -> EngineFix:
     """The ids and key one engine needs to serve ``trained`` (already ascending), from its own rule."""
     from ..rules.wiring import resolve
     from .verdict import ways_out
 
     eng = expect_engine(engine)
     try:
-        served = tuple(resolve(eng, arch, num_layers, draft=cfg).served_layout)
+        served = tuple(resolve(eng, arch, num_layers, draft=cfg, target_config=target_config).served_layout)
     except (WiringError, ValueError):
         served = ()
     key = _KEYS.get(eng.rules.fix_ids_at)
@@ -232,6 +232,12 @@ def _engine_needs(trained: tuple[int, ...], engine: Engine, arch: str, num_layer
         ids = ids_for_layout(trained, arch, num_layers, eng)
     except (WiringError, ValueError):
         ids = None
+    if not eng.rules.ids_serve:     # LMDeploy: the target's depth alone decides what it serves
+        why = ("no copy is needed: it already serves the trained layout" if served == trained
+               else f"retrain the draft on what it serves, {served}")
+        return EngineFix(str(eng), None, None, served=served,
+                         verdict=f"no config changes what {eng} serves (the target's depth alone sets its "
+                                 f"capture: {served or 'nothing'}): {why}")
     if key is None:
         return EngineFix(str(eng), None if ids is None else tuple(ids), None,
                          verdict=f"{eng} reads the ids from its launch settings, not the draft: "
@@ -349,7 +355,7 @@ def deploy(draft, out, engines: Sequence[Engine], *, target, layout: Sequence[in
     trained = tuple(int(b) for b in layout)
     check_record_layout(draft, trained, rec, target)
     ascending = tuple(sorted(trained))
-    needs = [_engine_needs(ascending, e, spec.arch, spec.num_layers, cfg) for e in engines]
+    needs = [_engine_needs(ascending, e, spec.arch, spec.num_layers, cfg, spec.config) for e in engines]
     src_fmt = draft_format(cfg)
     fmt = ("sglang" if src_fmt == "speculators" and any(e.rules.reads_speculators_format is False
                                                          for e in engines) else src_fmt)

@@ -24,7 +24,7 @@ from ..errors import BadConfig, BadOption, check_architectures, read_json_file
 K = ProblemKind
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-ENGINES = ("sglang", "vllm", "trtllm", "llamacpp")
+ENGINES = ("sglang", "vllm", "trtllm", "llamacpp", "lmdeploy")
 SGLANG_DRAFT_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 # MLA drafts (Kimi-K2.x): SGLang kimi_k25_eagle3.py, vLLM deepseek_eagle3.py (V3 is vLLM's alias).
@@ -148,16 +148,18 @@ def parse_engine(engine: "str | Engine") -> Engine:
     name, version, runner = name.strip(), version.strip(), runner.strip()
     if name not in ENGINES:
         raise BadOption(f"unknown engine '{engine}'; expected 'sglang==VERSION', 'sglang', "
-                        f"'vllm[==VERSION]', 'trtllm' or 'llamacpp[==BUILD]'")
+                        f"'vllm[==VERSION]', 'trtllm', 'llamacpp[==BUILD]' or "
+                        f"'lmdeploy[==VERSION][:turbomind]'")
     rules = rules_of(name)
     if "==" in text:
         rules.check_version(str(engine), version)
     if runner and not rules.runners:
         raise BadOption(f"engine '{engine}': ':{runner}' names a model runner; only vLLM has them "
-                        f"(expected vllm[==VERSION]:v1 or :v2)")
+                        f"(expected vllm[==VERSION]:v1 or :v2; LMDeploy names a backend, "
+                        f"lmdeploy[==VERSION]:turbomind)")
     if runner and runner not in rules.runners:
-        raise BadOption(f"engine '{engine}': vLLM has no model runner ':{runner}' "
-                        f"(expected vllm[==VERSION]:v1 or :v2)")
+        raise BadOption(f"engine '{engine}': {rules.title} has no model runner ':{runner}' (expected "
+                        f"{name}[==VERSION]:" + " or :".join(rules.runners) + ")")
     return Engine(name, version or None, runner or None)
 
 

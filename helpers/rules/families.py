@@ -1,4 +1,5 @@
-"""One rule object per engine family (SGLang, vLLM, TensorRT-LLM, llama.cpp), all with the same methods.
+"""One rule object per engine family (SGLang, vLLM, TensorRT-LLM, llama.cpp, LMDeploy), all with the same
+methods.
 
 An engine is named once, at the edge (``--engine``, a notebook's parameters), and parsed into a
 ``conventions.Engine``; ``engine.rules`` is its family's object from here. Code below the edge asks that
@@ -13,6 +14,7 @@ from typing import Sequence
 
 from ..boundaries import Layout, ProblemKind, WiringResult, warning
 from ..engines.llamacpp import rule as llamacpp_rule
+from ..engines.lmdeploy import rule as lmdeploy_rule
 from ..engines.sglang import rule as sglang_rule
 from ..engines.trtllm import rule as trtllm_rule
 from ..engines.trtllm import source as trtllm_source
@@ -53,6 +55,8 @@ class EngineRules:
     reports_inner_capture: bool = False   # its resolver reports what the inner text model would capture
     patchable: bool = False               # the workbook carries a patch for its capture code
     fix_writes_top_level: bool = False    # ``fixes.with_engine_ids`` writes the ids top-level, as boundaries
+    ids_serve: bool = True                # some ids change what it serves (LMDeploy: none do; only the
+    #                                       target's depth decides, so the only fix is retraining)
     serves_from_gguf: bool = False        # it loads a converted draft file whose metadata fixes the ids
     live_capture: bool = False            # ``capture --backend`` can measure what it feeds the draft
     #                                       (llama.cpp's eagle3.target_layers; ``check --gguf`` reads it)
@@ -351,6 +355,48 @@ class LlamacppRules(EngineRules):
         return True, "llama.cpp splits layers across devices within one graph, not into pipeline ranks"
 
 
-SGLANG, VLLM, TRTLLM, LLAMACPP = SGLangRules(), VllmRules(), TrtllmRules(), LlamacppRules()
-FAMILIES: dict[str, EngineRules] = {r.name: r for r in (SGLANG, VLLM, TRTLLM, LLAMACPP)}
+class LmdeployRules(EngineRules):
+    """LMDeploy's PyTorch engine: the target's config builder sets the capture from the target's depth,
+    read from each release's own files (``engines.lmdeploy``); ``:turbomind`` names its other backend."""
+
+    name, title = "lmdeploy", "LMDeploy"
+    newest_read = lmdeploy_rule.LMDEPLOY_NEWEST_READ
+    runners = lmdeploy_rule.BACKENDS      # lmdeploy==X:turbomind (default: the PyTorch engine)
+    release_packages = ("lmdeploy",)
+    ids_home = None                       # no ids are read for the capture
+    fix_ids_at = "nowhere"
+    ids_serve = False
+    runs_release_source = True
+    _plain_hint = " or plain 'lmdeploy'"
+
+    def assumed(self, version):
+        if version is not None:
+            return None
+        return f"no LMDeploy version given: the newest release read ({self.newest_read}) is assumed"
+
+    def reads_ids(self, cfg, engine, *, arch="", also_top_level=False):
+        return DraftIds(None, IdsAt.NONE, lmdeploy_rule.ids_warning(None, cfg))
+
+    def resolve(self, engine, arch, num_layers, ids, cfg, *, target_config=None, **source):
+        return lmdeploy_rule.resolve_lmdeploy(self.effective_version(engine.version), arch, num_layers, ids,
+                                              cfg, target_config=target_config,
+                                              backend=engine.runner or "pytorch")
+
+    def documented_layout(self, engine, arch, num_layers, ids, where):
+        return conventions.default_boundaries(num_layers), "LMDeploy: (2, N//2, N-3) from the target's depth"
+
+    def ids_for(self, layout, arch, num_layers, engine, root=None):
+        return None
+
+    def fc_slots(self, cfg, engine):
+        return 3, ("LMDeploy's Llama draft builds fc for 3 states; its Kimi draft for its 3 ids "
+                   "(or 3 defaults)")
+
+    def honours_norm_before_residual(self, engine):
+        return None
+
+
+SGLANG, VLLM, TRTLLM, LLAMACPP, LMDEPLOY = (SGLangRules(), VllmRules(), TrtllmRules(), LlamacppRules(),
+                                            LmdeployRules())
+FAMILIES: dict[str, EngineRules] = {r.name: r for r in (SGLANG, VLLM, TRTLLM, LLAMACPP, LMDEPLOY)}
 conventions.register_rules(FAMILIES)

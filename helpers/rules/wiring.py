@@ -186,7 +186,10 @@ def conventions_table(draft_or_ids: str | Path | dict | Sequence[int] | None, nu
 
 def ids_for_layout(layout: Sequence[int], arch: str, num_layers: int, engine: Engine = DEFAULT_ENGINE,
                    *, root: str | Path | None = None) -> list[int] | None:
-    """Draft ids that make ``engine`` serve ``layout`` without errors, or None."""
+    """Draft ids that make ``engine`` serve ``layout`` without errors, or None (always, for an engine whose
+    served layout no ids change)."""
+    if not engine.rules.ids_serve:
+        return None
     target = tuple(sorted(layout))
     for candidate in ([b - 1 for b in target], list(target)):
         try:
