@@ -144,7 +144,7 @@ def cases(repo: Path, limit: float) -> list[tuple[str, dict]]:
     # 5. air-gapped, empty cache: every engine
     with tempfile.TemporaryDirectory() as cache:
         env = {**base, "EAGLE3_WORKBOOK_CACHE": cache, "PIP_NO_CACHE_DIR": "1"}
-        for eng in ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm"):
+        for eng in ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm", "lmdeploy==0.18.0"):
             rows.append((f"no network, empty cache: check --engine {eng}", run(
                 repo, ["check", "--target", "data/tiny-kimi/target", "--draft", "data/tiny-kimi/draft",
                        "--engine", eng], env, limit, offline=True)))

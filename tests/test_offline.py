@@ -54,7 +54,8 @@ def offline_env(tmp_path_factory) -> dict:
     return env
 
 
-@pytest.mark.parametrize("engine", ["sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm"])
+@pytest.mark.parametrize("engine", ["sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm",
+                                    "lmdeploy==0.18.0"])
 def test_check_judges_offline_from_the_recorded_rule(engine, offline_env, tmp_path):
     target, draft = PAIR / "target", PAIR / "draft"   # check reads configs, the record and headers only
     cache = tmp_path / "cache"
