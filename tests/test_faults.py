@@ -265,7 +265,7 @@ def _bad_cases():
          "model.safetensors is not a readable safetensors"),
         ("truncated target safetensors", "target", lambda d: _truncate(d / "model.safetensors"),
          lambda t, d, x: ["bench", "--target", t, "--draft", d],
-         "model.safetensors is not a complete safetensors file"),
+         "model.safetensors is not a readable safetensors file"),
         ("draft config without hidden_size", "draft",
          lambda d: (d / "config.json").write_text(json.dumps({k: v for k, v in json.loads(
              (d / "config.json").read_text()).items() if k != "hidden_size"})),
@@ -836,12 +836,28 @@ def test_check_faults(pair, broken, tmp_path, capsys):
     text = json.dumps(header).encode()
     text += b" " * (n - len(text)) if len(text) <= n else b""
     (d3 / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
-    cases.append((d3, f"header entry {key!r} has no shape"))
+    cases.append((d3, "model.safetensors is not a readable safetensors file (Error while deserializing"))
     before = tree_hash(tmp_path)
     for draft, expected in cases:
         code, out, err = run(capsys, *base, "--draft", str(draft))
         line = one_error_line(err)
         assert code == 2 and expected in line and str(draft) in line and no_result(out), line
+    _quiet(tmp_path, before)
+
+
+def test_check_refuses_a_truncated_draft_safetensors(pair, broken, tmp_path, capsys):
+    """A draft whose model.safetensors was cut in half: one line naming the file and its size, exit 2, not
+    a verdict read from what survived of the header, and nothing written anywhere."""
+    d = broken("draft")
+    f = d / "model.safetensors"
+    _truncate(f)
+    before = tree_hash(tmp_path)
+    for extra in ((), ("--json",)):
+        code, out, err = run(capsys, "check", "--engine", "sglang==0.5.9", "--target", str(pair / "target"),
+                             "--draft", str(d), *extra)
+        line = one_error_line(err)
+        assert code == 2 and no_result(out), (code, out)
+        assert f"{f} is not a readable safetensors file" in line and f"{f.stat().st_size} bytes" in line, line
     _quiet(tmp_path, before)
 
 
@@ -1279,7 +1295,7 @@ def test_held_stderr_drops_what_came_before_an_error():
 
 
 @pytest.mark.parametrize("breakage, expected", [
-    ("truncated", "model.safetensors is not a complete safetensors file: its tensors end at byte"),
+    ("truncated", "model.safetensors is not a readable safetensors file (Error while deserializing header"),
     ("no-tokenizer", "no tokenizer in "),
 ])
 def test_a_broken_target_is_named_before_any_text_is_looked_for(breakage, expected, pair, broken, tmp_path,
