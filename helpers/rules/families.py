@@ -192,7 +192,7 @@ class SGLangRules(EngineRules):
 
     def fc_slots(self, cfg, engine):
         version = engine.version
-        if version is not None and conventions.version_tuple(version) < (0, 5, 12):
+        if version is not None and conventions.version_key(version) < conventions.version_key("0.5.12"):
             return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
         return conventions.fc_slots_from_config(cfg)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import BadOption, CacheError
-from .conventions import is_version_string, version_tuple
+from .conventions import is_final_release, is_version_string, version_key
 
 CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
 COMPLETE_MARKER = ".complete"
@@ -84,8 +84,9 @@ def cached(package: str, version: str, cache: Path | str | None = None) -> Path 
 def cached_versions(package: str, cache: Path | str | None = None) -> list[str]:
     """The versions with a complete entry, oldest release first."""
     base = Path(cache) if cache is not None else cache_root(package)
-    found = [p.name for p in base.iterdir() if (p / COMPLETE_MARKER).is_file()] if base.is_dir() else []
-    return sorted(found, key=version_tuple)
+    found = [p.name for p in base.iterdir() if is_version_string(p.name) and (p / COMPLETE_MARKER).is_file()
+             ] if base.is_dir() else []
+    return sorted(found, key=version_key)
 
 
 def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = None,
@@ -434,5 +435,4 @@ def released_versions(package: str) -> list[str]:
         raise PackageIndexUnreachable(f"cannot list {package} releases: "
                                       f"{_last_line(proc.stdout + proc.stderr)}")
     versions = [v.strip() for v in m.group(1).split(",")]
-    final = [v for v in versions if is_version_string(v) and not re.search(r"(a|b|rc|dev)\d", v)]
-    return sorted(final, key=version_tuple)
+    return sorted(filter(is_final_release, versions), key=version_key)
