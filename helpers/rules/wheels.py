@@ -5,10 +5,10 @@ release's own files (``helpers.rules.trainers``, ``engines.vllm.source``, ``engi
 than trusted from memory. This module is the one cache they share. Only the files the caller keeps are
 unpacked (``keep``): a 370 MB vLLM wheel leaves a few MB.
 
-Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``~/.cache/eagle3-workbook``), each
-entry holding the kept files and a ``.complete`` marker. An entry is unpacked into a hidden staging
-folder ``.<version>-*`` beside it and renamed into place when complete, so an interrupted or concurrent
-fetch never leaves half a release behind.
+Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``$XDG_CACHE_HOME/eagle3-workbook``, else
+``~/.cache/eagle3-workbook``: ``cache_base``), each entry holding the kept files and a ``.complete`` marker.
+An entry is unpacked into a hidden staging folder ``.<version>-*`` beside it and renamed into place when
+complete, so an interrupted or concurrent fetch never leaves half a release behind.
 
 Eviction, done after each download (a cache miss) of a package, inside ``<cache>/<package>/`` only:
 
@@ -68,10 +68,21 @@ class PackageIndexUnreachable(PackageSourceError):
     """pip reached no index (an offline machine)."""
 
 
+def cache_base() -> Path:
+    """The workbook's one cache folder: ``$EAGLE3_WORKBOOK_CACHE`` when set, else
+    ``$XDG_CACHE_HOME/eagle3-workbook`` (the XDG base directory spec: an absolute path only), else
+    ``~/.cache/eagle3-workbook``."""
+    base = os.environ.get(CACHE_ENV)
+    if base:
+        return Path(base).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return root / "eagle3-workbook"
+
+
 def cache_root(package: str) -> Path:
     """``<cache>/<package>``: the folder holding every cached version of ``package``."""
-    base = os.environ.get(CACHE_ENV)
-    return (Path(base).expanduser() if base else Path.home() / ".cache" / "eagle3-workbook") / package
+    return cache_base() / package
 
 
 def cached(package: str, version: str, cache: Path | str | None = None) -> Path | None:
