@@ -436,7 +436,8 @@ def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out,
             (stage / "data_config.json").write_text(json.dumps({
                 "hidden_states": {"layer_ids": [b - 1 for b in bounds]},
                 "num_hidden_layers": L, "records": int(windows.shape[0]),
-                "written_by": "eagle3-wiring-workbook dump (speculators <= 0.4 layout)"}, indent=2) + "\n")
+                "written_by": "eagle3-wiring-workbook dump (speculators <= 0.4 layout)"}, indent=2) + "\n",
+                encoding="utf-8")
     return out
 
 

@@ -210,7 +210,7 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, fmt: str = "sglang", ext
         key = prefix + name[len("midlayer."):] if name.startswith("midlayer.") else name
         tensors[key] = t.detach().to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -262,7 +262,7 @@ def _read_sharded(index: Path, as_dtype: torch.dtype | None = None) -> dict[str,
     """Shards named by ``weight_map``; every mapped key must be found in its shard, or the
     checkpoint is incomplete (a shard overwritten or from another run)."""
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
     except (json.JSONDecodeError, AttributeError) as e:
         raise DraftFormatError(f"{index} is not a shard index: expected JSON with a weight_map") from e
     if not isinstance(weight_map, dict) or not weight_map:

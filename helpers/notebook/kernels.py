@@ -121,7 +121,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     try:     # a finished child of this process that was not reaped yet is not running
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
