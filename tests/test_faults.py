@@ -249,6 +249,39 @@ def test_engine_that_is_not_a_version_is_refused(engine, capsys):
     assert code == 2 and engine in one_error_line(err)
 
 
+def test_a_release_before_eagle3_writes_nothing_into_the_cache(monkeypatch, tmp_path, capsys):
+    """vLLM's first EAGLE-3 release is a recorded constant: an older one is refused from it, before any of
+    its files is fetched, so the refusal leaves the cache as it was (and needs no network)."""
+    from helpers.rules import wheels
+
+    def no_network(*_a, **_k):
+        raise AssertionError("a refused release must not be fetched")
+
+    monkeypatch.setattr(wheels, "_install_ranged", no_network)
+    monkeypatch.setattr(wheels, "pip_download", no_network)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv(wheels.CACHE_ENV, str(cache))
+    pair = REPO / "data" / "tiny-kimi"
+    code, out, err = run(capsys, "check", "--engine", "vllm==0.0.1", "--target", str(pair / "target"),
+                         "--draft", str(pair / "draft"))
+    line = one_error_line(err)
+    assert code == 2 and no_result(out) and "vLLM 0.0.1 has no EAGLE-3 (it first appears in 0.8.5)" in line
+    assert list(cache.iterdir()) == []
+
+
+def test_a_release_the_index_lacks_leaves_no_cache_folder(tmp_path):
+    from helpers.rules import wheels
+
+    def missing(version, dest, extra):
+        raise wheels.UnknownPackageVersion(f"sglang {version} does not exist on the package index")
+
+    cache = tmp_path / "cache" / "sglang"
+    with pytest.raises(wheels.UnknownPackageVersion):
+        wheels.fetch("sglang", "0.0.1", ["sglang/"], cache=cache, download=missing)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------------------------
 # 6. One-line errors naming the file, for what used to end in a traceback.
 

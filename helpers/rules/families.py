@@ -228,7 +228,10 @@ class VllmRules(EngineRules):
 
     def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, target_config=None,
                 **source):
-        run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
+        # a release before vLLM's first EAGLE-3 is refused by resolve_vllm from the recorded constant, before
+        # any of its files is fetched (a refused release writes nothing into the cache)
+        runs = ids is None and vllm_rule.at_least(engine.version, vllm_rule.VLLM_FIRST_EAGLE3)
+        run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if runs else (None, "")
         result = vllm_rule.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
         if why:
             result.problems.append(warning(ProblemKind.RULE_NOT_RUN, why))

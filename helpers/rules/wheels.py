@@ -120,19 +120,33 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
     if found is not None:
         _touch(found)
         return found
+    made = [p for p in (base, *base.parents) if not p.exists()]     # the folders this fetch creates
     check_cache_writable(base, package)
-    if download is None and _install_ranged(package, version, wanted, base):
-        evict(base, spare=version)
-        return base / version
-    if not whole and download is None:
-        raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
-                                 f"{index_url()} (offline, or an index without a JSON listing)")
-    run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
-    with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
-        wheel = _download_wheel(package, version, Path(tmp), base, run)
-        _install(package, version, wheel, wanted, base)
+    try:
+        if download is None and _install_ranged(package, version, wanted, base):
+            evict(base, spare=version)
+            return base / version
+        if not whole and download is None:
+            raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
+                                     f"{index_url()} (offline, or an index without a JSON listing)")
+        run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
+        with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
+            wheel = _download_wheel(package, version, Path(tmp), base, run)
+            _install(package, version, wheel, wanted, base)
+    except BaseException:
+        _remove_empty(made)       # a refused release (one the index does not have) leaves no folder behind
+        raise
     evict(base, spare=version)
     return base / version
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each folder, deepest first, while it is empty (another process may have filled it)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _keep_predicate(keep: Keep) -> Callable[[str], bool]:
