@@ -270,6 +270,27 @@ def test_a_release_before_eagle3_writes_nothing_into_the_cache(monkeypatch, tmp_
     assert list(cache.iterdir()) == []
 
 
+def test_a_release_before_eagle3_is_refused_before_any_model_loads(monkeypatch, capsys):
+    """diagnose used to load the pair, evaluate and print its progress, then refuse vllm==0.0.1 at the end:
+    the refusal is now where the engine is named, the only line on stderr."""
+    from helpers.commands import diagnose
+    from helpers.investigation import pair as pair_mod
+
+    def no_load(*_a, **_k):
+        raise AssertionError("no model may load for a refused engine")
+
+    monkeypatch.setattr(pair_mod, "load_pair", no_load)
+    monkeypatch.setattr(diagnose, "load_pair", no_load)
+    pair = REPO / "data" / "tiny-kimi"
+    for cmd in ("diagnose", "bench", "wiring"):
+        code, out, err = run(capsys, cmd, "--engine", "vllm==0.0.1", "--target", str(pair / "target"),
+                             "--draft", str(pair / "draft"))
+        line = one_error_line(err)
+        assert code == 2 and no_result(out), (cmd, code, out)
+        assert line == ("error: engine 'vllm==0.0.1': vLLM 0.0.1 has no EAGLE-3 (it first appears in 0.8.5); "
+                        "expected vllm==0.8.5 or later"), (cmd, line)
+
+
 def test_a_release_the_index_lacks_leaves_no_cache_folder(tmp_path):
     from helpers.rules import wheels
 

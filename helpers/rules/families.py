@@ -218,6 +218,15 @@ class VllmRules(EngineRules):
     pp_remainder_before_last = True
     _plain_hint = " or plain 'vllm'"
 
+    def check_version(self, text, version):
+        """A release before vLLM's first EAGLE-3 is refused where it is named, from the recorded constant:
+        before any model loads or any of its files is fetched."""
+        super().check_version(text, version)
+        if not vllm_rule.at_least(version, vllm_rule.VLLM_FIRST_EAGLE3):
+            first = vllm_rule.VLLM_FIRST_EAGLE3
+            raise BadOption(f"engine '{text}': vLLM {version} has no EAGLE-3 (it first appears in {first}); "
+                            f"expected vllm=={first} or later")
+
     def assumed(self, version):
         if version is not None:
             return None
