@@ -347,7 +347,8 @@ def _bad_cases():
          lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "-1,3,7"],
          "boundary -1 is outside 0..12"),
         ("bench --layout 3,3,7", None, None,
-         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"], "repeats a boundary"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"],
+         "repeats a boundary (3)"),
         ("target folder given as the draft", None, None,
          lambda t, d, x: ["bench", "--target", t, "--draft", t], "config.json"),
     ]
@@ -1151,8 +1152,35 @@ def test_planted_pickles_are_refused(pair, tmp_path, capsys):
         code, out, err = run(capsys, *argv)
         line = one_error_line(err)
         assert code == 2 and str(f) in line, (name, line)
+        assert "it asks for posix.system, which a weights-only load refuses" in line, (name, line)
         assert not marker.exists(), name
     assert tree_hash(tmp_path) == before
+
+
+def test_a_duplicate_is_named_where_it_is_refused(tmp_path):
+    """A checkpoint or a capture record that holds one thing twice is refused naming what repeats: the
+    tensor two shards both hold (and the shards), the boundary a capture record names twice."""
+    from helpers.investigation.dumps import DumpError, open_dump
+    from helpers.model.checkpoint import DraftFormatError, read_draft_weights
+
+    draft = tmp_path / "sharded"
+    draft.mkdir()
+    fc, norm = torch.zeros(4, 12), torch.ones(4)
+    save_file({"fc.weight": fc, "norm.weight": norm}, str(draft / "model-00001-of-00002.safetensors"))
+    save_file({"fc.weight": fc}, str(draft / "model-00002-of-00002.safetensors"))
+    (draft / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "fc.weight": "model-00002-of-00002.safetensors", "norm.weight": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(DraftFormatError) as info:
+        read_draft_weights(draft)
+    assert ("tensor 'fc.weight' is in two shards (model-00001-of-00002.safetensors and "
+            "model-00002-of-00002.safetensors)") in str(info.value)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    save_file({"hidden_states": torch.zeros(16, 3, 64), "token_ids": torch.arange(16)},
+              str(dump / "hs_0.safetensors"))
+    (dump / "capture.json").write_text(json.dumps({"slot_boundaries": [3, 7, 3]}))
+    with pytest.raises(DumpError, match=r"slot_boundaries \[3, 7, 3\] repeats boundary 3; each slot"):
+        open_dump(dump)
 
 
 # --------------------------------------------------------------------------------------

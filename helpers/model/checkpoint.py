@@ -268,11 +268,19 @@ def _read_sharded(index: Path, as_dtype: torch.dtype | None = None) -> dict[str,
     if not isinstance(weight_map, dict) or not weight_map:
         raise DraftFormatError(f"{index} has no weight_map {{tensor name: shard file}}; got {weight_map!r}")
     out: dict[str, torch.Tensor] = {}
+    held: dict[str, str] = {}           # tensor -> the shard it came from
     for shard in sorted(set(weight_map.values())):
         f = index.parent / shard
         if not f.is_file():
             raise FileNotFoundError(f"{index} names shard {shard}, which is not in {index.parent}")
-        out.update(_read_weight_file(f, as_dtype))
+        tensors = _read_weight_file(f, as_dtype)
+        twice = sorted(k for k in tensors if k in held)
+        if twice:    # which copy the draft would run is an accident of file order
+            raise DraftFormatError(f"{index}: tensor {twice[0]!r} is in two shards ({held[twice[0]]} and "
+                                   f"{shard}){f' (and {len(twice) - 1} more)' if len(twice) > 1 else ''}; "
+                                   f"expected each tensor in the one shard weight_map names")
+        held.update(dict.fromkeys(tensors, shard))
+        out.update(tensors)
     lost = [f"{k} (in {v})" for k, v in weight_map.items() if k not in out]
     if lost:
         raise DraftFormatError(f"{index} maps tensors its shards do not hold: {lost[:5]}")

@@ -242,8 +242,9 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
                                 f"capture index {v}{src_id} matches no layer: the loop {where} visits "
                                 f"{span}, so that feature is missing from the concatenation"))
     if len(set(ltc)) != len(ltc):
+        dup = ", ".join(str(i) for i in sorted({i for i in ltc if list(ltc).count(i) > 1}))
         errors.append(error(K.REPEATED,
-                            f"layers_to_capture {ltc} repeats an index; each layer is captured once"))
+                            f"layers_to_capture {ltc} repeats index {dup}; each layer is captured once"))
     if len(captured) != len(ltc):
         packer = any("AuxHiddenStatePacker" in n for n in capture.notes)
         errors.append(error(K.FEATURE_COUNT,
