@@ -275,6 +275,7 @@ def test_flag_fix_names_the_releases_that_run_every_ignored_flag():
     ("0.5.13rc1", "0.5.13.post1"),    # and is not the post-release that follows it
     ("0.5.13", "0.5.13.post1"),       # a post-release comes after its release
     ("0.5.9", "0.5.10"),
+    ("b9999", "b11434"),              # llama.cpp builds, as their numbers
 ])
 def test_versions_are_ordered_as_pep_440_says(lower, higher):
     assert version_key(lower) < version_key(higher) and not version_key(higher) <= version_key(lower)

@@ -197,8 +197,10 @@ def version_key(version: str) -> Version:
     """A release number in PEP 440 order (``packaging.version.Version``), to compare with ``<``/``>=`` or
     sort by: ``0.34.0rc1 < 0.34.0``, ``0.33.1.dev12 < 0.33.1``, ``0.5.13 < 0.5.13.post1``. A string that
     is not a version raises ``packaging.version.InvalidVersion`` (a ValueError): versions are checked at
-    the edge (``is_version_string``), so none should reach here."""
-    return Version(version)
+    the edge (``is_version_string``), so none should reach here. A llama.cpp build (``b11434``) compares
+    as its number, as the builds are numbered."""
+    m = re.fullmatch(r"b(\d+)", version)
+    return Version(m.group(1) if m else version)
 
 
 # --------------------------------------------------------------------------------------
