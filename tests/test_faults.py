@@ -273,14 +273,13 @@ def test_a_release_before_eagle3_writes_nothing_into_the_cache(monkeypatch, tmp_
 def test_a_release_before_eagle3_is_refused_before_any_model_loads(monkeypatch, capsys):
     """diagnose used to load the pair, evaluate and print its progress, then refuse vllm==0.0.1 at the end:
     the refusal is now where the engine is named, the only line on stderr."""
-    from helpers.commands import diagnose
-    from helpers.investigation import pair as pair_mod
+    from helpers.commands import bench, diagnose
 
     def no_load(*_a, **_k):
         raise AssertionError("no model may load for a refused engine")
 
-    monkeypatch.setattr(pair_mod, "load_pair", no_load)
-    monkeypatch.setattr(diagnose, "load_pair", no_load)
+    for command in (bench, diagnose):        # each command's own name for it (imported before patching)
+        monkeypatch.setattr(command, "load_pair", no_load)
     pair = REPO / "data" / "tiny-kimi"
     for cmd in ("diagnose", "bench", "wiring"):
         code, out, err = run(capsys, cmd, "--engine", "vllm==0.0.1", "--target", str(pair / "target"),
