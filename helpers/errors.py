@@ -225,6 +225,43 @@ def read_json_file(path, what: str = "config") -> object:
                         f"in JSON") from None
 
 
+def _dtype_bits(dtype: str) -> int:
+    """Bits per element of a safetensors dtype name (``F32``, ``BF16``, ``F8_E4M3``, ``F4``, ``BOOL``)."""
+    m = re.match(r"[A-Z]+?(\d+)", dtype)
+    return int(m.group(1)) if m else 8
+
+
+def safetensors_shapes_of(f) -> dict[str, list[int]]:
+    """name -> shape from one safetensors file's header, read through the safetensors library (no weight
+    is loaded), or a BadCheckpoint naming the file: one that does not parse, or whose tensors do not end
+    where the file ends (a truncated or partly copied file whose header survived)."""
+    from safetensors import safe_open
+
+    f = Path(f)
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+        with safe_open(str(f), framework="numpy") as st:
+            slices = {name: st.get_slice(name) for name in st.keys()}
+            shapes = {name: list(s.get_shape()) for name, s in slices.items()}
+            data = sum((math.prod(shape) * _dtype_bits(slices[name].get_dtype()) + 7) // 8
+                       for name, shape in shapes.items())
+    except OSError as exc:
+        raise BadCheckpoint(f"cannot read {f}: {exc.strerror or exc}; expected a safetensors file") from None
+    except Exception as exc:  # safetensors' SafetensorError derives from Exception only
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise BadCheckpoint(f"{f} is not a readable safetensors file ({detail}; the file has {size} bytes); "
+                            f"expected a complete safetensors file as published (truncated or partly "
+                            f"copied?)") from None
+    n = int.from_bytes(head, "little")
+    if data != size - 8 - n:
+        raise BadCheckpoint(f"{f} is not a readable safetensors file: its header ({n} bytes) says its "
+                            f"tensors end at byte {8 + n + data}, the file has {size} bytes; expected a "
+                            f"complete safetensors file as published (truncated or partly copied?)")
+    return shapes
+
+
 def check_architectures(cfg: dict, path) -> None:
     """``architectures`` is a list of class names in every Hugging Face config; a bare string would
     otherwise be indexed letter by letter (its first character taken for the class)."""

@@ -235,7 +235,7 @@ def read_profile(where: str | Path, *, required: bool = False) -> SpeculationPro
 
 def write_profile(where: str | Path, profile: SpeculationProfile) -> Path:
     path = profile_path(where)
-    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    path.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
     return path
 
 

@@ -115,6 +115,6 @@ def write_record(draft: str | Path, **fields) -> TrainingRecord:
         raw[key] = list(value) if isinstance(value, tuple) else value
     record = parse_record(raw, path)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(raw, indent=2) + "\n")
+    tmp.write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return record

@@ -236,6 +236,36 @@ def test_headers_only(tmp_path):
         safetensors_shapes(d)
 
 
+def test_header_whose_tensors_end_past_the_file_is_refused(tmp_path, monkeypatch):
+    """A safetensors library that opens a truncated file whose header survived (older releases did) must
+    not hand back its shapes: the tensors the header lists must end where the file ends."""
+    import safetensors
+
+    d = _draft(tmp_path, "d", slots=4)
+    f = d / "model.safetensors"
+    size, n = f.stat().st_size, int.from_bytes(f.read_bytes()[:8], "little")
+    (tmp_path / "whole.safetensors").write_bytes(f.read_bytes())
+    f.write_bytes(f.read_bytes()[: size - 16])          # 16 bytes of weights lost, the header whole
+    real = safetensors.safe_open
+
+    class Lenient:                                       # what a lenient library would give
+        def __init__(self, path, framework):
+            self.inner = real(str(tmp_path / "whole.safetensors"), framework)
+
+        def __enter__(self):
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(safetensors, "safe_open", Lenient)
+    with pytest.raises(InputError) as info:
+        safetensors_shapes(d)
+    msg = str(info.value)
+    assert str(f) in msg and f"end at byte {size}, the file has {size - 16} bytes" in msg, msg
+    assert f"header ({n} bytes)" in msg
+
+
 @pytest.mark.parametrize("version, served, kinds", [
     ("0.5.9", (), {"engine-cannot-capture"}),   # the wrapper has no setter before 0.5.10: nothing is served
     ("0.5.10", (3, 31, 59), set()),

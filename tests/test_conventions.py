@@ -20,10 +20,13 @@ from helpers.rules.conventions import (
     default_ids,
     engine_ids,
     ids_in_config,
+    is_final_release,
+    is_version_string,
     layer_outputs_to_boundaries,
     parse_engine,
     read_draft_config,
     read_target_config,
+    version_key,
 )
 from helpers.rules.flags import honours_norm_before_residual
 
@@ -265,3 +268,23 @@ def test_flag_fix_names_the_releases_that_run_every_ignored_flag():
         "serve with sglang>=0.5.13 or vllm>=0.23.0, or retrain without fc_norm, norm_output")
     assert flag_fix("norm_before_fc", "Eagle3DeepseekV2ForCausalLM").startswith(
         "serve with an engine that implements norm_before_fc (none read does")
+
+
+@pytest.mark.parametrize("lower, higher", [
+    ("0.34.0rc1", "0.34.0"),          # a release candidate comes before its release
+    ("0.33.1.dev12", "0.33.1"),       # a dev build comes before its release
+    ("0.5.13rc1", "0.5.13.post1"),    # and is not the post-release that follows it
+    ("0.5.13", "0.5.13.post1"),       # a post-release comes after its release
+    ("0.5.9", "0.5.10"),
+    ("b9999", "b11434"),              # llama.cpp builds, as their numbers
+])
+def test_versions_are_ordered_as_pep_440_says(lower, higher):
+    assert version_key(lower) < version_key(higher) and not version_key(higher) <= version_key(lower)
+    assert sorted([higher, lower], key=version_key) == [lower, higher]
+
+
+def test_only_final_releases_are_final():
+    assert [v for v in ("0.34.0rc1", "0.33.1.dev12", "0.5.13.post1", "0.5.13", "1.0a1", "1.0b2", "x")
+            if is_final_release(v)] == ["0.5.13.post1", "0.5.13"]
+    assert is_version_string("0.5.13.post1") and not is_version_string("1!0.5") and not is_version_string(
+        "0.5+local")

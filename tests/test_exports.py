@@ -336,3 +336,34 @@ def test_a_window_whose_counters_did_not_move_says_so(tmp_path):
     b = write(tmp_path, "b.txt", sglang_scrape(100, 260, gauge=3.0))
     with pytest.raises(ValueError, match="every speculative counter is where it was"):
         read_window(a, b)
+
+
+# A label value holding what the text format must escape or quote: a brace, a comma, a quote and a backslash.
+_ODD = 'a}b,c "q" \\d'
+_ODD_TEXT = 'a}b,c \\"q\\" \\\\d'          # the same value as the exposition text writes it
+
+
+def test_label_values_are_decoded_as_the_text_format_says():
+    from helpers.investigation.exports import parse_prometheus
+
+    page = (f'vllm:spec_decode_num_drafts_total{{model_name="{_ODD_TEXT}",x="1"}} 7\n'
+            f'vllm:spec_decode_num_drafts_created{{model_name="{_ODD_TEXT}",x="1"}} 5\n'
+            'not a sample line at all\n')
+    s = parse_prometheus(page, "page")
+    key = ("vllm:spec_decode_num_drafts", (("model_name", _ODD), ("x", "1")))
+    assert s.series == {key: 7.0}                # the series kept whole, its value decoded
+    assert s.created == {key: 5.0}
+
+
+def test_one_series_by_text_and_by_the_query_api_has_one_key():
+    from helpers.investigation.exports import parse_prometheus, prometheus_readings
+
+    page = f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="{_ODD_TEXT}"}} 7\n'
+    answer = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"__name__": "vllm:spec_decode_num_drafts_total", "model_name": _ODD, "engine": "0"},
+         "value": [1000.0, "7"]}]}})
+    by_text = parse_prometheus(page, "page").series
+    (reading,) = prometheus_readings("http://127.0.0.1:9090/api/v1/query", answer)
+    by_api = reading.scrape().series
+    key = ("vllm:spec_decode_num_drafts", (("engine", "0"), ("model_name", _ODD)))
+    assert by_text == by_api == {key: 7.0}

@@ -249,6 +249,59 @@ def test_engine_that_is_not_a_version_is_refused(engine, capsys):
     assert code == 2 and engine in one_error_line(err)
 
 
+def test_a_release_before_eagle3_writes_nothing_into_the_cache(monkeypatch, tmp_path, capsys):
+    """vLLM's first EAGLE-3 release is a recorded constant: an older one is refused from it, before any of
+    its files is fetched, so the refusal leaves the cache as it was (and needs no network)."""
+    from helpers.rules import wheels
+
+    def no_network(*_a, **_k):
+        raise AssertionError("a refused release must not be fetched")
+
+    monkeypatch.setattr(wheels, "_install_ranged", no_network)
+    monkeypatch.setattr(wheels, "pip_download", no_network)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv(wheels.CACHE_ENV, str(cache))
+    pair = REPO / "data" / "tiny-kimi"
+    code, out, err = run(capsys, "check", "--engine", "vllm==0.0.1", "--target", str(pair / "target"),
+                         "--draft", str(pair / "draft"))
+    line = one_error_line(err)
+    assert code == 2 and no_result(out) and "vLLM 0.0.1 has no EAGLE-3 (it first appears in 0.8.5)" in line
+    assert list(cache.iterdir()) == []
+
+
+def test_a_release_before_eagle3_is_refused_before_any_model_loads(monkeypatch, capsys):
+    """diagnose used to load the pair, evaluate and print its progress, then refuse vllm==0.0.1 at the end:
+    the refusal is now where the engine is named, the only line on stderr."""
+    from helpers.commands import bench, diagnose
+
+    def no_load(*_a, **_k):
+        raise AssertionError("no model may load for a refused engine")
+
+    for command in (bench, diagnose):        # each command's own name for it (imported before patching)
+        monkeypatch.setattr(command, "load_pair", no_load)
+    pair = REPO / "data" / "tiny-kimi"
+    for cmd in ("diagnose", "bench", "wiring"):
+        code, out, err = run(capsys, cmd, "--engine", "vllm==0.0.1", "--target", str(pair / "target"),
+                             "--draft", str(pair / "draft"))
+        line = one_error_line(err)
+        assert code == 2 and no_result(out), (cmd, code, out)
+        assert line == ("error: engine 'vllm==0.0.1': vLLM 0.0.1 has no EAGLE-3 (it first appears in 0.8.5); "
+                        "expected vllm==0.8.5 or later"), (cmd, line)
+
+
+def test_a_release_the_index_lacks_leaves_no_cache_folder(tmp_path):
+    from helpers.rules import wheels
+
+    def missing(version, dest, extra):
+        raise wheels.UnknownPackageVersion(f"sglang {version} does not exist on the package index")
+
+    cache = tmp_path / "cache" / "sglang"
+    with pytest.raises(wheels.UnknownPackageVersion):
+        wheels.fetch("sglang", "0.0.1", ["sglang/"], cache=cache, download=missing)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------------------------
 # 6. One-line errors naming the file, for what used to end in a traceback.
 
@@ -265,7 +318,7 @@ def _bad_cases():
          "model.safetensors is not a readable safetensors"),
         ("truncated target safetensors", "target", lambda d: _truncate(d / "model.safetensors"),
          lambda t, d, x: ["bench", "--target", t, "--draft", d],
-         "model.safetensors is not a complete safetensors file"),
+         "model.safetensors is not a readable safetensors file"),
         ("draft config without hidden_size", "draft",
          lambda d: (d / "config.json").write_text(json.dumps({k: v for k, v in json.loads(
              (d / "config.json").read_text()).items() if k != "hidden_size"})),
@@ -293,7 +346,8 @@ def _bad_cases():
          lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "-1,3,7"],
          "boundary -1 is outside 0..12"),
         ("bench --layout 3,3,7", None, None,
-         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"], "repeats a boundary"),
+         lambda t, d, x: ["bench", "--target", t, "--draft", d, "--layout", "3,3,7"],
+         "repeats a boundary (3)"),
         ("target folder given as the draft", None, None,
          lambda t, d, x: ["bench", "--target", t, "--draft", t], "config.json"),
     ]
@@ -836,12 +890,28 @@ def test_check_faults(pair, broken, tmp_path, capsys):
     text = json.dumps(header).encode()
     text += b" " * (n - len(text)) if len(text) <= n else b""
     (d3 / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
-    cases.append((d3, f"header entry {key!r} has no shape"))
+    cases.append((d3, "model.safetensors is not a readable safetensors file (Error while deserializing"))
     before = tree_hash(tmp_path)
     for draft, expected in cases:
         code, out, err = run(capsys, *base, "--draft", str(draft))
         line = one_error_line(err)
         assert code == 2 and expected in line and str(draft) in line and no_result(out), line
+    _quiet(tmp_path, before)
+
+
+def test_check_refuses_a_truncated_draft_safetensors(pair, broken, tmp_path, capsys):
+    """A draft whose model.safetensors was cut in half: one line naming the file and its size, exit 2, not
+    a verdict read from what survived of the header, and nothing written anywhere."""
+    d = broken("draft")
+    f = d / "model.safetensors"
+    _truncate(f)
+    before = tree_hash(tmp_path)
+    for extra in ((), ("--json",)):
+        code, out, err = run(capsys, "check", "--engine", "sglang==0.5.9", "--target", str(pair / "target"),
+                             "--draft", str(d), *extra)
+        line = one_error_line(err)
+        assert code == 2 and no_result(out), (code, out)
+        assert f"{f} is not a readable safetensors file" in line and f"{f.stat().st_size} bytes" in line, line
     _quiet(tmp_path, before)
 
 
@@ -1081,8 +1151,35 @@ def test_planted_pickles_are_refused(pair, tmp_path, capsys):
         code, out, err = run(capsys, *argv)
         line = one_error_line(err)
         assert code == 2 and str(f) in line, (name, line)
+        assert "it asks for posix.system, which a weights-only load refuses" in line, (name, line)
         assert not marker.exists(), name
     assert tree_hash(tmp_path) == before
+
+
+def test_a_duplicate_is_named_where_it_is_refused(tmp_path):
+    """A checkpoint or a capture record that holds one thing twice is refused naming what repeats: the
+    tensor two shards both hold (and the shards), the boundary a capture record names twice."""
+    from helpers.investigation.dumps import DumpError, open_dump
+    from helpers.model.checkpoint import DraftFormatError, read_draft_weights
+
+    draft = tmp_path / "sharded"
+    draft.mkdir()
+    fc, norm = torch.zeros(4, 12), torch.ones(4)
+    save_file({"fc.weight": fc, "norm.weight": norm}, str(draft / "model-00001-of-00002.safetensors"))
+    save_file({"fc.weight": fc}, str(draft / "model-00002-of-00002.safetensors"))
+    (draft / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "fc.weight": "model-00002-of-00002.safetensors", "norm.weight": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(DraftFormatError) as info:
+        read_draft_weights(draft)
+    assert ("tensor 'fc.weight' is in two shards (model-00001-of-00002.safetensors and "
+            "model-00002-of-00002.safetensors)") in str(info.value)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    save_file({"hidden_states": torch.zeros(16, 3, 64), "token_ids": torch.arange(16)},
+              str(dump / "hs_0.safetensors"))
+    (dump / "capture.json").write_text(json.dumps({"slot_boundaries": [3, 7, 3]}))
+    with pytest.raises(DumpError, match=r"slot_boundaries \[3, 7, 3\] repeats boundary 3; each slot"):
+        open_dump(dump)
 
 
 # --------------------------------------------------------------------------------------
@@ -1279,7 +1376,7 @@ def test_held_stderr_drops_what_came_before_an_error():
 
 
 @pytest.mark.parametrize("breakage, expected", [
-    ("truncated", "model.safetensors is not a complete safetensors file: its tensors end at byte"),
+    ("truncated", "model.safetensors is not a readable safetensors file (Error while deserializing header"),
     ("no-tokenizer", "no tokenizer in "),
 ])
 def test_a_broken_target_is_named_before_any_text_is_looked_for(breakage, expected, pair, broken, tmp_path,

@@ -15,7 +15,7 @@ from helpers.__main__ import main as cli
 from helpers.engines.vllm import own
 from helpers.rules import releases as R
 from helpers.rules import wheels
-from helpers.rules.conventions import version_tuple
+from helpers.rules.conventions import version_key
 from helpers.rules.hooks import vllm_hook_sites
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def _at_hand(package: str) -> list[str]:
     cache = wheels.cache_root("sglang") if package == "sglang" else \
         wheels.cache_root(own.CACHE_NAME if package == "vllm" else f"{package}-code")
     held = [v for v in rows if wheels.cached(package, v, cache) is not None]
-    return sorted(set(held) | {list(rows)[-1]}, key=version_tuple)
+    return sorted(set(held) | {list(rows)[-1]}, key=version_key)
 
 
 @pytest.mark.parametrize("package", R.ENGINE_PACKAGES)
@@ -54,7 +54,7 @@ def test_the_guard_has_every_hook_site_it_needs_in_every_vllm_release_and_sglang
     sglang = R.recorded("sglang")
     missing = [v for v, row in sglang.items() if row.missing]
     # before 0.5.3.post2 SGLang publishes no server args accessor: the guard says it cannot judge there
-    assert missing and all(version_tuple(v) < version_tuple("0.5.3.post2") for v in missing), missing
+    assert missing and all(version_key(v) < version_key("0.5.3.post2") for v in missing), missing
     assert all("server args" in h.name for v in missing for h in sglang[v].missing)
 
 
@@ -131,3 +131,26 @@ def test_each_trainers_newest_release_gives_the_recorded_capture():
             unavailable(f"{was['trainer']} {was['release']}: {now['error']}")
         assert now == was, (was, now)
         assert now["read_from_source"] and now["source_lines"]
+
+
+def test_listed_releases_are_final_and_in_pep_440_order(monkeypatch):
+    """The index's list, filtered and sorted through packaging's Version: release candidates and dev builds
+    left out, a post-release after its release (no network: the index answer is given)."""
+    import subprocess
+    import urllib.request
+
+    listed = ["0.34.0", "0.34.0rc1", "0.33.1.dev12", "0.33.1", "0.5.13.post1", "0.5.13", "0.5.13rc1", "1.0b1"]
+    final = ["0.5.13", "0.5.13.post1", "0.33.1", "0.34.0"]
+
+    class Done:
+        returncode, stderr = 0, ""
+        stdout = f"vllm (0.34.0)\nAvailable versions: {', '.join(listed)}\n"
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Done())
+    assert wheels.released_versions("vllm") == final
+
+    def offline(*a, **k):
+        raise OSError("offline")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    assert R.listed_versions("vllm") == final

@@ -262,3 +262,16 @@ def test_pip_success_without_a_wheel_is_an_error(tmp_path):
 
     with pytest.raises(wheels.PackageSourceError, match="left no demo 0.1.0 wheel"):
         wheels.fetch(PKG, "0.1.0", ["demo/"], cache=tmp_path, download=empty)
+
+
+def test_the_cache_follows_xdg_unless_the_workbook_names_one(monkeypatch, tmp_path):
+    monkeypatch.delenv(wheels.CACHE_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert wheels.cache_root("sglang") == tmp_path / "home" / ".cache" / "eagle3-workbook" / "sglang"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")      # the spec: a relative path is ignored
+    assert wheels.cache_base() == tmp_path / "home" / ".cache" / "eagle3-workbook"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert wheels.cache_root("vllm-code") == tmp_path / "xdg" / "eagle3-workbook" / "vllm-code"
+    monkeypatch.setenv(wheels.CACHE_ENV, str(tmp_path / "mine"))  # the workbook's own setting wins
+    assert wheels.cache_root("sglang") == tmp_path / "mine" / "sglang"

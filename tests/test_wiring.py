@@ -15,8 +15,9 @@ from helpers.engines.sglang import patch as patch_sglang
 from helpers.engines.sglang import source as ss
 from helpers.engines.sglang.inspect import inspect_model
 from helpers.engines.sglang.stub import exec_capture_site
+from helpers.errors import BadOption
 from helpers.rules import wiring
-from helpers.rules.conventions import DraftConfigError, parse_engine
+from helpers.rules.conventions import DraftConfigError, Engine, parse_engine
 
 L = 12
 ARCHS = ("LlamaForCausalLM", "DeepseekV3ForCausalLM")
@@ -429,8 +430,10 @@ def test_vllm_rule():
     default = wiring.resolve(parse_engine("vllm"), "LlamaForCausalLM", L)
     assert (default.ids_source, default.served_layout) == ("none", (2, 6, 9))
     assert wiring.resolve(parse_engine("vllm"), "X", L, ids=[-1, 2, 6]).errors
-    with pytest.raises(WiringError, match="first appears in 0.8.5"):
-        wiring.resolve(parse_engine("vllm==0.8.4"), "LlamaForCausalLM", L)
+    with pytest.raises(BadOption, match="first appears in 0.8.5"):    # refused where it is named
+        parse_engine("vllm==0.8.4")
+    with pytest.raises(WiringError, match="first appears in 0.8.5"):  # and by the rule, typed past the edge
+        wiring.resolve(Engine("vllm", "0.8.4"), "LlamaForCausalLM", L)
 
 
 # --------------------------------------------------------------------------------------

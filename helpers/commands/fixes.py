@@ -139,7 +139,7 @@ def ids(a) -> int:
     engine = engine_value(a.engine)
     layout = parse_int_list(a.layout, "--layout", "0,3,7") if a.layout else None
     out = with_engine_ids(a.draft, a.out, parse_int_list(a.ids, "--ids"), engine=engine, layout=layout)
-    cfg = json.loads((out / "config.json").read_text())
+    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     top = cfg.get("eagle_aux_hidden_state_layer_ids")
     written = nested if engine.rules.ids_home == IdsAt.EAGLE_CONFIG else top

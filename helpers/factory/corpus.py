@@ -156,7 +156,7 @@ def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, max_len: int = 2048) -> Non
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", **names,
         "model_max_length": max_len, "clean_up_tokenization_spaces": False,
-    }, indent=2))
+    }, indent=2), encoding="utf-8")
 
 
 def prompt_chunks(text: str, tok: Tokenizer, n: int, prompt_tokens: int = 48, seed: int = 0) -> list[str]:

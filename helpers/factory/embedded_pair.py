@@ -127,10 +127,10 @@ def build_target(out: Path, arch: str, layers: int, scale: Scale, seed: int, log
     save_target(model, tdir)
     save_hf_tokenizer(tok, tdir)
     prompts = prompt_chunks(corpus.heldout_text, tok, scale.prompts, seed=seed)
-    with open(out / "prompts.jsonl", "w") as f:
+    with open(out / "prompts.jsonl", "w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps({"prompt": p}) + "\n")
-    (out / "heldout.txt").write_text(corpus.heldout_text[:200_000])
+    (out / "heldout.txt").write_text(corpus.heldout_text[:200_000], encoding="utf-8")
     write_json(out / "corpus.json", corpus.record())
     info = {"arch": arch, "tokenizer": tokenizer, **describe(model), "train": report.to_dict(),
             "seconds": round(time.perf_counter() - t0, 1)}
@@ -213,7 +213,7 @@ def build_default(out: Path = DEFAULT_OUT, layers: int = 12, training_boundaries
                "serving_engine": story.serving_engine}
     record = out / "target" / "training.json"
     if reuse_target and record.is_file():
-        summary["target"] = json.loads(record.read_text())
+        summary["target"] = json.loads(record.read_text(encoding="utf-8"))
         if (summary["target"].get("arch"), summary["target"].get("num_hidden_layers")) != (arch, layers):
             raise ValueError(f"--reuse-target: {out / 'target'} is {summary['target'].get('arch')} with "
                              f"{summary['target'].get('num_hidden_layers')} layers; asked for {arch} with "

@@ -88,4 +88,4 @@ def save_target(model, out_dir: Path, half: bool = True) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")

@@ -4,14 +4,12 @@ fed, the forward flags the release's draft ignores, the class SGLang registers, 
 Each check adds its problems and notes to the ``gate.CheckReport`` it is handed."""
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 from ..boundaries import Problem, ProblemKind, WiringResult
 from ..engines.sglang import source as ss
 from ..engines.sglang.classes import entry_class_index
-from ..errors import BadCheckpoint
+from ..errors import safetensors_shapes_of
 from ..rules.conventions import (
     MLA_DRAFT_ARCH,
     SGLANG_DRAFT_ARCH,
@@ -26,31 +24,14 @@ from ..rules.flags import honours_norm_before_residual, ignored_flag_problems, s
 
 
 def safetensors_shapes(folder: Path) -> dict[str, list[int]] | None:
-    """name -> shape from every safetensors header in ``folder`` (None when it ships none)."""
+    """name -> shape from every safetensors header in ``folder`` (None when it ships none), each file read
+    through ``errors.safetensors_shapes_of``: a truncated or corrupt file is a BadCheckpoint naming it."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     shapes: dict[str, list[int]] = {}
     for f in files:
-        try:
-            with f.open("rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100 * 2**20:
-                    raise ValueError(f"header length {n}")
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error, RecursionError) as exc:
-            raise BadCheckpoint(f"{f} is not a readable safetensors file ({str(exc)[:120]})") from None
-        if not isinstance(header, dict):
-            raise BadCheckpoint(f"{f}: its header is a JSON {type(header).__name__}; expected a safetensors "
-                                f"header object")
-        for k, v in header.items():
-            shape = v.get("shape") if isinstance(v, dict) else None
-            if k != "__metadata__" and (not isinstance(shape, list) or not all(
-                    isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-                raise BadCheckpoint(f"{f}: header entry {k!r} has no shape (a list of sizes), got {shape!r}; "
-                                    f"not a readable safetensors file")
-            if k != "__metadata__":
-                shapes[k] = shape
+        shapes.update(safetensors_shapes_of(f))
     return shapes
 
 

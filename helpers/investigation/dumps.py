@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..boundaries import check_layout
-from ..errors import BadText, InputError
+from ..errors import BadText, InputError, pickle_refusal
 from ..model.capture import decoder_parts, run_and_capture
 from ..rules.conventions import layer_outputs_to_boundaries
 
@@ -168,9 +168,8 @@ def _torch_load(f: Path):
             return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         return torch.load(f, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError, zlib.error) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DumpError(f"{f}: cannot be read as a PyTorch record (truncated or not a weights-only "
-                        f"torch.save file): {first}") from None
+                        f"torch.save file): {pickle_refusal(exc)}") from None
 
 
 def _need(obj, f: Path, keys: tuple[str, ...]) -> dict:
@@ -325,7 +324,9 @@ def open_dump(root) -> Dump:
                                                 for b in sb)):
                 raise DumpError(f"{cap}: slot_boundaries is {sb!r}; expected a list of boundaries >= 0")
             if len(set(sb)) != len(sb):
-                raise DumpError(f"{cap}: slot_boundaries {sb} repeats a boundary; each slot is one boundary")
+                dup = ", ".join(str(b) for b in sorted({b for b in sb if sb.count(b) > 1}))
+                raise DumpError(f"{cap}: slot_boundaries {sb} repeats boundary {dup}; each slot is one "
+                                f"boundary")
             if len(sb) != k:
                 raise DumpError(f"{cap}: slot_boundaries {sb} names {len(sb)} slots; the records hold {k}")
             dump.recorded_boundaries, dump.record_source = tuple(int(b) for b in sb), f"{cap} slot_boundaries"
@@ -436,7 +437,8 @@ def write_dump(target, windows: torch.Tensor, boundaries, fmt: str, out,
             (stage / "data_config.json").write_text(json.dumps({
                 "hidden_states": {"layer_ids": [b - 1 for b in bounds]},
                 "num_hidden_layers": L, "records": int(windows.shape[0]),
-                "written_by": "eagle3-wiring-workbook dump (speculators <= 0.4 layout)"}, indent=2) + "\n")
+                "written_by": "eagle3-wiring-workbook dump (speculators <= 0.4 layout)"}, indent=2) + "\n",
+                encoding="utf-8")
     return out
 
 

@@ -251,8 +251,14 @@ def is_prometheus_query(url: str) -> bool:
 
 
 def _label_text(labels: dict) -> str:
-    inner = ",".join(f'{k}="{str(v)}"' for k, v in sorted(labels.items()) if k != "__name__")
+    """A Prometheus API answer's labels written as the text format writes them: a value's backslash, quote
+    and newline escaped, so the text parser gives back the same values (one key for one series)."""
+    inner = ",".join(f'{k}="{_escaped(str(v))}"' for k, v in sorted(labels.items()) if k != "__name__")
     return f"{{{inner}}}" if inner else ""
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
 
 
 def prometheus_readings(url: str, text: str) -> list[Reading]:

@@ -96,12 +96,12 @@ def with_engine_ids(draft_dir, out_dir, ids: list[int], engine: Engine = DEFAULT
                             "ids should mean (--layout), so both engines serve the same boundaries")
         top, nested = ([int(b) for b in layout] if has_top else None), ids
     out = _fresh_copy(draft_dir, out_dir)
-    cfg = json.loads((out / "config.json").read_text())
+    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     if nested is not None:
         cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = nested
     if top is not None:
         cfg["eagle_aux_hidden_state_layer_ids"] = top
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -302,7 +302,7 @@ def _write_copy(dest: Path, draft: Path, cfg: dict, fmt: str, ids: dict[str, lis
         out_cfg["eagle_config"] = nested
     else:
         out_cfg.pop("eagle_config", None)
-    (dest / "config.json").write_text(json.dumps(out_cfg, indent=2) + "\n")
+    (dest / "config.json").write_text(json.dumps(out_cfg, indent=2) + "\n", encoding="utf-8")
     return dropped
 
 

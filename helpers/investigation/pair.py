@@ -257,6 +257,7 @@ def plan_for(pair: Pair, which: str, engine: Engine = DEFAULT_ENGINE, caps=None)
         return trained_plan(pair, caps)
     layout = check_layout(parse_layout(which), pair.num_layers, pair.draft.cfg.num_aux)
     if len(set(layout)) != len(layout):
-        raise WiringError(f"layout {layout} repeats a boundary; expected {pair.draft.cfg.num_aux} distinct "
-                          f"boundaries in 0..{pair.num_layers} (each fc slot takes a different one)")
+        dup = ", ".join(str(b) for b in sorted({b for b in layout if layout.count(b) > 1}))
+        raise WiringError(f"layout {layout} repeats a boundary ({dup}); expected {pair.draft.cfg.num_aux} "
+                          f"distinct boundaries in 0..{pair.num_layers} (each fc slot takes a different one)")
     return CapturePlan(layout, pair.num_layers, "explicit")

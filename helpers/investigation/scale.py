@@ -85,7 +85,8 @@ def write_random_draft(out: Path, hidden: int, vocab: int, intermediate: int, he
             tensors[name] = t
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config_to_json(cfg, "sglang"), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config_to_json(cfg, "sglang"), indent=2) + "\n",
+                                     encoding="utf-8")
     return sum(t.numel() for t in tensors.values())
 
 

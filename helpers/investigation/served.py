@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from ..errors import BadText
 from ..profile import Z95, wilson
 from ..rules.acceptance import Sampler
@@ -326,27 +328,31 @@ class Scrape:
         return out
 
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_prometheus(text: str, where: str, at: float | None = None) -> Scrape | None:
-    series, created = {}, {}
+def _samples(text: str):
+    """(name, labels, value) of every sample line in ``text``, each read by prometheus_client's own parser
+    of the text format: label values decoded (``\\"``, ``\\\\``, ``\\n``), a ``}`` or ``,`` inside a quoted
+    value kept. Line by line, so a line that is no sample (a log's, or one the parser refuses) is passed
+    over, not the page: a log read as a page gives no series."""
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
         try:
-            value = float(m["value"])
-        except ValueError:
+            found = [s for family in text_string_to_metric_families(line + "\n") for s in family.samples]
+        except (ValueError, TypeError, KeyError, IndexError):
             continue
+        for s in found:
+            yield s.name, s.labels, s.value
+
+
+def parse_prometheus(text: str, where: str, at: float | None = None) -> Scrape | None:
+    """The page's series keyed by (name without ``_total``, sorted decoded labels); ``_created`` samples
+    apart, non-finite values left out. None when the page holds no sample."""
+    series, created = {}, {}
+    for name, label_map, value in _samples(text):
         if not math.isfinite(value):
             continue
-        labels = tuple(sorted(_LABEL.findall(m["labels"] or "")))
-        name = m["name"]
+        labels = tuple(sorted(label_map.items()))
         if name.endswith("_created"):
             created[(name.removesuffix("_created"), labels)] = value
             continue

@@ -64,7 +64,7 @@ def _held_in_shm() -> set[str]:
         try:
             if proc.stat().st_uid != uid:
                 continue
-            for line in (proc / "maps").read_text().splitlines():
+            for line in (proc / "maps").read_text(encoding="utf-8", errors="replace").splitlines():
                 if "/dev/shm/" in line:
                     held.add(line.rsplit("/dev/shm/", 1)[1].split()[0])
             for fd in (proc / "fd").iterdir():

@@ -140,7 +140,7 @@ def tree_cpu_seconds(pid: int | None) -> float:
         for d in os.listdir("/proc"):
             if d.isdigit():
                 try:
-                    with open(f"/proc/{d}/stat") as f:
+                    with open(f"/proc/{d}/stat", encoding="utf-8") as f:
                         parts = f.read().rsplit(")", 1)[1].split()
                 except OSError:
                     continue

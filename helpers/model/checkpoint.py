@@ -210,7 +210,7 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, fmt: str = "sglang", ext
         key = prefix + name[len("midlayer."):] if name.startswith("midlayer.") else name
         tensors[key] = t.detach().to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n", encoding="utf-8")
     return out
 
 
@@ -262,17 +262,25 @@ def _read_sharded(index: Path, as_dtype: torch.dtype | None = None) -> dict[str,
     """Shards named by ``weight_map``; every mapped key must be found in its shard, or the
     checkpoint is incomplete (a shard overwritten or from another run)."""
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
     except (json.JSONDecodeError, AttributeError) as e:
         raise DraftFormatError(f"{index} is not a shard index: expected JSON with a weight_map") from e
     if not isinstance(weight_map, dict) or not weight_map:
         raise DraftFormatError(f"{index} has no weight_map {{tensor name: shard file}}; got {weight_map!r}")
     out: dict[str, torch.Tensor] = {}
+    held: dict[str, str] = {}           # tensor -> the shard it came from
     for shard in sorted(set(weight_map.values())):
         f = index.parent / shard
         if not f.is_file():
             raise FileNotFoundError(f"{index} names shard {shard}, which is not in {index.parent}")
-        out.update(_read_weight_file(f, as_dtype))
+        tensors = _read_weight_file(f, as_dtype)
+        twice = sorted(k for k in tensors if k in held)
+        if twice:    # which copy the draft would run is an accident of file order
+            raise DraftFormatError(f"{index}: tensor {twice[0]!r} is in two shards ({held[twice[0]]} and "
+                                   f"{shard}){f' (and {len(twice) - 1} more)' if len(twice) > 1 else ''}; "
+                                   f"expected each tensor in the one shard weight_map names")
+        held.update(dict.fromkeys(tensors, shard))
+        out.update(tensors)
     lost = [f"{k} (in {v})" for k, v in weight_map.items() if k not in out]
     if lost:
         raise DraftFormatError(f"{index} maps tensors its shards do not hold: {lost[:5]}")

@@ -7,7 +7,6 @@ the workbook is exercised on a second family with a different id convention.
 """
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ..errors import (
     check_finite_weights,
     pickle_refusal,
     read_json_file,
+    safetensors_shapes_of,
     warn_once,
 )
 from ..rules.conventions import architectures
@@ -112,8 +112,8 @@ def _check_custom_code(path: Path, cfg: dict) -> None:
 
 
 def _check_weight_files(path: Path) -> None:
-    """Weight files present, and every safetensors file whole: its header parses and its tensors end
-    where the file ends (a truncated copy fails here, named, not deep inside a loader)."""
+    """Weight files present, and every safetensors file whole (``errors.safetensors_shapes_of``): its header
+    parses and its tensors end where the file ends (a truncated copy fails here, named, not in a loader)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         idx = read_json_file(index, "safetensors index")
@@ -133,28 +133,7 @@ def _check_weight_files(path: Path) -> None:
             raise BadCheckpoint(f"no weights in {path}: expected model.safetensors (or sharded "
                                 f"model-*.safetensors with their index, or pytorch_model.bin)")
     for f in files:
-        _check_safetensors(f)
-
-
-def _check_safetensors(f: Path) -> None:
-    size = f.stat().st_size
-    bad = None
-    with open(f, "rb") as fh:
-        head = fh.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or 8 + n > size:
-            bad = f"its header length says {n} bytes, the file has {size}"
-        else:
-            try:
-                header = json.loads(fh.read(n))
-                ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-                if 8 + n + max(ends, default=0) != size:
-                    bad = f"its tensors end at byte {8 + n + max(ends, default=0)}, the file at {size}"
-            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-                bad = f"its header does not parse ({type(exc).__name__})"
-    if bad:
-        raise BadCheckpoint(f"{f} is not a complete safetensors file: {bad}; expected the file as published "
-                            f"(truncated or partly copied?)")
+        safetensors_shapes_of(f)
 
 
 def load_target(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):

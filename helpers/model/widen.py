@@ -90,7 +90,7 @@ def _pad(name: str, t: torch.Tensor, factor: int) -> torch.Tensor:
 
 def _stamp(src: Path, factor: int) -> str:
     """What the copy depends on: the source's config and weight files (size and mtime), the factor."""
-    parts = [f"factor={factor}", (src / "config.json").read_text()]
+    parts = [f"factor={factor}", (src / "config.json").read_text(encoding="utf-8")]
     for f in _weight_files(src):
         st = f.stat()
         parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
@@ -103,12 +103,12 @@ def widen(src: str | Path, out: str | Path, factor: int) -> Widened:
     src, out = Path(src).resolve(), Path(out).resolve()
     if factor < 1:
         raise BadConfig(f"widen: expected a factor of 1 or more, got {factor}")
-    cfg = json.loads((src / "config.json").read_text())
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     if not any(k in cfg for k in WIDTH_KEYS):
         raise BadConfig(f"{src}/config.json: expected one of {', '.join(WIDTH_KEYS)} (a feed-forward width "
                         f"to pad), found none")
     stamp = _stamp(src, factor)
-    if (out / "widened.stamp").is_file() and (out / "widened.stamp").read_text() == stamp:
+    if (out / "widened.stamp").is_file() and (out / "widened.stamp").read_text(encoding="utf-8") == stamp:
         return _measure(out, src, factor)
     if out.exists():
         shutil.rmtree(out)
@@ -131,18 +131,18 @@ def widen(src: str | Path, out: str | Path, factor: int) -> Widened:
             wide[k] = cfg[k] * factor
     wide["widened_from"] = {"source": src.name, "factor": factor,
                             "note": "feed-forward blocks zero-padded: the same function, more weights"}
-    (tmp / "config.json").write_text(json.dumps(wide, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(wide, indent=2) + "\n", encoding="utf-8")
     for name in KEEP:
         if (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
-    (tmp / "widened.stamp").write_text(stamp)
+    (tmp / "widened.stamp").write_text(stamp, encoding="utf-8")
     tmp.rename(out)
     return _measure(out, src, factor)
 
 
 def _measure(path: Path, src: Path, factor: int) -> Widened:
     """The copy's bytes, in total and per decode token, from its safetensors headers."""
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     experts = int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0)
     per_tok = int(cfg.get("num_experts_per_tok") or 0) if experts else 0
     total = routed = 0          # routed: bytes a decode token does not read (other experts, embedding rows)
@@ -196,7 +196,7 @@ def same_function(wide: Widened, tokens: int = 256) -> SameFunction:
     result is kept beside it (``same_function.json``)."""
     kept = wide.path / "same_function.json"
     if kept.is_file():
-        return SameFunction(**json.loads(kept.read_text()))
+        return SameFunction(**json.loads(kept.read_text(encoding="utf-8")))
     from .target import load_target
 
     text_file = next((f for f in (wide.source.parent / "heldout.txt", wide.source.parent / "prompts.jsonl")
@@ -204,7 +204,7 @@ def same_function(wide: Widened, tokens: int = 256) -> SameFunction:
     if text_file is None:
         raise BadConfig(f"widen: no heldout.txt or prompts.jsonl beside {wide.source} to check the copy on")
     src_model, tok = load_target(wide.source)
-    ids = tok(text_file.read_text()[:4000], return_tensors="pt").input_ids[:, :tokens]
+    ids = tok(text_file.read_text(encoding="utf-8")[:4000], return_tensors="pt").input_ids[:, :tokens]
     with torch.no_grad():
         ref = src_model(ids).logits.float()
         del src_model
@@ -216,5 +216,5 @@ def same_function(wide: Widened, tokens: int = 256) -> SameFunction:
     if rel > TOLERANCE:
         raise BadConfig(f"widen: {wide.path} does not compute what {wide.source} does (logits differ by "
                         f"{rel:.2e} of the largest on {text_file.name}); expected a zero-padded copy")
-    kept.write_text(json.dumps(out.to_dict()) + "\n")
+    kept.write_text(json.dumps(out.to_dict()) + "\n", encoding="utf-8")
     return out

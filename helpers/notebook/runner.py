@@ -142,7 +142,7 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
         # the order the cells ran in
         body, _ = exp.from_notebook_node(report_order(nb) if hide else nb)
         target = out_dir / f"{executed.stem}{suffix}.html"
-        target.write_text(body)
+        target.write_text(body, encoding="utf-8")
         written.append(target.name)
     return written
 
@@ -183,7 +183,7 @@ measured it.</p>
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")
     return path
 
 
@@ -419,7 +419,7 @@ def _staging(out_dir: Path) -> Path:
                            f"running or killed before it finished. --out {out_dir} was not changed by it.")
     if out_dir.is_dir():  # earlier artifacts stay available (notebook 06 reads 05's) and are kept
         shutil.copytree(out_dir, staging, symlinks=True, dirs_exist_ok=True)
-        _write_marker(staging, (staging / "INCOMPLETE").read_text())
+        _write_marker(staging, (staging / "INCOMPLETE").read_text(encoding="utf-8"))
     return staging
 
 
@@ -464,7 +464,7 @@ def _finish(staging: Path, out_dir: Path, runs: Runs, names: list[str], params: 
     """The index page and runs.json; a complete run swapped in for ``out_dir``, else the staging folder
     kept and marked with where it stopped (``runs.incomplete``)."""
     index_page(staging, runs, params)
-    (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2))
+    (staging / "runs.json").write_text(json.dumps([r.__dict__ for r in runs], indent=2), encoding="utf-8")
     if len(runs) == len(names) and all(r.ok for r in runs) and not runs.interrupted:
         _rewrite_paths(staging, out_dir, started)
         (staging / "INCOMPLETE").unlink()

@@ -18,6 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Sequence
 
+from packaging.version import InvalidVersion, Version
+
 from ..boundaries import Layout, Problem, ProblemKind, WiringError
 from ..errors import BadConfig, BadOption, check_architectures, read_json_file
 
@@ -61,8 +63,24 @@ TEXT_KEYS = ("num_hidden_layers", "hidden_size", "vocab_size", "rms_norm_eps", "
 
 
 def is_version_string(version: str) -> bool:
-    """A plain release number, safe to hand to pip or use as a folder name."""
-    return bool(_VERSION_RE.match(version))
+    """A plain release number (PEP 440 without epoch or local part), safe to hand to pip or use as a
+    folder name."""
+    if not isinstance(version, str) or not _VERSION_RE.match(version):
+        return False
+    try:
+        Version(version)
+    except InvalidVersion:
+        return False
+    return True
+
+
+def is_final_release(version: str) -> bool:
+    """A release number that is neither a pre-release (a, b, rc) nor a dev build: what an index's list
+    of releases is filtered to. ``0.5.13.post1`` is final (a post-release of a final one)."""
+    if not is_version_string(version):
+        return False
+    v = Version(version)
+    return not (v.is_prerelease or v.is_devrelease)
 
 
 @dataclass(frozen=True)
@@ -177,9 +195,14 @@ def assumed_engine_line(engine: "str | Engine") -> str:
     return f"assumed engine {engine} (no --engine given; pass --engine NAME==VERSION for yours)"
 
 
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """'0.5.13.post1' -> (0, 5, 13, 1): release order, good enough to compare published versions."""
-    return tuple(int(p) for p in re.findall(r"\d+", version or ""))
+def version_key(version: str) -> Version:
+    """A release number in PEP 440 order (``packaging.version.Version``), to compare with ``<``/``>=`` or
+    sort by: ``0.34.0rc1 < 0.34.0``, ``0.33.1.dev12 < 0.33.1``, ``0.5.13 < 0.5.13.post1``. A string that
+    is not a version raises ``packaging.version.InvalidVersion`` (a ValueError): versions are checked at
+    the edge (``is_version_string``), so none should reach here. A llama.cpp build (``b11434``) compares
+    as its number, as the builds are numbered."""
+    m = re.fullmatch(r"b(\d+)", version)
+    return Version(m.group(1) if m else version)
 
 
 # --------------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ class SGLangRules(EngineRules):
 
     def fc_slots(self, cfg, engine):
         version = engine.version
-        if version is not None and conventions.version_tuple(version) < (0, 5, 12):
+        if version is not None and conventions.version_key(version) < conventions.version_key("0.5.12"):
             return 3, f"sglang {version} llama_eagle3 builds fc for 3 states (hard-coded before 0.5.12)"
         return conventions.fc_slots_from_config(cfg)
 
@@ -224,6 +224,15 @@ class VllmRules(EngineRules):
     pp_remainder_before_last = True
     _plain_hint = " or plain 'vllm'"
 
+    def check_version(self, text, version):
+        """A release before vLLM's first EAGLE-3 is refused where it is named, from the recorded constant:
+        before any model loads or any of its files is fetched."""
+        super().check_version(text, version)
+        if not vllm_rule.at_least(version, vllm_rule.VLLM_FIRST_EAGLE3):
+            first = vllm_rule.VLLM_FIRST_EAGLE3
+            raise BadOption(f"engine '{text}': vLLM {version} has no EAGLE-3 (it first appears in {first}); "
+                            f"expected vllm=={first} or later")
+
     def assumed(self, version):
         if version is not None:
             return None
@@ -234,7 +243,10 @@ class VllmRules(EngineRules):
 
     def resolve(self, engine, arch, num_layers, ids, cfg, *, read_vllm_source=False, target_config=None,
                 **source):
-        run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if ids is None else (None, "")
+        # a release before vLLM's first EAGLE-3 is refused by resolve_vllm from the recorded constant, before
+        # any of its files is fetched (a refused release writes nothing into the cache)
+        runs = ids is None and vllm_rule.at_least(engine.version, vllm_rule.VLLM_FIRST_EAGLE3)
+        run, why = self._run_rule(engine, arch, num_layers, cfg, target_config) if runs else (None, "")
         result = vllm_rule.resolve_vllm(engine.version, arch, num_layers, ids, cfg, engine.runner, run=run)
         if why:
             result.problems.append(warning(ProblemKind.RULE_NOT_RUN, why))

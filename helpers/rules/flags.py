@@ -20,7 +20,7 @@ from .conventions import (
     architectures,
     is_speculators_format,
     rules_of,
-    version_tuple,
+    version_key,
 )
 
 LLAMA_CLASS, MLA_CLASS = "llama_eagle3", "mla"
@@ -128,7 +128,7 @@ def honours_flag(engine: Engine, flag: str, arch: str = SGLANG_DRAFT_ARCH,
     where = DRAFT_FILES[(eng.name, cls)]
     first = rules[flag]
     newer = (f" ({eng} is newer than the releases read, up to {newest}: their rule assumed)"
-             if version_tuple(version) > version_tuple(newest) else "")
+             if version is not None and version_key(version) > version_key(newest) else "")
     if first is None:
         return False, f"{where} does not implement {flag} in any release read (up to {newest}){newer}"
     if not at_least(version, first):
@@ -141,7 +141,7 @@ def honours_flag(engine: Engine, flag: str, arch: str = SGLANG_DRAFT_ARCH,
 
 
 def _later(a: str, b: str) -> str:
-    return a if version_tuple(a) >= version_tuple(b) else b
+    return a if version_key(a) >= version_key(b) else b
 
 
 def ignored_flag_problems(cfg: dict, engine: Engine) -> list[tuple[str, str, str]]:
@@ -192,7 +192,7 @@ def flag_fix(flag: str | Sequence[str], arch: str, speculators_format: bool = Fa
                 rules[f] for f in flags):
             continue
         need = [_later(rules[f], VLLM_SPECULATORS_PASSES[f]) if spec else rules[f] for f in flags]
-        firsts.append(f"{name}>={max(need, key=version_tuple)}")
+        firsts.append(f"{name}>={max(need, key=version_key)}")
     named = ", ".join(flags)
     return (f"serve with {' or '.join(firsts)}, or retrain without {named}" if firsts
             else f"serve with an engine that implements {named} (none read does for this class), or "

@@ -35,7 +35,7 @@ from ..engines.vllm.rule import (
     vllm_draft_class,
 )
 from ..errors import BadConfig, CacheError, read_json_file
-from .conventions import Engine, IdsAt, ids_in_config, version_tuple
+from .conventions import Engine, IdsAt, ids_in_config, version_key
 from .wheels import PackageIndexUnreachable, cached_versions, released_versions
 from .wiring import resolve
 
@@ -121,7 +121,7 @@ def sglang_releases() -> list[str]:
         listed = released_versions("sglang")
     except PackageIndexUnreachable:
         listed = cached_versions("sglang")
-    return [v for v in listed if version_tuple(v) >= version_tuple(FIRST_EAGLE3)]
+    return [v for v in listed if version_key(v) >= version_key(FIRST_EAGLE3)]
 
 
 K = ProblemKind
@@ -234,7 +234,7 @@ def release_data(versions: Sequence[str] | None = None, progress: bool = True) -
                 classes.append({"first": v, "last": v, "releases": 1})
         targets[arch] = {"num_layers": n, "example": example, "cases": cases, "classes": classes}
     try:
-        vllm = [v for v in released_versions("vllm") if version_tuple(v) >= version_tuple(VLLM_FIRST_EAGLE3)]
+        vllm = [v for v in released_versions("vllm") if version_key(v) >= version_key(VLLM_FIRST_EAGLE3)]
     except PackageIndexUnreachable:
         vllm = (load_release_data() or {}).get("vllm_releases", [])
     return {"generated_by": "python -m helpers wiring --matrix-doc docs/sglang-matrix.md",
@@ -331,8 +331,10 @@ class Drift:
         return out
 
     def containing(self, version: str | None) -> Run | None:
-        v = version_tuple(version)
-        return next((r for r in self.runs if version_tuple(r.first) <= v <= version_tuple(r.last)), None)
+        if not version:
+            return None
+        v = version_key(version)
+        return next((r for r in self.runs if version_key(r.first) <= v <= version_key(r.last)), None)
 
     def line(self, version: str | None) -> str | None:
         """One sentence when a later release than the named one serves this draft otherwise ("from
@@ -465,7 +467,7 @@ def vllm_rule_versions() -> list[str]:
     found |= {first for first, _ in VLLM_V2_DEFAULT}
     found |= {v for row in VLLM_CAPTURE.values() for v in row[:2] if v}
     found |= set(VLLM_DRAFT_CLASS_FIRST.values())
-    return sorted(found, key=version_tuple)
+    return sorted(found, key=version_key)
 
 
 def vllm_across_releases(arch: str, num_layers: int, draft: dict, runner: str | None = None,

@@ -19,7 +19,6 @@ release (read now when the table does not hold it) and says what changed since t
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
@@ -31,7 +30,7 @@ from tqdm.auto import tqdm
 from ..engines.vllm import own
 from ..errors import BadConfig, read_json_file
 from . import wheels
-from .conventions import version_tuple
+from .conventions import is_final_release, version_key
 from .hooks import HookSite, sglang_hook_sites, vllm_hook_sites
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "engine_releases.json"
@@ -148,8 +147,7 @@ def listed_versions(package: str) -> list[str]:
     found = listing.get("versions") if listing is not None else None
     if not isinstance(found, list):
         found = wheels.released_versions(package)
-    final = [v for v in found if wheels.is_version_string(v) and not re.search(r"(a|b|rc|dev)\d", v)]
-    return sorted(set(final), key=version_tuple)
+    return sorted({v for v in found if isinstance(v, str) and is_final_release(v)}, key=version_key)
 
 
 def first_of(package: str) -> str:
@@ -157,7 +155,7 @@ def first_of(package: str) -> str:
 
 
 def engine_versions(package: str) -> list[str]:
-    return [v for v in listed_versions(package) if version_tuple(v) >= version_tuple(first_of(package))]
+    return [v for v in listed_versions(package) if version_key(v) >= version_key(first_of(package))]
 
 
 # --------------------------------------------------------------------------------------
@@ -179,7 +177,7 @@ def recorded(package: str, data: dict | None = None) -> dict[str, ReleaseRow]:
     data = data if data is not None else load()
     rows = data["releases"].get(package, {})
     return {v: ReleaseRow.from_dict(package, v, d) for v, d in sorted(rows.items(), key=lambda kv:
-                                                                      version_tuple(kv[0]))}
+                                                                      version_key(kv[0]))}
 
 
 # The trainers whose releases are read: (the name their rule is known by, its package on the index).
@@ -312,7 +310,7 @@ def report(package: str, version: str, *, read: bool = True, data: dict | None =
     does not hold it), with what changed since the last recorded release before it."""
     rows = recorded(package, data)
     have = rows.get(version)
-    earlier = [v for v in rows if version_tuple(v) < version_tuple(version)]
+    earlier = [v for v in rows if version_key(v) < version_key(version)]
     prev = rows[earlier[-1]] if earlier else None
     row = derive(package, version) if (read or have is None) else have
     rep = ReleaseReport(package, version, have is not None, read or have is None, row,

@@ -26,8 +26,9 @@ from .conventions import (
     ids_in_config,
     is_eagle_reference_config,
     is_speculators_format,
+    is_version_string,
     layer_outputs_to_boundaries,
-    version_tuple,
+    version_key,
 )
 from .wheels import PackageSourceError, UnknownPackageVersion, fetch
 from .wiring import resolve
@@ -69,11 +70,11 @@ class TrainerRule:
                                              or model_type == self.export_model_type)
 
     def holds_for(self, version: str | None) -> bool:
-        v = version_tuple(version)
-        if not v:
+        if not version:
             return self.next is None
-        return (self.first is None or v >= version_tuple(self.first)) and (
-            self.next is None or v < version_tuple(self.next))
+        v = version_key(version)
+        return (self.first is None or v >= version_key(self.first)) and (
+            self.next is None or v < version_key(self.next))
 
     @property
     def versions(self) -> str:
@@ -236,7 +237,7 @@ def writers_of(cfg: dict, sglang_version: str | None = None) -> list[str]:
     table = SPECULATORS_WRITERS if is_speculators_format(cfg) else SGLANG_FORMAT_WRITERS
     specs = list(table[where])
     made_by = cfg.get("speculators_version") if is_speculators_format(cfg) else None
-    if isinstance(made_by, str) and version_tuple(made_by):
+    if isinstance(made_by, str) and is_version_string(made_by):
         # the release that wrote this file: one that only converts (0.1-0.2) took the weights from the
         # EAGLE reference code (its convert/eagle3 source), whose boundaries are fixed
         rule = rule_for("speculators", made_by)

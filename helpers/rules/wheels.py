@@ -5,10 +5,10 @@ release's own files (``helpers.rules.trainers``, ``engines.vllm.source``, ``engi
 than trusted from memory. This module is the one cache they share. Only the files the caller keeps are
 unpacked (``keep``): a 370 MB vLLM wheel leaves a few MB.
 
-Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``~/.cache/eagle3-workbook``), each
-entry holding the kept files and a ``.complete`` marker. An entry is unpacked into a hidden staging
-folder ``.<version>-*`` beside it and renamed into place when complete, so an interrupted or concurrent
-fetch never leaves half a release behind.
+Layout: ``$EAGLE3_WORKBOOK_CACHE/<package>/<version>/`` (default ``$XDG_CACHE_HOME/eagle3-workbook``, else
+``~/.cache/eagle3-workbook``: ``cache_base``), each entry holding the kept files and a ``.complete`` marker.
+An entry is unpacked into a hidden staging folder ``.<version>-*`` beside it and renamed into place when
+complete, so an interrupted or concurrent fetch never leaves half a release behind.
 
 Eviction, done after each download (a cache miss) of a package, inside ``<cache>/<package>/`` only:
 
@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 from .. import net
 from ..errors import BadOption, CacheError, one_line
-from .conventions import is_version_string, version_tuple
+from .conventions import is_final_release, is_version_string, version_key
 
 CACHE_ENV = "EAGLE3_WORKBOOK_CACHE"
 COMPLETE_MARKER = ".complete"
@@ -67,10 +67,21 @@ class PackageIndexUnreachable(PackageSourceError):
     """pip reached no index (an offline machine)."""
 
 
+def cache_base() -> Path:
+    """The workbook's one cache folder: ``$EAGLE3_WORKBOOK_CACHE`` when set, else
+    ``$XDG_CACHE_HOME/eagle3-workbook`` (the XDG base directory spec: an absolute path only), else
+    ``~/.cache/eagle3-workbook``."""
+    base = os.environ.get(CACHE_ENV)
+    if base:
+        return Path(base).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return root / "eagle3-workbook"
+
+
 def cache_root(package: str) -> Path:
     """``<cache>/<package>``: the folder holding every cached version of ``package``."""
-    base = os.environ.get(CACHE_ENV)
-    return (Path(base).expanduser() if base else Path.home() / ".cache" / "eagle3-workbook") / package
+    return cache_base() / package
 
 
 def cached(package: str, version: str, cache: Path | str | None = None) -> Path | None:
@@ -83,8 +94,9 @@ def cached(package: str, version: str, cache: Path | str | None = None) -> Path 
 def cached_versions(package: str, cache: Path | str | None = None) -> list[str]:
     """The versions with a complete entry, oldest release first."""
     base = Path(cache) if cache is not None else cache_root(package)
-    found = [p.name for p in base.iterdir() if (p / COMPLETE_MARKER).is_file()] if base.is_dir() else []
-    return sorted(found, key=version_tuple)
+    found = [p.name for p in base.iterdir() if is_version_string(p.name) and (p / COMPLETE_MARKER).is_file()
+             ] if base.is_dir() else []
+    return sorted(found, key=version_key)
 
 
 def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = None,
@@ -107,31 +119,46 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
     if found is not None:
         _touch(found)
         return found
+    made = [p for p in (base, *base.parents) if not p.exists()]     # the folders this fetch creates
     check_cache_writable(base, package)
-    if download is None and _install_ranged(package, version, wanted, base):
-        evict(base, spare=version)
-        return base / version
-    if not whole and download is None:
-        raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
-                                 f"{index_url()} (offline, or an index without a JSON listing)")
-    earlier = _UNREACHABLE.get((index_url(), download))
-    if earlier is not None:     # one air-gapped answer is enough: pip is not asked again in this process
-        raise PackageIndexUnreachable(f"cannot fetch {package} {version}: the package index did not answer "
-                                      f"earlier in this run ({earlier}); {_cached_hint(package, base)}")
-    run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
-    with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
-        try:
-            wheel = _download_wheel(package, version, Path(tmp), base, run)
-        except PackageIndexUnreachable as exc:
-            _UNREACHABLE[(index_url(), download)] = one_line(exc)[:200]
-            raise
-        _install(package, version, wheel, wanted, base)
+    try:
+        if download is None and _install_ranged(package, version, wanted, base):
+            evict(base, spare=version)
+            return base / version
+        if not whole and download is None:
+            raise PackageSourceError(f"{package} {version}'s files could not be read by ranges from "
+                                     f"{index_url()} (offline, or an index without a JSON listing)")
+        earlier = _UNREACHABLE.get((index_url(), download))
+        if earlier is not None:     # one air-gapped answer is enough: pip is not asked again in this process
+            raise PackageIndexUnreachable(f"cannot fetch {package} {version}: the package index did not "
+                                          f"answer earlier in this run ({earlier}); "
+                                          f"{_cached_hint(package, base)}")
+        run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
+        with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
+            try:
+                wheel = _download_wheel(package, version, Path(tmp), base, run)
+            except PackageIndexUnreachable as exc:
+                _UNREACHABLE[(index_url(), download)] = one_line(exc)[:200]
+                raise
+            _install(package, version, wheel, wanted, base)
+    except BaseException:
+        _remove_empty(made)       # a refused release (one the index does not have) leaves no folder behind
+        raise
     evict(base, spare=version)
     return base / version
 
 
 # the indexes that did not answer pip in this process: an air-gapped host is told once, not once per release
 _UNREACHABLE: dict[tuple[str, Download | None], str] = {}
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each folder, deepest first, while it is empty (another process may have filled it)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _keep_predicate(keep: Keep) -> Callable[[str], bool]:
@@ -454,5 +481,4 @@ def released_versions(package: str) -> list[str]:
         raise PackageIndexUnreachable(f"cannot list {package} releases: "
                                       f"{_last_line(proc.stdout + proc.stderr)}")
     versions = [v.strip() for v in m.group(1).split(",")]
-    final = [v for v in versions if is_version_string(v) and not re.search(r"(a|b|rc|dev)\d", v)]
-    return sorted(final, key=version_tuple)
+    return sorted(filter(is_final_release, versions), key=version_key)

@@ -146,7 +146,8 @@ class LlamacppEngine(Stoppable):
 
     def log_tail(self, lines: int = 1) -> str:
         try:
-            text = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            text = [ln.strip() for ln in self.log_path.read_text(encoding="utf-8", errors="replace")
+                    .splitlines() if ln.strip()]
         except OSError:
             return ""
         return " | ".join(text[-lines:])

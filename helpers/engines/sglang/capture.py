@@ -61,7 +61,7 @@ def save_record(stage: Path, i: int, token_ids: torch.Tensor, rows: torch.Tensor
 
 
 def write_record_file(stage: Path, record: dict) -> None:
-    (stage / "capture.json").write_text(json.dumps(record, indent=2) + "\n")
+    (stage / "capture.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def setter_rule(release: str, arch: str) -> dict:
     if found is None:
         raise InputError(f"sglang {release}'s {arch} has no {SETTER}; no capture rule to install")
     owner, fn = found
-    lines = owner.path.read_text().splitlines()
+    lines = owner.path.read_text(encoding="utf-8").splitlines()
     text = "\n".join(lines[fn.lineno - 1: fn.end_lineno])
     return {"release": release, "arch": arch, "owner": owner.name, "file": src.rel(owner.path),
             "line": fn.lineno, "source": text}
@@ -223,7 +223,7 @@ class SGLangEngine(Stoppable):
         if spec.capture_rule:
             self.rule = setter_rule(spec.capture_rule, self.target_spec.arch or "")
             rule_file = self.log_dir / f"{self.log_path.stem}.rule.json"
-            rule_file.write_text(json.dumps(self.rule))
+            rule_file.write_text(json.dumps(self.rule), encoding="utf-8")
         if spec.capture_ids is not None:
             args += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
                      "--return-aux-hidden-state-layer-ids", *map(str, spec.capture_ids)]
@@ -421,7 +421,8 @@ class SGLangEngine(Stoppable):
     def _hook_rows(self) -> list[dict]:
         if not self.report_path.is_file():
             return []
-        return [json.loads(ln) for ln in self.report_path.read_text().splitlines() if ln.strip()]
+        return [json.loads(ln) for ln in self.report_path.read_text(encoding="utf-8").splitlines()
+                if ln.strip()]
 
     def accommodations(self) -> list[dict]:
         """Every accommodation this launch carried: the engine's own, then what the hooks did inside

@@ -43,7 +43,7 @@ def report(name: str, what: str, why: str, where: str = "", **extra) -> None:
     if not path:
         return
     row = {"name": name, "what": what, "why": why, "where": where, "pid": os.getpid(), **extra}
-    with open(path, "a") as f:
+    with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
 
 
@@ -97,7 +97,7 @@ def _load_rule() -> dict | None:
     path = os.environ.get(RULE_ENV)
     if not path:
         return None
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 

@@ -197,6 +197,12 @@ def _visited(capture: CaptureSite, num_layers: int) -> tuple[set[int], set[int]]
     return inside, after
 
 
+def _repeated(values) -> str:
+    """The values ``values`` holds more than once, e.g. 'index 3' or 'indices 3, 7'."""
+    dup = sorted({v for v in values if list(values).count(v) > 1})
+    return ("index " if len(dup) == 1 else "indices ") + ", ".join(str(v) for v in dup)
+
+
 def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_layers: int,
               src: SglangSource, flagged: dict[str, list[int]] | None = None
               ) -> tuple[set[int], list[Problem], list[dict]]:
@@ -243,7 +249,7 @@ def _captured(ltc: list[int], ids: list[int] | None, wiring: ModelWiring, num_la
                                 f"{span}, so that feature is missing from the concatenation"))
     if len(set(ltc)) != len(ltc):
         errors.append(error(K.REPEATED,
-                            f"layers_to_capture {ltc} repeats an index; each layer is captured once"))
+                            f"layers_to_capture {ltc} repeats {_repeated(ltc)}; each layer is captured once"))
     if len(captured) != len(ltc):
         packer = any("AuxHiddenStatePacker" in n for n in capture.notes)
         errors.append(error(K.FEATURE_COUNT,

@@ -15,7 +15,7 @@ from ...rules.conventions import (
     config_ids,
     default_boundaries,
     is_speculators_format,
-    version_tuple,
+    version_key,
 )
 from ...rules.flags import sets_norm_before_residual
 
@@ -61,7 +61,7 @@ def sglang_documented_layout(arch: str, version: str | None, ids: list[int] | No
     """
     if where != IdsAt.EAGLE_CONFIG or ids is None:
         return default_boundaries(num_layers), "no ids under eagle_config, so SGLang's default boundaries"
-    if "deepseek" in arch.lower() and version_tuple(version) >= (0, 5, 23):
+    if "deepseek" in arch.lower() and version is not None and version_key(version) >= version_key("0.5.23"):
         layout = sglang_plus_one(ids) if ids[0] == 1 else tuple(sorted(ids))
         return layout, "DeepSeek rule of 0.5.23 assumed: ids used as given unless the first is 1"
     return sglang_plus_one(ids), "SGLang boundary = id + 1 (0.5.9 convention)"

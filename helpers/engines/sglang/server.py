@@ -159,7 +159,7 @@ class ServerStartError(RuntimeError):
 def _proc_state(pid: int) -> tuple[str, int] | None:
     """(state letter, process group) from /proc, or None when the pid is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # the command name may hold spaces
@@ -193,7 +193,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _read_tail(path: Path, lines: int) -> str:
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace", encoding="utf-8")
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])

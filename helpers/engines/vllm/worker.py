@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--spec", required=True, help="JSON: the LLM(...) keyword arguments")
     ap.add_argument("--reply-fd", type=int, required=True)
     a = ap.parse_args()
-    reply = os.fdopen(a.reply_fd, "w", buffering=1)
+    reply = os.fdopen(a.reply_fd, "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)                      # anything printed by a library lands in the log, not the replies
 
     def send(obj):
