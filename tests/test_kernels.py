@@ -80,3 +80,30 @@ def test_the_summary_leads_with_the_kernels_rows_naming_their_engine():
     assert [r["engine"] for r in table] == [rows[0]["engine"]] * 3 + ["reference"]
     assert summary.finding().startswith("On llama.cpp b11434 (llama-server, cpu), tiny-llama x96 f16, "
                                         "against no speculation: deployed 1.08 tokens per step at 0.76x")
+
+
+def test_the_index_page_groups_the_rows_by_pair(tmp_path):
+    """The run's pair and the kernels chapter's pair each get their own line in the header, their own
+    finding and figure, and their own rows under a heading in the table; no sentence about one pair sits
+    under the other's name."""
+    from helpers.notebook.reports import write_summary
+    from helpers.notebook.runner import RunRecord, index_page
+
+    summary = Summary(headline="h", engine="sglang==0.5.9", draft_steps=3, max_new_tokens=64, prompts=6,
+                      repeats=2, target="data/tiny-kimi/target", draft="data/tiny-kimi/draft",
+                      rows=[{"wiring": "deployed", "engine": "reference", "tau": 1.6, "speedup": 1.1,
+                             "speedup_interval": [1.0, 1.2]}], costs=[], details={}, kernels=RUN)
+    groups = summary.by_pair()
+    assert [label for label, _ in groups] == [
+        "tiny-llama (its target widened x96, f16), the kernels chapter's pair", "tiny-kimi"]
+    assert [len(rows) for _, rows in groups] == [3, 1]
+    write_summary(tmp_path, summary)
+    page = index_page(tmp_path, [RunRecord("06_rebenchmark", 1.0, True)],
+                      {"TARGET": "data/tiny-kimi/target", "DRAFT": "data/tiny-kimi/draft"}).read_text()
+    header = page[page.index("This run measured 2 pairs"):page.index("</ul>")]
+    assert "<b>tiny-kimi</b>: target: <code>data/tiny-kimi/target</code>" in header
+    assert "<b>tiny-llama (its target widened x96, f16)" in header and "llama.cpp b11434" in header
+    kimi, llama = page.index("<h2>tiny-kimi</h2>"), page.index("<h2>tiny-llama")
+    assert llama < page.index("On llama.cpp b11434") < kimi < page.index("On the reference engine")
+    assert page.count("<img class='finding-figure'") == 2
+    assert page.count("<th class='pair'") == 2

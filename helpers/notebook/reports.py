@@ -204,14 +204,16 @@ class Summary:
                 engine = str(lr.get("backend", ""))
                 if lr.get("rules"):
                     engine += f" ({lr['rules']})"
-                out.append({"wiring": w, "engine": engine, "layout": lr.get("served_layout"),
+                out.append({"wiring": w, "engine": engine, "pair": self.pair(),
+                            "layout": lr.get("served_layout"),
                             "accept_length": lr.get("accept_length"),
                             "per_position": lr.get("accepted_per_position"),
                             "speedup": lr.get("speedup"), "speedup_interval": lr.get("speedup_interval"),
                             "timing": lr.get("timing"), "baseline_tok_s": lr.get("baseline_tok_s"),
                             "spec_tok_s": lr.get("spec_tok_s"), "lossless": lr.get("lossless")})
             detail = self.details.get(w, {}) if isinstance(self.details, dict) else {}
-            out.append({"wiring": w, "engine": row.get("engine", "reference"), "layout": row.get("layout"),
+            out.append({"wiring": w, "engine": row.get("engine", "reference"), "pair": self.pair(),
+                        "layout": row.get("layout"),
                         "accept_length": row.get("tau"), "per_position": detail.get("position_acceptance"),
                         "speedup": row.get("speedup"), "speedup_interval": row.get("speedup_interval"),
                         "timing": row.get("timing"), "baseline_tok_s": row.get("baseline_tok_s"),
@@ -221,13 +223,34 @@ class Summary:
     def finding(self) -> str:
         """The run in one sentence: what each wiring accepts and what that does to speed, on the engine
         that measured it (the real engine where one ran, else the reference engine)."""
-        rows = self.table()
-        if not rows:
-            return "No wiring could be measured in this run."
-        engine = rows[0]["engine"]
-        parts = [f"{r['wiring']} {_accepts(r)}" for r in rows if r["engine"] == engine]
-        name = "the reference engine" if engine == "reference" else engine
-        return f"On {name}, against no speculation: " + "; ".join(parts) + "."
+        return finding_of(self.table())
+
+    def pair(self) -> str:
+        """The pair notebooks 01-06 ran, by its folder (``tiny-kimi``), else its target's path."""
+        return pair_label(self.target)
+
+    def by_pair(self) -> list[tuple[str, list[dict]]]:
+        """``table``'s rows grouped by the pair they measured, in table order: llama.cpp's kernels chapter
+        runs its own pair (a Llama target widened to a real model's cost), the other rows the run's."""
+        groups: dict[str, list[dict]] = {}
+        for r in self.table():
+            groups.setdefault(r["pair"], []).append(r)
+        return list(groups.items())
+
+
+def pair_label(target: str | Path) -> str:
+    t = Path(str(target))
+    return t.parent.name if t.name == "target" and t.parent.name else str(t)
+
+
+def finding_of(rows: list[dict]) -> str:
+    """One sentence for rows of one pair: each wiring's accept length and speed on the first row's engine."""
+    if not rows:
+        return "No wiring could be measured in this run."
+    engine = rows[0]["engine"]
+    parts = [f"{r['wiring']} {_accepts(r)}" for r in rows if r["engine"] == engine]
+    name = "the reference engine" if engine == "reference" else engine
+    return f"On {name}, against no speculation: " + "; ".join(parts) + "."
 
 
 def kernel_rows(kernels: dict | None) -> list[dict]:
@@ -238,7 +261,9 @@ def kernel_rows(kernels: dict | None) -> list[dict]:
     st = kernels.get("settings", {})
     engine = (f"{kernels.get('engine', '')}, {Path(str(st.get('pair', ''))).name} x{st.get('widen')} "
               f"{st.get('outtype')}")
-    return [{"wiring": r["wiring"], "engine": engine, "layout": r.get("served_layout"),
+    pair = (f"{Path(str(st.get('pair', ''))).name} (its target widened x{st.get('widen')}, "
+            f"{st.get('outtype')}), the kernels chapter's pair")
+    return [{"wiring": r["wiring"], "engine": engine, "pair": pair, "layout": r.get("served_layout"),
              "accept_length": r.get("accept_length"), "per_position": r.get("accepted_per_position"),
              "speedup": r.get("speedup"), "speedup_interval": r.get("speedup_interval"),
              "timing": r.get("timing"), "baseline_tok_s": r.get("baseline_tok_s"),

@@ -26,7 +26,7 @@ from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_
 from . import kernels
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
 from .parameters import NAMES
-from .reports import ORDER, TABLE_HEAD, Summary, read_summary, table_cells
+from .reports import ORDER, TABLE_HEAD, Summary, finding_of, read_summary, table_cells
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -148,11 +148,13 @@ def render_html(executed: Path, out_dir: Path) -> list[str]:
 
 
 def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
-    table = ""
+    table, summary = "", None
     if (out_dir / "summary.json").is_file():
         try:
-            table = _before_after(read_summary(out_dir))
+            summary = read_summary(out_dir)
+            table = _before_after(summary)
         except (InputError, KeyError, TypeError, ValueError) as exc:  # the page still links every notebook
+            summary = None
             table = f"<h2>Before and after</h2><p style='color:#b00'>{html.escape(str(exc))}</p>"
     items = "".join(
         f"<li><b>{html.escape(r.name)}</b> &mdash; "
@@ -164,22 +166,16 @@ def index_page(out_dir: Path, runs: list[RunRecord], params: dict) -> Path:
     links = " &middot; ".join(f'<a href="{n}">{n}</a>' for n in ("summary.md", "summary.json")
                               if (out_dir / n).is_file())
     links = f"<p>{links}</p>" if links else ""
-    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
-                 "(no target forward)" if params.get("DATA") else "")
-    rules = html.escape(str(params.get("ENGINE_VERSION", str(CASE_ENGINE))))
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>EAGLE-3 wiring workbook</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
 line-height:1.45}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
 th{{background:#f3f5f8}}.n{{text-align:right}}.finding{{font-size:1.15em;font-weight:600}}
-img.finding-figure{{max-width:100%;height:auto}}.scroll{{overflow-x:auto}}
+img.finding-figure{{max-width:100%;height:auto}}.scroll{{overflow-x:auto}}th.pair{{background:#e6ebf2}}
 details{{margin:.6em 0}}summary{{cursor:pointer;color:#334}}</style></head><body>
 <h1>EAGLE-3 wiring workbook &mdash; reports</h1>
-<p>Target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>,
-draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>,
-served layouts by the rules of <code>{rules}</code>{data_note}; each row names the engine that
-measured it.</p>
+{_pairs_header(summary, params)}
 {table}<h2>The investigation, step by step</h2><ol>{items}</ol>
 {links}</body></html>"""
     path = out_dir / "index.html"
@@ -187,25 +183,51 @@ measured it.</p>
     return path
 
 
+def _pairs_header(s: Summary | None, params: dict) -> str:
+    """The pairs this page's rows measured, each with its engines: the run's pair (its target, draft and
+    the rules its served layouts follow) and, where llama.cpp's kernels chapter ran, that chapter's own."""
+    data_note = (f", isolated test from the dump <code>{html.escape(str(params['DATA']))}</code> "
+                 "(no target forward)" if params.get("DATA") else "")
+    rules = html.escape(str(params.get("ENGINE_VERSION", str(CASE_ENGINE))))
+    own = (f"target: <code>{html.escape(str(params.get('TARGET') or 'data/tiny-kimi/target'))}</code>, "
+           f"draft: <code>{html.escape(str(params.get('DRAFT') or 'data/tiny-kimi/draft'))}</code>, served "
+           f"layouts by the rules of <code>{rules}</code>{data_note}")
+    groups = s.by_pair() if s is not None else []
+    if len(groups) <= 1:
+        return f"<p>{own[0].upper() + own[1:]}; each row names the engine that measured it.</p>"
+    lines = []
+    for label, rows in groups:
+        engines = ", ".join(dict.fromkeys(str(r["engine"]) for r in rows))
+        what = own if label == s.pair() else "llama.cpp's kernels at a real target's cost"
+        lines.append(f"<li><b>{html.escape(label)}</b>: {what}; rows measured on {html.escape(engines)}</li>")
+    return (f"<p>This run measured {len(groups)} pairs; each has its own section below, and each row names "
+            f"the engine that measured it:</p><ul>{''.join(lines)}</ul>")
+
+
 def _before_after(s: Summary) -> str:
-    """What a person reads first: the run's finding in one sentence and one figure (per wiring and
-    engine: accept length, per-position acceptance, the speedup with its interval against 1), then the
-    table (the same rows as summary.md), then what the table cannot say, folded."""
+    """What a person reads first: per pair, its finding in one sentence and one figure (per wiring and
+    engine: accept length, per-position acceptance, the speedup with its interval against 1); then the
+    table (the same rows as summary.md, grouped by pair), then what the table cannot say, folded."""
     from .plots import figure_png, summary_figure
 
-    rows = s.table()
+    groups = s.by_pair()
     head = "".join(f"<th{_align(h)}>{html.escape(h)}</th>" for h in TABLE_HEAD)
-    body = "".join("<tr>" + "".join(f"<td{_align(h)}>{html.escape(c)}</td>"
-                                    for h, c in zip(TABLE_HEAD, table_cells(r))) + "</tr>" for r in rows)
-    figure = ""
-    if rows:
+    sections, body = [], []
+    for label, rows in groups:
+        if len(groups) > 1:
+            sections.append(f"<h2>{html.escape(label)}</h2>")
+            body.append(f"<tr><th class='pair' colspan='{len(TABLE_HEAD)}'>{html.escape(label)}</th></tr>")
+        sections.append(f"<p class='finding'>{html.escape(finding_of(rows))}</p>")
         png = figure_png(summary_figure(rows))
-        figure = (f"<img class='finding-figure' alt='accept length and speedup per wiring and engine' "
-                  f"src='data:image/png;base64,{png}'>")
-    return (f"<p class='finding'>{html.escape(s.finding())}</p>{figure}"
-            f"<h2>Before and after</h2><div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
-            f"<details><summary>What the table cannot say</summary><p>{html.escape(s.after_table())}</p>"
-            f"</details>")
+        sections.append(f"<img class='finding-figure' alt='accept length and speedup per wiring and engine, "
+                        f"{html.escape(label)}' src='data:image/png;base64,{png}'>")
+        body += ["<tr>" + "".join(f"<td{_align(h)}>{html.escape(c)}</td>"
+                                  for h, c in zip(TABLE_HEAD, table_cells(r))) + "</tr>" for r in rows]
+    if not groups:
+        sections.append(f"<p class='finding'>{html.escape(s.finding())}</p>")
+    return ("".join(sections) + f"<h2>Before and after</h2><div class='scroll'><table><tr>{head}</tr>"
+            f"{''.join(body)}</table></div><details><summary>What the table cannot say</summary>"
+            f"<p>{html.escape(s.after_table())}</p></details>")
 
 
 # figures read down a column, right-aligned; names and lists read as text
