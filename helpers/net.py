@@ -13,7 +13,8 @@ Every request has
   every other host; a request that fails through a proxy names the proxy.
 
 Failures are ``NetError`` values (an ``OSError``), each a sentence naming the URL: ``HTTPStatus`` (the server
-answered with an error status; its body's start is kept), ``DeadlineExceeded``, ``TooLarge``, and plain
+answered with an error status; its body's start is kept), ``DeadlineExceeded``, ``TooLarge``, ``NotHTTP``
+(something answered, not as an HTTP server), and plain
 ``NetError`` for a connection that could not be made or broke.
 """
 from __future__ import annotations
@@ -55,6 +56,10 @@ class DeadlineExceeded(NetError):
 
 class TooLarge(NetError):
     """The answer is longer than the cap for what was asked."""
+
+
+class NotHTTP(NetError):
+    """Something answered, but not as an HTTP server."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,8 @@ def _explained(url: str, exc: BaseException) -> BaseException:
         return exc
     if not isinstance(exc, (OSError, http.client.HTTPException, ValueError)):
         return exc
+    if isinstance(exc, http.client.HTTPException):
+        return NotHTTP(f"{url}: did not answer as an HTTP server ({type(exc).__name__}: {str(exc)[:120]!r})")
     reason = getattr(exc, "reason", None) or exc
     why = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
     if isinstance(reason, TimeoutError) or "timed out" in why:

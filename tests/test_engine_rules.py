@@ -132,7 +132,7 @@ def test_families_answer_what_name_tests_did():
     assert engine_fc_slots(nested, parse_engine("llamacpp"))[0] == 3
     assert engine_fc_slots(nested, parse_engine("trtllm"))[0] is None
     assert [r.ids_home for r in engines.FAMILIES.values()] == [IdsAt.EAGLE_CONFIG, IdsAt.TOP_LEVEL, None,
-                                                               IdsAt.TOP_LEVEL]
+                                                               IdsAt.TOP_LEVEL, None]   # lmdeploy: none read
     assert engines.SGLANG.misplaced_ids(top, [3, 7, 10], IdsAt.TOP_LEVEL, parse_engine("sglang"), "X")
     assert engines.VLLM.misplaced_ids(top, [3, 7, 10], IdsAt.TOP_LEVEL, parse_engine("vllm"), "X") is None
     assert "under eagle_config" in engines.VLLM.misplaced_ids(nested, [2, 6, 9], IdsAt.EAGLE_CONFIG,

@@ -139,7 +139,7 @@ def served_plan(draft: str | Path | dict | Sequence[int] | None, num_layers: int
     config = None if ids is not None else draft
     try:
         result = resolve(engine, arch, num_layers, ids=ids, draft=config, root=root,
-                         target_config=target_config)
+                         target_config=target_config, recorded=False)   # its own fallback, said once below
     except ss.UnknownVersionError:
         raise
     except (ss.SglangSourceError, CacheError, OSError) as exc:

@@ -92,6 +92,8 @@ def _send(url: str, timeout: float, silent: str, payload: dict | None = None) ->
         raise CaptureError(f"no answer from {url} within {timeout:g} s{silent}") from None
     except net.TooLarge as exc:
         raise CaptureError(f"{exc}; expected one window's hidden states") from None
+    except net.NotHTTP as exc:
+        raise CaptureError(f"{exc}; expected SGLang's HTTP API at --engine-url") from None
     except net.NetError as exc:
         why = str(exc).removeprefix(f"{url}: ")
         raise CaptureError(f"cannot reach the engine at {url}: {why}; expected a running SGLang server "
