@@ -9,7 +9,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "helpers"
-ARCHIVES = {"tarfile", "gzip", "zipfile", "bz2", "lzma", "webbrowser"}   # their .open is not a text file's
+# their .open is not a text file's: archives, a browser, os.open (a descriptor from flags), a urllib opener
+ARCHIVES = {"tarfile", "gzip", "zipfile", "bz2", "lzma", "webbrowser", "os", "opener"}
 
 
 def _mode(call: ast.Call, at: int) -> ast.expr | None:
@@ -26,7 +27,8 @@ def _text_open(call: ast.Call) -> bool:
     elif isinstance(f, ast.Attribute) and f.attr == "fdopen":
         mode = _mode(call, 1)
     elif (isinstance(f, ast.Attribute) and f.attr == "open"
-          and not (isinstance(f.value, ast.Name) and f.value.id in ARCHIVES)):
+          and not (isinstance(f.value, ast.Name) and f.value.id in ARCHIVES)
+          and not (isinstance(f.value, ast.Attribute) and f.value.attr in ARCHIVES)):
         mode = _mode(call, 0)
     else:
         return False

@@ -75,7 +75,8 @@ CASES = [
      f"patch SGLang (`{PATCH_0_5_9}`), then ids [-1, 2, 6] in eagle_config, or retrain the draft on "
      f"(3, 7, 10)"),
     ("trtllm", "LlamaForCausalLM", 32, (2, 16, 29), (1, 15, 28), ["write-ids", "retrain"],
-     "write ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config (no engine change); "
+     "write ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config (the launch options YAML, "
+     "trtllm-serve --extra_llm_api_options FILE) (no engine change); "
      "or retrain the draft on the served layout (1, 15, 28)",
      "ids [1, 15, 28] in eagle3_layers_to_capture of the speculative config, or retrain the draft on "
      "(1, 15, 28)"),
