@@ -253,6 +253,13 @@ class WiringResult(HasProblems):
         return not self.errors
 
     @property
+    def rule_basis(self) -> str:
+        """How the engine's rule was had: its release's own code run or read now, or a recorded rule (a
+        cache of what was read from its releases), as on an air-gapped host."""
+        recorded = any(p.kind == ProblemKind.RULE_NOT_RUN for p in self.problems)
+        return "recorded, not read now" if recorded or not self.source_lines else "read from the release now"
+
+    @property
     def label(self) -> str:
         return layout_label(self.served_layout, self.num_layers)
 

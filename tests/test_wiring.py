@@ -584,12 +584,13 @@ def _offline(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
 
 
-def test_cli_offline_says_unreachable_not_missing(capsys, monkeypatch, tmp_path):
+def test_cli_offline_judges_by_the_recorded_rule_and_says_unreachable(capsys, monkeypatch, tmp_path):
     _offline(monkeypatch, tmp_path)
     code, out, err = _cli(capsys, "--engine", "sglang==0.5.23", "--arch", "DeepseekV3ForCausalLM",
                           "--layers", "61", "--ids", "2,30,58")
-    assert code == 2 and out == ""
-    assert "unreachable" in err and "does not exist" not in err and "nothing is cached" in err
+    assert code == 0 and out.splitlines()[0].endswith("(its rule recorded, not read now)")
+    assert "unreachable" in out and "does not exist" not in out and "nothing is cached" in out
+    assert "served layout     : (2, 30, 58)" in out       # the recorded DeepSeek rule of 0.5.23: as given
     assert not (tmp_path / "cache" / "sglang" / "0.5.23").exists()
 
 

@@ -75,7 +75,7 @@ def _target_arch_and_layers(args, target: TargetSpec | None) -> tuple[str, int]:
 
 
 def format_report(r: WiringResult) -> str:
-    lines = [f"{r.engine}  {r.arch}  L={r.num_layers}",
+    lines = [f"{r.engine}  {r.arch}  L={r.num_layers}  (its rule {r.rule_basis})",
              f"  ids used          : {r.ids_used} ({r.ids_source})",
              f"  layers_to_capture : {r.layers_to_capture}",
              f"  served layout     : {r.served_layout}  {r.label}",

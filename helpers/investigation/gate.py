@@ -75,7 +75,7 @@ class CheckReport:
     evidence: str = "none"
     fix_command: str | None = None       # fixes deploy, where ids alone serve the trained layout
     answer: Evidence | None = None       # the chain's whole answer (``evidence.training_evidence``)
-    rule_basis: str = ""                 # its rule read from the release now, or recorded (``rule_basis``)
+    rule_basis: str = ""                 # its rule read from the release now, or recorded (WiringResult's)
 
     @property
     def agree(self) -> bool | None:
@@ -268,14 +268,7 @@ def _report(req: CheckRequest, eng: Engine, draft_dir: Path, spec: TargetSpec, s
                        f"{served.layers_to_capture}" + ("" if captures else
                                                         ", but the release never turns capture on"),
                        assumed_engine=str(DEFAULT_ENGINE) if req.engine is None else None,
-                       rule_basis=rule_basis(served))
-
-
-def rule_basis(served) -> str:
-    """How the engine's rule was had: its release's own code run or read now, or a recorded rule (a cache of
-    what was read from its releases), as on an air-gapped host."""
-    recorded = any(p.kind == ProblemKind.RULE_NOT_RUN for p in served.problems)
-    return "recorded, not read now" if recorded or not served.source_lines else "read from the release now"
+                       rule_basis=served.rule_basis)
 
 
 def _served_problems(report: CheckReport, served) -> None:
