@@ -256,8 +256,10 @@ class WiringResult(HasProblems):
     def rule_basis(self) -> str:
         """How the engine's rule was had: its release's own code run or read now, or a recorded rule (a
         cache of what was read from its releases), as on an air-gapped host."""
-        recorded = any(p.kind == ProblemKind.RULE_NOT_RUN for p in self.problems)
-        return "recorded, not read now" if recorded or not self.source_lines else "read from the release now"
+        kinds = {p.kind for p in self.problems}
+        read = ProblemKind.RULE_NOT_RUN not in kinds and (bool(self.source_lines)
+                                                          or ProblemKind.SOURCE_CHECKED in kinds)
+        return "read from the release now" if read else "recorded, not read now"
 
     @property
     def label(self) -> str:

@@ -158,8 +158,32 @@ def read_builders(root: Path) -> list[Builder]:
     return out
 
 
+# what a condition or a capture formula is made of; anything else (a call but getattr, a lambda, a
+# comprehension, a dunder name or attribute) is not evaluated
+_PLAIN = (ast.Expression, ast.Name, ast.Load, ast.Attribute, ast.Constant, ast.Compare, ast.BoolOp, ast.BinOp,
+          ast.UnaryOp, ast.List, ast.Tuple, ast.Subscript, ast.IfExp, ast.Call, ast.cmpop, ast.boolop,
+          ast.operator, ast.unaryop, ast.Slice)
+
+
+def _plain(expr: ast.expr) -> bool:
+    for node in ast.walk(expr):
+        if not isinstance(node, _PLAIN):
+            return False
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id == "getattr"):
+            return False
+        name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else "")
+        if name.startswith("_"):
+            return False
+    return True
+
+
 def evaluate(expr: ast.expr, **names):
-    """One expression from the release, evaluated on ``names`` with ``getattr`` as its only builtin."""
+    """One expression from the release, evaluated on ``names`` with ``getattr`` as its only builtin, and
+    only when it is plain (``_PLAIN``: names, attributes, constants, arithmetic, comparisons, getattr)."""
+    if not _plain(expr):
+        raise LmdeploySourceError(f"an expression in the release is not a plain one "
+                                  f"({ast.unparse(expr)[:80]}); it is not evaluated here")
     code = compile(ast.Expression(expr), "<lmdeploy>", "eval")
     return eval(code, {"__builtins__": {"getattr": getattr}}, dict(names))  # noqa: S307
 
