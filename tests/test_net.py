@@ -53,6 +53,14 @@ def reply(h, code: int = 200, body: bytes = b"ok", headers: dict | None = None):
     h.wfile.write(body)
 
 
+def endless(h):
+    """A body that never ends, as fast as the socket takes it."""
+    h.send_response(200)
+    h.end_headers()
+    while True:
+        h.wfile.write(b"# pad\n" * 4096)
+
+
 @pytest.fixture
 def no_proxy_env(monkeypatch):
     for v in ("http_proxy", "https_proxy", "all_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
@@ -145,11 +153,6 @@ def test_a_server_that_trickles_its_headers_is_cut_too(serve, no_proxy_env):
 
 
 def test_an_endless_body_is_refused_at_its_cap(serve, no_proxy_env):
-    def endless(h):
-        h.send_response(200)
-        h.end_headers()
-        while True:
-            h.wfile.write(b"# pad\n" * 4096)
     url = serve("127.0.0.1", endless)
     with pytest.raises(net.TooLarge, match="goes on past 1,048,576 bytes"):
         net.get(url, deadline_s=10, max_bytes=1 << 20)
@@ -163,11 +166,6 @@ def test_a_declared_length_over_the_cap_is_refused_before_reading(serve, no_prox
 
 
 def test_metrics_from_a_hostile_server_is_one_line_and_exit_2(serve, no_proxy_env):
-    def endless(h):
-        h.send_response(200)
-        h.end_headers()
-        while True:
-            h.wfile.write(b"# pad\n" * 4096)
     url = serve("127.0.0.1", endless)
     with pytest.raises(BadOption, match=r"--metrics .*goes on past .* bytes"):
         exports.fetch(url + "/metrics", timeout=20)

@@ -103,6 +103,12 @@ def _result(version, arch, n, served, ids, cfg, problems, lines) -> WiringResult
     )
 
 
+def _shallow(version, arch, n, ids, cfg, where: str, notes: list, lines: list) -> WiringResult:
+    """A Kimi target below the depth LMDeploy's builder accepts: loading fails, whether read or recorded."""
+    refused = error(K.SETTER_RAISES, f"LMDeploy refuses a target this shallow ({where}): loading fails")
+    return _result(version, arch, n, (), ids, cfg, [refused, *notes], lines)
+
+
 def _turbomind(version, arch, n, ids, cfg, where: str) -> WiringResult:
     return _result(
         version,
@@ -182,22 +188,8 @@ def resolve_lmdeploy(
         )
     for guard, test in setter.guards:
         if src.evaluate(test, cfg=_Depth(num_layers), num_layers=num_layers):
-            return _result(
-                version,
-                arch,
-                num_layers,
-                (),
-                ids,
-                cfg,
-                [
-                    error(
-                        K.SETTER_RAISES,
-                        f"LMDeploy refuses a target this shallow ({guard.cite()}: {guard.text}): "
-                        f"loading fails",
-                    )
-                ],
-                lines + [guard.as_dict()],
-            )
+            return _shallow(version, arch, num_layers, ids, cfg, f"{guard.cite()}: {guard.text}", [],
+                            lines + [guard.as_dict()])
     served = tuple(src.evaluate(setter.aux_expr, cfg=_Depth(num_layers), num_layers=num_layers))
     return _result(version, arch, num_layers, served, ids, cfg, [read], lines)
 
@@ -277,21 +269,7 @@ def recorded_lmdeploy(
         )
     where, least = RECORDED_KIMI_MIN_LAYERS
     if key != "LlamaForCausalLM" and num_layers < least:
-        return _result(
-            version,
-            arch,
-            num_layers,
-            (),
-            ids,
-            cfg,
-            [
-                error(
-                    K.SETTER_RAISES, f"LMDeploy refuses a target this shallow ({where}: under {least} layers)"
-                ),
-                note,
-            ],
-            [],
-        )
+        return _shallow(version, arch, num_layers, ids, cfg, f"{where}: under {least} layers", [note], [])
     file, line = RECORDED_CAPTURE[key].rsplit(":", 1)
     return _result(
         version,
