@@ -130,17 +130,16 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
                                      f"{index_url()} (offline, or an index without a JSON listing)")
         earlier = _UNREACHABLE.get((index_url(), download))
         if earlier is not None:     # one air-gapped answer is enough: pip is not asked again in this process
-            said, why = earlier
-            head = f"cannot fetch {package} {version}:"
-            again = (f"{head} the package index did not answer earlier in this run ({why}); "
-                     f"{_cached_hint(package, base)}")
-            raise PackageIndexUnreachable(said if said.startswith(head) else again)
+            asked, said, why = earlier     # the same release is told the same sentence (it is said once)
+            again = (f"cannot fetch {package} {version}: the package index did not answer earlier in this "
+                     f"run ({why}); {_cached_hint(package, base)}")
+            raise PackageIndexUnreachable(said if asked == (package, version) else again)
         run = download or (lambda v, dest, extra: pip_download(package, v, dest, extra))
         with tempfile.TemporaryDirectory(prefix=f"{package}-dl-") as tmp:
             try:
                 wheel = _download_wheel(package, version, Path(tmp), base, run)
             except PackageIndexUnreachable as exc:
-                _UNREACHABLE[(index_url(), download)] = (str(exc), one_line(exc)[:200])
+                _UNREACHABLE[(index_url(), download)] = ((package, version), str(exc), one_line(exc)[:200])
                 raise
             _install(package, version, wheel, wanted, base)
     except BaseException:
@@ -151,7 +150,8 @@ def fetch(package: str, version: str, keep: Keep, *, cache: Path | str | None = 
 
 
 # the indexes that did not answer pip in this process: an air-gapped host is told once, not once per release
-_UNREACHABLE: dict[tuple[str, Download | None], tuple[str, str]] = {}   # (what was said, why, shortened)
+# (the release asked, what was said, why in short)
+_UNREACHABLE: dict[tuple[str, Download | None], tuple[tuple[str, str], str, str]] = {}
 
 
 def _remove_empty(folders: list[Path]) -> None:
