@@ -84,3 +84,14 @@ def test_sampler_probs_follow_each_engine_order():
     after = sampler_probs(logits, 2.0, Sampler(top_p=0.7))
     assert int((first > 0).sum()) == 2 and int((after > 0).sum()) == 3
     assert torch.allclose(first.sum(-1), torch.ones(1)) and torch.allclose(after.sum(-1), torch.ones(1))
+
+
+def test_lmdeploy_rule_is_read_from_its_wheel():
+    """LMDeploy 0.18.0's EAGLE-3 proposer drafts its argmax and its agent calls the rejection sampler without
+    the draft's probabilities: target-only, with GenerationConfig's top-k 50 as the sampler a request
+    keeps."""
+    rule, why = rule_for("lmdeploy", "0.18.0")
+    assert why is None and rule.read and rule.verify is Verify.TARGET_ONLY and rule.sampler == Sampler(50)
+    assert dataclasses.replace(rule, read=False) == RECORDED["lmdeploy"]
+    old, why = rule_for("lmdeploy", "0.0.10")      # no such files: the recorded rule, and why
+    assert old == RECORDED["lmdeploy"] and why

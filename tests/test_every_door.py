@@ -2,7 +2,7 @@
 it match, and what fixes it. ``check``, ``wiring``, ``fixes deploy``, the engine guard and ``diagnose`` each
 answer from the one chain (``investigation.evidence.training_evidence``) and the one fix writer, so on each
 test draft (a record, none, a trainer the config names, a trainer named by the user, a deployed copy) and
-each engine (SGLang, vLLM, llama.cpp, TensorRT-LLM) they must agree; and every fix command ``check`` prints
+each engine (SGLang, vLLM, llama.cpp, TensorRT-LLM, LMDeploy) they must agree; and every fix command ``check`` prints
 must run as printed and serve the training layout on that engine (docs/architecture.md, "Where a rule
 lives")."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ from helpers.judgement import Judgement
 from helpers.live import guard
 from helpers.rules.conventions import parse_engine, read_draft_config, read_target
 
-ENGINES = ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm")
+ENGINES = ("sglang==0.5.23", "vllm==0.32.0", "llamacpp==b11434", "trtllm", "lmdeploy==0.18.0")
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -392,3 +392,44 @@ def test_diagnose_every_llamacpp_export(capsys, files, extra, want):
         if explanation == "undetermined" and files == ("completion_t07.json",):
             assert out["next"][0].startswith("python -m helpers diagnose --metrics SRC --draft D "
                                              "--draft-tokens K")
+
+
+# -- LMDeploy: its own metrics code's output (benchmarks/record_lmdeploy_exports.py) ----------------------
+# LMDeploy cannot serve on this CPU host: its metrics/loggers.py, read from the 0.18.0 wheel, wrote these
+# from the reference engine's verify steps on the layout LMDeploy's rule serves a 12-layer Llama, (2, 6, 9)
+# (each folder's manifest.json says so). The deployed draft was trained on (0, 3, 7), the retrained on
+# (2, 6, 9); the log and the page are two views of the same steps and must agree to the count.
+
+
+@pytest.mark.skipif(not (EXPORTS / "lmdeploy" / "deployed" / "manifest.json").is_file(),
+                    reason="no recorded LMDeploy exports (benchmarks/record_lmdeploy_exports.py)")
+@pytest.mark.parametrize("name, explanation", [("deployed", "wiring"), ("retrained", "ok")])
+def test_lmdeploy_page_and_log_agree_and_are_diagnosed(capsys, name, explanation):
+    from helpers.commands.diagnose import main
+
+    m = manifest("lmdeploy", name)
+    folder = EXPORTS / "lmdeploy" / name
+    page, log = read_metrics(folder / "metrics.txt"), read_metrics(folder / "lmdeploy.log")
+    assert (page.engine, log.engine) == ("lmdeploy", "lmdeploy") and page.level is Level.COUNTS
+    assert page.drafts == log.drafts == m["verify_steps"]
+    assert page.accepted_per_position == log.accepted_per_position and page.num_spec_tokens == 3
+    assert page.accepted == round(m["accepted_per_step_mean"] * m["verify_steps"])
+    for f in ("metrics.txt", "lmdeploy.log"):
+        rc = main(["--metrics", str(folder / f), "--draft", str(LLAMA_DRAFTS[name]), "--target",
+                   str(LLAMA / "target"), "--engine", "lmdeploy==0.18.0", "--temperature", "0", "--json"])
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (out["explanation"], rc) == (explanation, {"ok": 0, "wiring": 1}[explanation]), out["evidence"]
+        assert out["engine"] == "lmdeploy" and out["served_layout"] == m["served_layout"] == [2, 6, 9]
+
+
+def test_lmdeploy_and_vllm_log_lines_are_told_apart(tmp_path):
+    """LMDeploy's stats line adapted vLLM's 'SpecDecoding metrics' text: the line around it says whose."""
+    body = ("SpecDecoding metrics: Draft acceptance rate: 10.00%, Mean acceptance length: 1.30, Accepted: 3 "
+            "tokens, Drafted: 30 tokens, Per-position acceptance rate: 0.200, 0.100, 0.000")
+    lm = tmp_path / "lmdeploy.log"
+    lm.write_text("[2026-12-06 10:00:00 DP0] Avg thr (in/out): 1.0 / 2.0 tokens/s, KV cache: 0.0%, " + body
+                  + "\n")
+    vl = tmp_path / "vllm.log"
+    vl.write_text("INFO 12-06 10:00:00 [metrics.py:90] " + body + "\n")
+    assert read_metrics(lm).engine == "lmdeploy" and read_metrics(vl).engine == "vllm"
+    assert read_metrics(lm).accepted_per_position == read_metrics(vl).accepted_per_position == (2, 1, 0)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import net
 from ..engines.llamacpp import exports as llamacpp
+from ..engines.lmdeploy import exports as lmdeploy
 from ..engines.sglang import exports as sglang
 from ..engines.vllm import exports as vllm
 from ..errors import BadOption, BadText, read_text_file
@@ -45,8 +46,8 @@ from .served import (
 )
 
 # Every engine whose exports the workbook reads, each declared in its own folder (engines/<name>/exports.py);
-# a response is offered to them in this order.
-FAMILIES: tuple[Family, ...] = (sglang.FAMILY, vllm.FAMILY, llamacpp.FAMILY)
+# a response is offered to them in this order (LMDeploy's log line before vLLM's, whose logger it adapted).
+FAMILIES: tuple[Family, ...] = (sglang.FAMILY, lmdeploy.FAMILY, vllm.FAMILY, llamacpp.FAMILY)
 register(*FAMILIES)
 
 
@@ -182,7 +183,7 @@ def _json_source(obj, where: str, num_spec_tokens: int | None) -> ServedProfile:
             f"engine's responses at a time"
         )
     if not by_engine:
-        expected = [f.responses_expected for f in FAMILIES]
+        expected = [f.responses_expected for f in FAMILIES if f.responses_expected]
         raise BadText(
             f"{where}: no item carries speculative counts; expected {', '.join(expected[:-1])}, or "
             f"{expected[-1]}"
@@ -358,9 +359,9 @@ def profile_of(r: Reading, num_spec_tokens: int | None = None) -> ServedProfile:
         )
     if found is None:
         raise BadText(
-            f"{r.where}: no speculative-decoding metrics found (looked for vllm:, sglang: and "
-            f"llamacpp: spec counters, vLLM's 'SpecDecoding metrics' line, llama.cpp's 'draft "
-            f"acceptance' line, SGLang's 'accept len:' line, and JSON responses)"
+            f"{r.where}: no speculative-decoding metrics found (looked for vllm:, sglang:, llamacpp: and "
+            f"lmdeploy: spec counters, vLLM's and LMDeploy's 'SpecDecoding metrics' lines, llama.cpp's "
+            f"'draft acceptance' line, SGLang's 'accept len:' line, and JSON responses)"
         )
     if found.level is Level.NONE or (found.drafts == 0 and found.gauge is None):
         raise BadText(f"{r.where}: the engine reports 0 verify steps; nothing was speculated yet")

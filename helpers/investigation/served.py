@@ -34,7 +34,7 @@ class ServedProfile:
     """What the engine reports over some traffic. ``drafts``: verify steps (draft rounds);
     ``accepted_per_position[i]``: how many of them accepted draft position i."""
 
-    engine: str  # vllm | sglang | llamacpp
+    engine: str  # vllm | sglang | llamacpp | lmdeploy
     source: str  # vllm-prometheus, sglang-responses, llamacpp-log, ...
     where: str
     drafts: int | None
@@ -239,6 +239,58 @@ def histogram_profile(r: Responses, source: str) -> ServedProfile:
         temperature=r.temperature,
         temperature_source=r.temperature_source,
         notes=(f"{r.counted} of {r.items} responses carried a histogram",),
+    )
+
+
+_SPEC_LINE = re.compile(r"SpecDecoding metrics:(?P<rest>.*)$", re.M)
+
+
+def spec_decoding_lines(text: str, where: str, engine: str,
+                        wanted: Callable[[str], bool]) -> ServedProfile | None:
+    """The "SpecDecoding metrics: ... Accepted: A tokens, Drafted: D tokens, Per-position acceptance rate:
+    r0, r1, ..." lines an engine logs (vLLM's, and LMDeploy's, which adapted vLLM's logger), each covering
+    the interval since the one before, added up. ``wanted`` picks this engine's lines by the whole line;
+    fields are found by name, so one inserted between them does no harm."""
+    drafts, per_pos, acc_total, drafted_total, lines = 0, [], 0, 0, 0
+    for m in _SPEC_LINE.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        if not wanted(text[start:m.end()]):
+            continue
+        rest = m["rest"]
+        acc = re.search(r"Accepted:\s*(\d+)\s*tokens", rest)
+        dra = re.search(r"Drafted:\s*(\d+)\s*tokens", rest)
+        pos = re.search(r"Per-position acceptance rate:\s*((?:\d+(?:\.\d+)?\s*,?\s*)+)", rest)
+        mean = re.search(r"Mean acceptance length:\s*([\d.]+)", rest)
+        if not (acc and dra):
+            continue
+        rates = numbers(pos[1]) if pos else []
+        a, d = int(acc[1]), int(dra[1])
+        if rates:
+            n = d // len(rates)  # k tokens drafted every round
+        elif mean and float(mean[1]) > 1.0:
+            n = round(a / (float(mean[1]) - 1))
+        else:
+            continue
+        lines += 1
+        drafts += n
+        acc_total += a
+        drafted_total += d
+        if rates:
+            per_pos = [x + round(r * n) for x, r in zip(per_pos + [0] * len(rates), rates)]
+    if not lines:
+        return None
+    return ServedProfile(
+        engine=engine,
+        source=f"{engine}-log",
+        where=where,
+        drafts=drafts,
+        accepted_per_position=tuple(per_pos) or None,
+        accepted=acc_total,
+        draft_tokens=drafted_total,
+        num_spec_tokens=len(per_pos) or None,
+        notes=(
+            f"{lines} 'SpecDecoding metrics' lines added up (each covers the interval since the one before)",
+        ),
     )
 
 

@@ -62,7 +62,7 @@ class Sampler:
 
 @dataclass(frozen=True)
 class AcceptanceRule:
-    engine: str                   # vllm | sglang | llamacpp
+    engine: str                   # vllm | sglang | llamacpp | lmdeploy
     release: str                  # the release whose files say so (read, or recorded from)
     verify: Verify
     sampler: Sampler
@@ -104,6 +104,13 @@ RECORDED: dict[str, AcceptanceRule] = {
         ("common/common.h:337 probabilistic = false (greedy drafting)",
          "tools/server/server-context.cpp:4268 common_sampler_sample_and_accept_n (sample, then match)",
          "common/common.h:233-235 top_k 40, top_p 0.95, min_p 0.05"), False),
+    "lmdeploy": AcceptanceRule(
+        "lmdeploy", "0.18.0", Verify.TARGET_ONLY, Sampler(50),
+        ("lmdeploy/pytorch/spec_decode/proposers/eagle3.py:136 draft_token_ids = logits.argmax(...) "
+         "(greedy drafting)",
+         "lmdeploy/pytorch/spec_decode/spec_agent.py:476 self.rejection_sampler(...) without draft "
+         "probabilities",
+         "lmdeploy/messages.py:182-184 top_k 50, top_p 1, min_p 0"), False),
 }
 
 
@@ -236,6 +243,42 @@ def read_llamacpp(texts: dict[str, str], build: str) -> AcceptanceRule | None:
     return AcceptanceRule("llamacpp", build, verify, sampler, tuple(where), True)
 
 
+LMDEPLOY_PROPOSER = "lmdeploy/pytorch/spec_decode/proposers/eagle3.py"
+LMDEPLOY_AGENT = "lmdeploy/pytorch/spec_decode/spec_agent.py"
+LMDEPLOY_SAMPLING = "lmdeploy/messages.py"
+LMDEPLOY_FILES = (LMDEPLOY_PROPOSER, LMDEPLOY_AGENT, LMDEPLOY_SAMPLING)
+
+
+def read_lmdeploy(root: Path, release: str) -> AcceptanceRule | None:
+    """LMDeploy's rule from a release's Python (``root`` holds ``lmdeploy/``): the EAGLE-3 proposer drafts
+    its argmax, and the agent calls the rejection sampler with or without the draft's probabilities (without:
+    a draft token is accepted with the target's probability of it); the sampler's defaults are
+    ``GenerationConfig``'s, which a request naming only a temperature keeps. None where the files do not
+    say."""
+    proposer, agent = _read(root, LMDEPLOY_PROPOSER), _read(root, LMDEPLOY_AGENT)
+    if proposer is None or agent is None:
+        return None
+    drafts = _line(proposer, r"draft_token_ids\s*=\s*logits\.argmax\(")
+    call = _line(agent, r"self\.rejection_sampler\(")
+    if drafts is None or call is None:
+        return None
+    lines = agent.splitlines()
+    depth, args = 0, []
+    for text in lines[call[0] - 1:call[0] + 20]:       # the call's text, to its closing parenthesis
+        args.append(text)
+        depth += text.count("(") - text.count(")")
+        if depth <= 0:
+            break
+    probs = "draft_probs" in "\n".join(args)
+    verify = Verify.SPECULATIVE if probs else Verify.TARGET_ONLY
+    where = [f"{LMDEPLOY_PROPOSER}:{drafts[0]} draft_token_ids = logits.argmax(...) (greedy drafting)",
+             f"{LMDEPLOY_AGENT}:{call[0]} self.rejection_sampler(...) "
+             + ("with the draft's probabilities" if probs else "without draft probabilities")]
+    defaults = _python_defaults(_read(root, LMDEPLOY_SAMPLING) or "", ("top_k", "top_p", "min_p"))
+    sampler, said = _sampler(defaults, LMDEPLOY_SAMPLING)
+    return AcceptanceRule("lmdeploy", release, verify, sampler, (*where, said), True)
+
+
 LLAMACPP_FILES = ("common/common.h", "tools/server/server-context.cpp")
 
 
@@ -267,6 +310,9 @@ def rule_for(engine: str, release: str | None,
         elif engine == "sglang":
             from ..engines.sglang.source import get_source
             rule = read_sglang(get_source(release).root, release, device)
+        elif engine == "lmdeploy":
+            from ..engines.lmdeploy import source as lmdeploy_source
+            rule = read_lmdeploy(lmdeploy_source.fetch(release), release)
         elif engine == "llamacpp":
             root = llamacpp_source_dir(release)
             rule = read_llamacpp({f: (root / f).read_text(encoding="utf-8", errors="replace")

@@ -26,7 +26,10 @@ ENGINE_CONFIG = "lmdeploy/pytorch/config.py"
 ASYNC_ENGINE = "lmdeploy/serve/core/async_engine.py"
 KIMI_DRAFT = "lmdeploy/pytorch/models/kimi_k25_eagle3.py"
 CLI_UTILS = "lmdeploy/cli/utils.py"
-KEPT = (CONFIGS, ENGINE_CONFIG, ASYNC_ENGINE, KIMI_DRAFT, CLI_UTILS)
+# beside the capture's files: what decides acceptance above temperature 0 (rules.acceptance.read_lmdeploy)
+SPEC_DECODE = "lmdeploy/pytorch/spec_decode/"
+MESSAGES = "lmdeploy/messages.py"
+KEPT = (CONFIGS, ENGINE_CONFIG, ASYNC_ENGINE, KIMI_DRAFT, CLI_UTILS, SPEC_DECODE, MESSAGES)
 
 
 class LmdeploySourceError(RuntimeError):

@@ -7,53 +7,18 @@ v1/metrics/stats.py:350-421) or the offline API's ``spec_decode_metrics``. docs/
 
 from __future__ import annotations
 
-import re
-
-from ...investigation.served import Counted, Family, ServedProfile, counts_list, histogram_profile, numbers
-
-_LINE = re.compile(r"SpecDecoding metrics:(?P<rest>.*)$", re.M)
+from ...investigation.served import (
+    Counted,
+    Family,
+    ServedProfile,
+    counts_list,
+    histogram_profile,
+    spec_decoding_lines,
+)
 
 
 def read_log(text: str, where: str) -> ServedProfile | None:
-    drafts, per_pos, acc_total, drafted_total, lines = 0, [], 0, 0, 0
-    for m in _LINE.finditer(text):
-        rest = m["rest"]
-        acc = re.search(r"Accepted:\s*(\d+)\s*tokens", rest)
-        dra = re.search(r"Drafted:\s*(\d+)\s*tokens", rest)
-        pos = re.search(r"Per-position acceptance rate:\s*((?:\d+(?:\.\d+)?\s*,?\s*)+)", rest)
-        mean = re.search(r"Mean acceptance length:\s*([\d.]+)", rest)
-        if not (acc and dra):
-            continue
-        rates = numbers(pos[1]) if pos else []
-        a, d = int(acc[1]), int(dra[1])
-        if rates:
-            n = d // len(rates)  # vLLM drafts k tokens every round
-        elif mean and float(mean[1]) > 1.0:
-            n = round(a / (float(mean[1]) - 1))
-        else:
-            continue
-        lines += 1
-        drafts += n
-        acc_total += a
-        drafted_total += d
-        if rates:
-            per_pos = [x + round(r * n) for x, r in zip(per_pos + [0] * len(rates), rates)]
-    if not lines:
-        return None
-    k = len(per_pos) or None
-    return ServedProfile(
-        engine="vllm",
-        source="vllm-log",
-        where=where,
-        drafts=drafts,
-        accepted_per_position=tuple(per_pos) or None,
-        accepted=acc_total,
-        draft_tokens=drafted_total,
-        num_spec_tokens=k,
-        notes=(
-            f"{lines} 'SpecDecoding metrics' lines added up (each covers the interval since the one before)",
-        ),
-    )
+    return spec_decoding_lines(text, where, "vllm", lambda line: True)
 
 
 def read_response(it: dict, where: str, i: int) -> Counted | None:
