@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _at_hand(package: str) -> list[str]:
     """The recorded releases whose files this machine holds, and the package's newest recorded release."""
     rows = R.recorded(package)
-    cache = wheels.cache_root("sglang") if package == "sglang" else \
+    cache = wheels.cache_root(package) if package in ("sglang", "lmdeploy", "tensorrt-llm") else \
         wheels.cache_root(own.CACHE_NAME if package == "vllm" else f"{package}-code")
     held = [v for v in rows if wheels.cached(package, v, cache) is not None]
     return sorted(set(held) | {list(rows)[-1]}, key=version_key)
@@ -33,13 +33,18 @@ def _at_hand(package: str) -> list[str]:
 @pytest.mark.parametrize("package", R.ENGINE_PACKAGES)
 def test_every_release_at_hand_gives_the_recorded_rule_and_hook_sites(package):
     rows = R.recorded(package)
-    assert len(rows) >= 30, f"{R.DATA_NAME} holds {len(rows)} {package} releases"
+    least = {"lmdeploy": 12, "tensorrt-llm": 4}.get(package, 30)
+    assert len(rows) >= least, f"{R.DATA_NAME} holds {len(rows)} {package} releases"
     checked = []
     for version in _at_hand(package):
         now = R.derive(package, version)
+        was = rows[version]
+        if now.error and was.error and package == "tensorrt-llm":     # a stub, then and now: said so
+            assert "stub" in now.error and "stub" in was.error, (version, now.error)
+            checked.append(version)
+            continue
         if now.error:
             unavailable(f"{package} {version}: {now.error}")
-        was = rows[version]
         assert now.runners == was.runners, (package, version)
         assert now.rule == was.rule, (package, version, R.compare(was, now))
         assert [h.as_dict() for h in now.hooks] == [h.as_dict() for h in was.hooks], (package, version)
@@ -104,7 +109,11 @@ def test_the_command_answers_for_one_release_and_for_an_installed_engine(capsys)
     (rep,) = json.loads(capsys.readouterr().out)
     assert rep["changes"] == ["V2, draft with use_aux_hidden_state false: ids [1, 15, 28] -> no aux states"]
     assert cli(["releases", "--engine", "llamacpp"]) == 2
-    assert "the release matrix covers vllm and sglang" in capsys.readouterr().err
+    assert "the release matrix covers vllm, sglang, lmdeploy and trtllm" in capsys.readouterr().err
+    assert cli(["releases", "--engine", "lmdeploy==0.18.0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("lmdeploy 0.18.0: known") and "`check --engine lmdeploy==X` before" in out
+    assert "on Kimi-K2 61" in out and "(2, 30, 58) (kimi_k2.py:82)" in out
 
 
 def test_a_release_the_table_does_not_hold_is_read_and_said_new(capsys):
@@ -152,3 +161,34 @@ def test_listed_releases_are_final_and_in_pep_440_order(monkeypatch):
     assert R.listed_versions("vllm") == final
     monkeypatch.setattr(wheels, "index_listing", lambda package: {"versions": listed})
     assert R.listed_versions("vllm") == final
+
+
+def test_lmdeploy_rows_say_where_its_capture_begins_and_whom_it_serves():
+    """LMDeploy's matrix: no capture before 0.11.0; Llama from 0.11.0 at (2, N//2, N-3); Kimi-K2 and K2.5 from
+    0.17.0; a plain DeepSeek-V3 refused and Qwen3 fed nothing in every release; each cell names its line."""
+    rows = R.recorded("lmdeploy")
+    assert all(set(r.rule["pytorch"].values()) == {"no EAGLE-3 capture"} for v, r in rows.items()
+               if version_key(v) < version_key("0.11.0"))
+    for v, r in rows.items():
+        if version_key(v) < version_key("0.11.0"):
+            continue
+        cells = r.rule["pytorch"]
+        assert cells["Llama 32"] == "(2, 16, 29) (llama.py:28)"
+        assert cells["Llama 80"].startswith("(2, 40, 77)")
+        assert cells["DeepSeek-V3 61"].startswith("refused") and cells["Qwen3 36"] == "nothing fed"
+        kimi = version_key(v) >= version_key("0.17.0")
+        assert cells["Kimi-K2 61"].startswith("(2, 30, 58) (kimi_k2.py:") == kimi, (v, cells)
+        assert cells["Kimi-K2.5 61"].startswith("(2, 30, 58)") == kimi, (v, cells)
+
+
+def test_trtllm_rows_run_the_recorded_rule_and_name_the_stub(capsys):
+    from helpers.commands.releases import main
+
+    rule = R.load()["trtllm_recorded"]
+    assert rule["one-model"]["[-1, 1, 15]"] == "(32, 2, 16)"
+    assert rule["two-model"]["[-1, 1, 15]"] == "(2, 16, 32)"
+    assert rule["one-model"]["[1, 15, 40]"] == "(2, 16) + slot 3 unwritten"
+    assert rule["one-model"]["no options"] == "(2, 16, 29)"
+    assert main(["--engine", "trtllm==1.2.1"]) == 1
+    out = capsys.readouterr().out
+    assert "only tensorrt_llm-1.2.1.tar.gz" in out and "stub" in out, out

@@ -131,6 +131,8 @@ def test_fixes_deploy_writes_options_whose_check_matches(tmp_path):
     assert dep.returncode == 0, dep.stdout + dep.stderr
     opts = out_dir / OPTIONS_FILE
     assert read_options(opts).ids == (2, 6, 9)
+    steps = json.loads((DRAFT_3710 / "training.json").read_text()).get("ttt_steps")
+    assert read_options(opts).max_draft_len == (steps or 3)       # the draft's own depth where it says one
     same = json.loads((DRAFT_3710 / "config.json").read_text())
     assert json.loads((out_dir / "config.json").read_text()) == same      # the draft as it is
     line = next(ln for ln in (dep.stdout + dep.stderr).splitlines() if "check it:" in ln)
@@ -176,3 +178,21 @@ def test_a_stub_wheel_is_source_unavailable_and_a_real_one_is_read(tmp_path):
     (real / COMPLETE_MARKER).write_text("")
     read = trtllm_source.read_release("9.9.9", cache=tmp_path / "cache")
     assert [p.kind for p in read.problems] == [K.SOURCE_CHECKED] and len(read.lines) == 3
+
+
+def test_max_draft_len_is_the_drafts_own(tmp_path):
+    """A speculators config's speculative_tokens, else the record's ttt_steps, else 3, and the file says which."""
+    from helpers.engines.trtllm.options import options_text
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"speculators_config": {"proposal_methods": [
+        {"proposal_type": "greedy", "speculative_tokens": 5}]}}))
+    text = options_text([1, 5, 8], d)
+    assert "max_draft_len: 5" in text and "speculators_config" in text
+    (d / "config.json").write_text("{}")
+    (d / "training.json").write_text(json.dumps({"training_boundaries": [2, 6, 9], "ttt_steps": 4}))
+    assert "max_draft_len: 4" in options_text([1, 5, 8], d)
+    (d / "training.json").unlink()
+    text = options_text([1, 5, 8], d)
+    assert "max_draft_len: 3" in text and "names no depth" in text

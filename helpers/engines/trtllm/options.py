@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from ...errors import BadConfig
+from ...errors import BadConfig, read_json_file
+from ...record import read_record
 
 SPEC_KEY = "speculative_config"
 IDS_KEY = "eagle3_layers_to_capture"
@@ -103,10 +104,33 @@ def read_options(path: str | Path) -> TrtllmOptions:
                          None if model is None else str(model))
 
 
-def options_text(ids: list[int], draft: str | Path, *, one_model: bool = True, max_draft_len: int = 3) -> str:
-    """The options YAML that makes TensorRT-LLM capture ``ids`` for ``draft``."""
-    doc = {SPEC_KEY: {"decoding_type": "Eagle3", "max_draft_len": max_draft_len,
+DEFAULT_DRAFT_LEN = 3
+
+
+def draft_len_of(draft: str | Path) -> tuple[int, str]:
+    """How many tokens the draft proposes per step, and where that was read: a speculators config's proposal
+    method (``speculators_config.proposal_methods[].speculative_tokens``), else the steps it was trained to
+    roll out (the training record's ``ttt_steps``), else ``DEFAULT_DRAFT_LEN``, said so."""
+    cfg_path = Path(draft) / "config.json"
+    cfg = read_json_file(cfg_path, "draft config") if cfg_path.is_file() else {}
+    spec = cfg.get("speculators_config") if isinstance(cfg, dict) else None
+    for method in (spec or {}).get("proposal_methods") or []:
+        n = method.get("speculative_tokens") if isinstance(method, dict) else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n, "the draft's speculators_config (speculative_tokens)"
+    record = read_record(draft)
+    if record is not None and record.ttt_steps:
+        return record.ttt_steps, "the steps it was trained to roll out (training.json ttt_steps)"
+    return DEFAULT_DRAFT_LEN, f"{DEFAULT_DRAFT_LEN}: the draft names no depth; set it to what you serve"
+
+
+def options_text(ids: list[int], draft: str | Path, *, one_model: bool = True) -> str:
+    """The options YAML that makes TensorRT-LLM capture ``ids`` for ``draft``, its ``max_draft_len`` taken
+    from the draft (``draft_len_of``)."""
+    steps, where = draft_len_of(draft)
+    doc = {SPEC_KEY: {"decoding_type": "Eagle3", "max_draft_len": steps,
                       "speculative_model": str(draft), "eagle3_one_model": one_model, IDS_KEY: list(ids)}}
     return ("# TensorRT-LLM launch options (trtllm-serve TARGET --extra_llm_api_options THIS_FILE);\n"
             "# written by `python -m helpers fixes deploy --engine trtllm`\n"
+            f"# max_draft_len {steps}: {where}\n"
             + yaml.safe_dump(doc, sort_keys=False))

@@ -65,9 +65,25 @@ def read_text(version: str, text: str) -> ReadRelease:
     return out
 
 
+def _has_a_wheel(version: str) -> None:
+    """Refuse, naming what the index holds, where it lists this release without a wheel (a stub sdist)."""
+    listing = wheels.index_listing(PACKAGE)
+    if listing is None:
+        return
+    stem = f"tensorrt_llm-{version}"
+    files = [f for f in listing.get("files", []) if isinstance(f, dict)
+             and str(f.get("filename", "")).lower().startswith((f"{stem}-", f"{stem}.tar", f"{stem}.zip"))]
+    if files and not any(str(f["filename"]).endswith(".whl") for f in files):
+        held = ", ".join(f"{f['filename']} ({f.get('size', '?')} bytes)" for f in files)
+        raise wheels.PackageSourceError(f"the index lists no wheel of tensorrt-llm {version}, only {held}: a "
+                                        f"stub; its real wheels are on NVIDIA's index")
+
+
 def read_release(version: str, cache=None) -> ReadRelease:
     """The release's eagle3.py, from the cache or by ranges from the index; ``PackageSourceError`` when it
     cannot be had, or the wheel holds no such file (a stub)."""
+    if wheels.cached(PACKAGE, version, Path(cache) if cache else wheels.cache_root(PACKAGE)) is None:
+        _has_a_wheel(version)
     folder = wheels.fetch(PACKAGE, version, lambda name: name in KEEP, cache=cache, whole=False)
     path = Path(folder) / EAGLE3
     if not path.is_file():
