@@ -2,9 +2,9 @@
 it match, and what fixes it. ``check``, ``wiring``, ``fixes deploy``, the engine guard and ``diagnose`` each
 answer from the one chain (``investigation.evidence.training_evidence``) and the one fix writer, so on each
 test draft (a record, none, a trainer the config names, a trainer named by the user, a deployed copy) and
-each engine (SGLang, vLLM, llama.cpp, TensorRT-LLM, LMDeploy) they must agree; and every fix command ``check`` prints
-must run as printed and serve the training layout on that engine (docs/architecture.md, "Where a rule
-lives")."""
+each engine (SGLang, vLLM, llama.cpp, TensorRT-LLM, LMDeploy) they must agree; and every fix command
+``check`` prints must run as printed and serve the training layout on that engine (docs/architecture.md,
+"Where a rule lives")."""
 from __future__ import annotations
 
 import json

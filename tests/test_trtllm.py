@@ -181,7 +181,7 @@ def test_a_stub_wheel_is_source_unavailable_and_a_real_one_is_read(tmp_path):
 
 
 def test_max_draft_len_is_the_drafts_own(tmp_path):
-    """A speculators config's speculative_tokens, else the record's ttt_steps, else 3, and the file says which."""
+    """A speculators config's speculative_tokens, else the record's ttt_steps, else 3; the file says which."""
     from helpers.engines.trtllm.options import options_text
 
     d = tmp_path / "d"
