@@ -169,6 +169,37 @@ setup_engines() {
   return "$failed"     # non-zero only in CI (CI=true), where a missing engine fails the run
 }
 
+# `run` sets up only the engine its notebooks will start: --backend sglang|vllm names one, reference and
+# llamacpp need neither venv, and auto (the default) serves with SGLang, falling back to vLLM only where
+# SGLang could not be set up (backends.auto chooses the same way). `test` sets up both.
+run_backend() {
+  local prev="" a
+  for a in "$@"; do
+    case "$a" in
+      --backend=*) echo "${a#--backend=}"; return ;;
+      BACKEND=*) echo "${a#BACKEND=}"; return ;;
+    esac
+    [ "$prev" = "--backend" ] && { echo "$a"; return; }
+    prev="$a"
+  done
+  echo auto
+}
+setup_run_engines() {
+  case "$(run_backend "$@")" in
+    sglang) setup_sglang ;;
+    vllm) setup_vllm ;;
+    reference|llamacpp) echo "[engines] this run starts no engine venv (--backend $(run_backend "$@"))" ;;
+    *)
+      setup_sglang || return 1
+      if [ "${EAGLE3_WORKBOOK_SGLANG:-1}" = "0" ] || [ ! -f "$SGLANG_VENV/.requirements.sha256" ]; then
+        setup_vllm
+      else
+        echo "[engines] SGLang serves this run (--backend auto); vLLM's venv is not needed for it (bash workbook.sh vllm sets it up)"
+      fi
+      ;;
+  esac
+}
+
 # llama.cpp's llama-server, built once per machine into the cache (helpers/engines/llamacpp/build.py): about
 # 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
 # (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
@@ -213,7 +244,7 @@ case "$cmd" in
     # its log, EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, if it did not complete). --backend llamacpp needs it
     # before the first notebook.
     case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
-    setup_engines
+    setup_run_engines "$@"
     case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*BACKEND=*llamacpp*) wait_llamacpp ;; esac
     if [ -n "$LLAMACPP_PID" ]; then export EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"; fi
     trap stop_llamacpp EXIT

@@ -104,3 +104,27 @@ def test_workbook_sh_reads_an_older_name_with_one_line(tmp_path):
                          timeout=30)
     assert out.stdout.strip() == "small=1"
     assert "WORKBOOK_SMALL is deprecated; read as EAGLE3_WORKBOOK_SMALL" in out.stderr
+
+
+@pytest.mark.parametrize("args, sets_up", [
+    ("", "sglang"), ("--backend vllm", "vllm"), ("--backend=sglang", "sglang only"),
+    ("-p BACKEND=vllm", "vllm"),
+    ("--backend reference", "none"), ("--backend llamacpp", "none"), ("--small", "sglang")])
+@pytest.mark.parametrize("sglang_ok", [True, False])
+def test_workbook_sh_run_sets_up_only_the_engine_it_starts(tmp_path, args, sets_up, sglang_ok):
+    """`run` installs the venv its notebooks will start: SGLang for auto, vLLM only where SGLang could not be
+    set up or where --backend names it; none for the reference engine or llama.cpp."""
+    venv = tmp_path / "sg"
+    if sglang_ok:
+        venv.mkdir()
+        (venv / ".requirements.sha256").write_text("x")
+    script = ("source <(sed -n '/^run_backend()/,/^}/p;/^setup_run_engines()/,/^}/p' workbook.sh); "
+              "setup_sglang() { echo SETUP sglang; }; setup_vllm() { echo SETUP vllm; }; "
+              f"SGLANG_VENV={venv}; setup_run_engines {args}")
+    out = subprocess.run(["bash", "-c", script], cwd=ROOT, env={"PATH": "/usr/bin:/bin"}, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    done = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("SETUP ")]
+    want = {"none": [], "vllm": ["vllm"], "sglang only": ["sglang"],
+            "sglang": ["sglang"] if sglang_ok else ["sglang", "vllm"]}[sets_up]
+    assert done == want, out.stdout
