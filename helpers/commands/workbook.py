@@ -19,6 +19,7 @@ from ..errors import BadOption, InputError, fail
 from ..investigation.pair import BACKENDS, DEFAULT_DIR
 from ..live.backends import auto as auto_backend
 from ..live.backends import case_replay_line, installed
+from ..notebook.durations import start_line
 from ..notebook.lab import SMALL
 from ..notebook.parameters import rename_parameter
 from ..notebook.runner import (
@@ -27,6 +28,7 @@ from ..notebook.runner import (
     REPO,
     check_run_inputs,
     normalise_notebook_name,
+    run_kind,
     run_workbook,
 )
 from ..rules.conventions import (
@@ -135,6 +137,7 @@ def main(argv=None) -> int:
     for key in ("TARGET", "DRAFT", "RETRAINED_DRAFT", "PROMPTS", "DATA"):
         if params.get(key):
             params[key] = str(Path(params[key]).resolve())
+    print(start_line(run_kind(params, a.only)))
     t0 = time.perf_counter()
     runs = run_workbook(a.out, params, a.only, render=not a.no_render)
     for r in runs:

@@ -37,13 +37,13 @@ from ..model.checkpoint import load_draft
 from ..model.widen import Widened, same_function, widen
 from ..rules.conventions import read_draft_config
 from ..rules.wheels import cache_root
+from .durations import BUILD_LOG_ENV
 from .reports import kernel_rows
 
 PAIR = REPO / "data" / "tiny-llama"
 WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
 OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
 STEPS = 3           # draft tokens per round: a verify of 4 stays cheap where a round of 5 does not
-BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.sh run` when it started a build
 BUILD_WAIT_S = 60 * 60   # a build takes 8-15 min on 2 cores; one still holding its lock after an hour hangs
 NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)

@@ -23,7 +23,7 @@ from ..errors import BadOption, InputError
 from ..investigation.pair import BACKENDS, DEFAULT_DIR, MAX_STEPS, check_device
 from ..model.checkpoint import config_from_json
 from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_draft_config
-from . import kernels
+from . import durations, kernels
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
 from .parameters import NAMES
 from .reports import ORDER, TABLE_HEAD, Summary, finding_of, read_summary, table_cells
@@ -491,6 +491,8 @@ def _finish(staging: Path, out_dir: Path, runs: Runs, names: list[str], params: 
         _rewrite_paths(staging, out_dir, started)
         (staging / "INCOMPLETE").unlink()
         _swap_in(staging, out_dir)
+        durations.record(run_kind(params, names), time.time() - started, {r.name: round(r.seconds, 1)
+                                                                           for r in runs})
         return
     bad = next((r for r in runs if not r.ok), None)
     where = (f"{bad.name}.ipynb" + (f", cell {bad.cell}" if bad.cell is not None else "")
@@ -498,6 +500,12 @@ def _finish(staging: Path, out_dir: Path, runs: Runs, names: list[str], params: 
     _write_marker(staging, f"INCOMPLETE: {'interrupted' if runs.interrupted else 'failed'} at {where}\n"
                            f"--out {out_dir} was left as it was; this folder holds the partial run.")
     runs.incomplete = staging
+
+
+def run_kind(params: dict, only: list[str] | None = None) -> str:
+    """What makes two runs comparable (``durations.kind_of``): the notebooks run and the parameters but the
+    paths."""
+    return durations.kind_of([n for n in ORDER if not only or n in only], params, PATH_PARAMS)
 
 
 def normalise_notebook_name(name: str) -> str:

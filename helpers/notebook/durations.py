@@ -1,0 +1,91 @@
+"""How long a workbook run takes on this machine, said before it starts.
+
+Every run that finishes is kept in the cache (``<cache>/runs/workbook-runs.json``, the last ``KEEP``): its
+seconds per notebook and in all, and what kind of run it was (the notebooks and every parameter but the
+paths). A run of a kind that finished here before is announced from the newest such run; a first one from
+the project's measurements of the default run on its 2-core host (``REFERENCE``, with the date and the
+commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run (``bash
+workbook.sh run`` on a fresh machine) is said too: the kernels chapter waits for it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from ..rules.wheels import cache_root
+
+HISTORY = "workbook-runs.json"
+KEEP = 20
+BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.sh run` when it started a build
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A measured run on the project's host, quoted where this machine has none of its own."""
+
+    first_s: float          # a fresh clone: venv, SGLang's venv, llama-server's build, the notebooks
+    later_s: float          # the same run again, everything in place
+    measured: str           # when, where, which commit
+
+
+REFERENCE = Reference(first_s=0.0, later_s=0.0, measured="")
+
+
+def kind_of(names: list[str], params: dict, path_params: tuple[str, ...] = ()) -> str:
+    """What makes two runs comparable: the notebooks and every parameter but the paths."""
+    kept = {k: v for k, v in params.items() if k not in path_params and k != "REPORTS_DIR"}
+    return json.dumps({"notebooks": list(names), "params": kept}, sort_keys=True, default=str)
+
+
+def _path():
+    return cache_root("runs") / HISTORY
+
+
+def history() -> list[dict]:
+    try:
+        data = json.loads(_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [r for r in data if isinstance(r, dict) and isinstance(r.get("seconds"), (int, float))] \
+        if isinstance(data, list) else []
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def start_line(kind: str, cores: int | None = None) -> str:
+    """The line a run starts with: how long it should take here, and on what that rests."""
+    cores = cores or os.cpu_count() or 1
+    building = bool(os.environ.get(BUILD_LOG_ENV))
+    build = (" llama-server is being built beside it (its first build on this machine); notebook 01's "
+             "kernels chapter waits for it." if building else "")
+    same = [r for r in history() if r.get("kind") == kind]
+    if same:
+        last = same[-1]
+        return (f"[run] about {_minutes(last['seconds'])} here: the last run like this one on this machine "
+                f"took that ({last.get('date', '?')}).{build}")
+    if REFERENCE.first_s:
+        return (f"[run] no run like this one has finished on this machine ({cores} cores) yet; the default "
+                f"run on the project's 2-core host ({REFERENCE.measured}) took "
+                f"{_minutes(REFERENCE.first_s)} the first time and {_minutes(REFERENCE.later_s)} later."
+                f"{build}")
+    return f"[run] no run like this one has finished on this machine yet.{build}"
+
+
+def record(kind: str, seconds: float, notebooks: dict[str, float]) -> None:
+    """Keep a finished run's times (the last ``KEEP``); a cache that cannot be written is passed over."""
+    runs = history() + [{"kind": kind, "seconds": round(seconds, 1), "notebooks": notebooks,
+                         "date": time.strftime("%Y-%m-%d %H:%M"),
+                         "built_llama_server": bool(os.environ.get(BUILD_LOG_ENV))}]
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(runs[-KEEP:], indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass

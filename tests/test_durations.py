@@ -1,0 +1,32 @@
+"""How long a run will take, said before it starts (helpers/notebook/durations.py): from the last run like it
+on this machine, else the project's own measurement, and a llama-server build beside it said."""
+from __future__ import annotations
+
+from helpers.notebook import durations, runner
+
+
+def test_a_run_is_announced_from_the_last_run_like_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path))
+    monkeypatch.delenv(durations.BUILD_LOG_ENV, raising=False)
+    kind = runner.run_kind({"BACKEND": "reference", "TARGET": "/a/target", "MAX_NEW_TOKENS": 64})
+    assert "no run like this one has finished on this machine" in durations.start_line(kind)
+    durations.record(kind, 125.4, {"01_baseline_throughput": 60.0})
+    # the paths do not make another kind of run; a parameter or the notebooks do
+    assert runner.run_kind({"BACKEND": "reference", "TARGET": "/b/target", "MAX_NEW_TOKENS": 64}) == kind
+    assert durations.start_line(kind).startswith("[run] about 2 min 05 s here")
+    assert "no run like this one" in durations.start_line(runner.run_kind({"BACKEND": "sglang"}))
+    assert runner.run_kind({"BACKEND": "reference"}, ["01"]) != runner.run_kind({"BACKEND": "reference"})
+    monkeypatch.setenv(durations.BUILD_LOG_ENV, str(tmp_path / "build.log"))
+    assert "llama-server is being built beside it" in durations.start_line(kind)
+    for i in range(durations.KEEP + 3):
+        durations.record(kind, float(i), {})
+    assert len(durations.history()) == durations.KEEP
+
+
+def test_an_unreadable_history_is_no_history(monkeypatch, tmp_path):
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / durations.HISTORY).write_text("{not json")
+    assert durations.history() == []
+    durations.record("k", 1.0, {})
+    assert [r["kind"] for r in durations.history()] == ["k"]
