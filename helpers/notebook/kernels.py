@@ -205,7 +205,36 @@ def regime(run: KernelsRun) -> str:
             f"{rate} and verifies {row.steps + 1} in {c['verify']:.1f} ms ({c['verify_over_decode']:.2f} "
             f"decode steps: one read of the weights serves them all); a draft step costs "
             f"{c['draft_step']:.2f} ms, so a round of {row.steps} draft steps breaks even at an accept "
-            f"length of {c['break_even_tau']:.2f}")
+            f"length of {c['break_even_tau']:.2f}" + _sentence(short_of_goal(run)))
+
+
+def _sentence(text: str) -> str:
+    return f". {text[0].upper()}{text[1:]}" if text else ""
+
+
+GOAL = 1.5      # the speedup a fix should clear where the host allows it
+
+
+def short_of_goal(run: KernelsRun, goal: float = GOAL) -> str:
+    """Where a fix falls short of ``goal``x, one sentence why, from the run's own costs: the best accept
+    length any wiring reached over this host's break-even bounds what a fix can give here. Empty where every
+    fix clears it (or none was measured)."""
+    fixes = [r for r in run.rows if r.wiring != "deployed" and r.costs and r.costs.get("break_even_tau")]
+    short = [r for r in fixes if r.speedup < goal]
+    if not short:
+        return ""
+    best = max(fixes, key=lambda r: r.accept_length)
+    c = best.costs
+    ceiling = best.accept_length / c["break_even_tau"]
+    cause = (f"a verify of {best.steps + 1} tokens costs {c['verify_over_decode']:.2f} decode steps and a "
+             f"draft step {c['draft_step'] / c['decode']:.2f}, so a round of {best.steps} breaks even at "
+             f"{c['break_even_tau']:.2f} tokens")
+    names = " and ".join(r.wiring for r in short)
+    if ceiling < goal:
+        return (f"{names} cannot clear {goal:g}x on this CPU: {cause}, and the best accept length "
+                f"measured ({best.accept_length:.2f}, {best.wiring}) predicts at most {ceiling:.2f}x")
+    return (f"{names} measured under {goal:g}x here, though {cause} and {best.wiring}'s accept length "
+            f"{best.accept_length:.2f} predicts {ceiling:.2f}x: this run's timing fell short of its costs")
 
 
 def prediction(row: LiveRow) -> float | None:
