@@ -16,7 +16,7 @@ from typing import Sequence
 
 from .. import cli
 from ..errors import BadOption, InputError, fail, print_json
-from ..rules import releases
+from ..rules import releases, releases_doc
 
 
 def _package(engine) -> str:
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.write:
-            releases.write(doc=args.doc, **({"packages": (args.package,)} if args.package else {}))
+            releases_doc.write(doc=args.doc, **({"packages": (args.package,)} if args.package else {}))
             print(f"wrote {releases.DATA_NAME} and {args.doc}")
             return 0
         if args.engine is not None:
