@@ -34,6 +34,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from ..boundaries import ProblemKind
 from ..engines.vllm import own
 from ..errors import BadConfig, read_json_file
 from . import wheels
@@ -159,11 +160,11 @@ def _served(r) -> str:
     blocking = [p for p in r.problems if p.blocking]
     where = next((f"{ln['file'].split('/')[-1]}:{ln['line']}" for ln in reversed(r.source_lines or [])
                   if ln.get("line")), "")
+    kinds = {p.kind for p in blocking}
     if not r.served_layout:
-        said = blocking[0].message if blocking else "nothing served"
-        kind = "refused: loading fails" if "fails" in said else "nothing fed"
+        kind = "refused: loading fails" if ProblemKind.SETTER_RAISES in kinds else "nothing fed"
         return kind + (f" ({where})" if where else "")
-    unwritten = [p for p in blocking if p.kind == "never-captured"]
+    unwritten = ProblemKind.NEVER_CAPTURED in kinds
     return f"{tuple(r.served_layout)}" + (" + unwritten slot" if unwritten else "") + (
         f" ({where})" if where else "")
 

@@ -214,7 +214,7 @@ def _chain(release: src.LmdeployRelease, arch: str, model_type: str | None) -> l
 
 def _cannot(where: str, model_type: str | None) -> Problem:
     return error(
-        K.NO_CAPTURE,
+        K.SETTER_RAISES,
         f"LMDeploy's config builder for model type {model_type!r} asserts a speculative "
         f"method other than eagle3 ({where}), so loading an EAGLE-3 draft fails: LMDeploy "
         f"cannot serve this draft at all (only Llama and Kimi-K2/K2.5 targets get capture)",
