@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import pytest
 import torch
 
 import helpers  # noqa: F401  (older WORKBOOK_ variables read under the one prefix: helpers/environment.py)
+from helpers.cores import size_torch_threads
 
 # Waits on subprocesses, servers and browsers are wall-clock budgets, and a busy machine (CI on a
 # developer's box, the suite run beside another) stretches them all alike. .ci/run sets this factor
@@ -26,6 +28,22 @@ def timeout_factor() -> float:
 def scaled(seconds: float) -> float:
     """A test's wall-clock budget on this machine: ``seconds`` on a quiet one, longer under load."""
     return seconds * timeout_factor()
+
+# Torch's threads follow the cores free now (helpers/cores.py): a second job on one of 2 cores otherwise
+# makes torch's two threads wait on each other at every operator, five to six times slower. Asked again
+# before a test at most every RESIZE_S seconds (a 0.1 s look at /proc/stat).
+RESIZE_S = 20.0
+_sized_at = [-math.inf]
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_on_free_cores():
+    now = time.monotonic()
+    if now - _sized_at[0] >= RESIZE_S:
+        size_torch_threads(window_s=0.1)
+        _sized_at[0] = now
+    yield
+
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "deepseek_v3")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cores import size_torch_threads
 from ..investigation.dump_diagnose import load_for_dump
 from ..investigation.pair import DEFAULT_DIR, Pair, load_pair
 from ..model.checkpoint import read_training_record
@@ -60,8 +61,12 @@ def setup_notebook(target=None, draft=None, device: str = "cpu", reports_dir="..
     """Create ``reports_dir``, load the pair (None: the embedded tiny-kimi), print its notes and
     description. ``heads_only``: the draft and the target's heads, never the target's layers.
     ``engine``: the notebook's ``ENGINE_VERSION`` text (None: the notebooks' default, the case replay),
-    parsed before anything loads so a misspelled engine stops the notebook first."""
+    parsed before anything loads so a misspelled engine stops the notebook first. Torch gets as many
+    threads as there are free cores now (``helpers.cores``), said in one line when that is fewer than all."""
     rules = parse_engine(engine) if engine is not None else CASE_ENGINE
+    cores = size_torch_threads()        # a core another job holds gets no torch thread (helpers/cores.py)
+    if cores.free < cores.allowed:
+        print(cores.line())
     reports = Path(reports_dir)
     reports.mkdir(parents=True, exist_ok=True)
     if heads_only:
