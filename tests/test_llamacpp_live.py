@@ -202,7 +202,9 @@ def test_each_launch_is_guarded_and_both_sides_share_their_settings(live):
         assert len(r.accepted_per_position) == 3
         c = r.costs
         assert c["decode"] > 0 and c["verify"] > 0 and c["round"] > 0 and c["break_even_tau"] > 1
-        assert len(c["decode_ms"]) == 4 and all(n >= 4 for n in c["verify_tokens"])
+        # decode and round: every request of the 4 prompts x 2 repeats timed; verify: once per prompt
+        assert len(c["decode_ms"]) == len(c["round_ms"]) == len(c["rounds"]) == 8 and len(c["verify_ms"]) == 4
+        assert all(n >= 4 for n in c["verify_tokens"]) and sum(c["rounds"]) == r.drafts
 
 
 @needs_server

@@ -167,13 +167,25 @@ def _timed(engine, prompt: list[int], max_new_tokens: int, other=None) -> tuple[
     return gen, tree_cpu_seconds(engine.pid) - c0
 
 
+@dataclass
+class PairedGenerations:
+    """Every timed request of a paired run, as the engine answered it: ``prompt[j]`` is the prompt index of
+    ``baseline[j]`` and ``speculative[j]``, the two sides of one pair. A ``costs`` callback reads the
+    engine's own per-request timings from these instead of generating again."""
+
+    prompt: list[int] = field(default_factory=list)
+    baseline: list = field(default_factory=list)
+    speculative: list = field(default_factory=list)
+
+
 def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
-            repeats: int, bar) -> tuple[PairedTiming, list[float], list[float], list]:
+            repeats: int, bar) -> tuple[PairedTiming, list[float], list[float], list, PairedGenerations]:
     """Every prompt of every repeat as one pair, baseline and speculative back to back, the side that
     goes first counterbalanced (``baseline_first``), as the reference engine times them
-    (``reference.run_bench``). Returns the paired timing, each
-    repeat's pooled tok/s per side, and each repeat's speculative generations merged."""
+    (``reference.run_bench``). Returns the paired timing, each repeat's pooled tok/s per side, each
+    repeat's speculative generations merged, and every request's generation."""
     pb, ps, po, first, cb, cs, b_runs, s_runs, gens = [], [], [], [], [], [], [], [], []
+    every = PairedGenerations()
     quiet = functools.partial(_pause_all, base, spec)
     quiet()                      # the calibration kernel times the machine, not our own idle engines
     with MachineWatch() as watch:
@@ -189,6 +201,9 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
                     bg, bc = _timed(base, p, max_new_tokens, spec)
                 b_gens.append(bg)
                 s_gens.append(sg)
+                every.prompt.append(i)
+                every.baseline.append(bg)
+                every.speculative.append(sg)
                 pb.append(_tok_s(bg))
                 ps.append(_tok_s(sg))
                 po.append(i)
@@ -199,7 +214,7 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
             gens.append(_merge(s_gens))
             s_runs.append(_tok_s(gens[-1]))
         quiet()
-    return PairedTiming(pb, ps, po, watch.signal, cb, cs, first), b_runs, s_runs, gens
+    return PairedTiming(pb, ps, po, watch.signal, cb, cs, first), b_runs, s_runs, gens, every
 
 
 def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
@@ -207,7 +222,8 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
                progress: bool = True, costs: Callable | None = None) -> list[LiveRow]:
     """Each wiring against one shared baseline engine; engines are stopped however this returns.
     ``name``: the engine family ('vllm', 'sglang', 'llamacpp'), for the rows' ``backend``. ``costs(base,
-    spec)``: measured after the paired runs while both engines are up, into the row's ``costs``."""
+    spec, every)``: a round's costs, from the paired run's own requests (``every``) and whatever the
+    callback still measures while both engines are up, into the row's ``costs``."""
     if not wirings:
         raise ValueError("no wirings to benchmark")
     if repeats < 1:
@@ -220,9 +236,10 @@ def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids:
             with launch(w.draft, tuple(w.served_layout)) as spec:
                 spec.generate(prompt_ids[:1], max_new_tokens)            # warm-up
                 bar = tqdm(total=repeats * len(prompt_ids), desc=f"{name} {w.name}", disable=not progress)
-                timing, b_runs, s_runs, gens = _paired(base, spec, prompt_ids, max_new_tokens, repeats, bar)
+                timing, b_runs, s_runs, gens, every = _paired(base, spec, prompt_ids, max_new_tokens, repeats,
+                                                              bar)
                 bar.close()
-                measured = costs(base, spec) if costs is not None else None
+                measured = costs(base, spec, every) if costs is not None else None
                 getattr(base, "resume", lambda: None)()
                 drafts = sum(g.drafts for g in gens)
                 accepted = sum(g.accepted_tokens for g in gens)

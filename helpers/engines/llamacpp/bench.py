@@ -7,7 +7,8 @@ the row's layout is the file's, and where the rules' prediction differs the row 
 line. Before each speculative launch the guard judges the file against the draft's training record
 (``live.guard.before_llamacpp``): ``refuse`` stops a miswired or unjudgeable draft before ``llama-server``
 starts. One baseline server for the whole run, one server per wiring, requests timed in counterbalanced
-pairs (``live.bench``); then, both servers still up, a round's costs in decode steps (``costs``).
+pairs (``live.bench``); a round's costs in decode steps (``costs``) are read from those requests' own
+timings, with one verify per prompt measured after them.
 """
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prom
         return LlamacppEngine(build, ServerLaunch(tgt.gguf, c.gguf, steps, threads, ctx), log_dir=log_dir,
                               guard=verdicts.get(Path(draft)))
 
-    def round_costs(base: LlamacppEngine, spec: LlamacppEngine) -> dict:
-        return costs.measure(base, spec, prompt_ids, steps=steps, max_new_tokens=max_new_tokens).to_dict()
+    def round_costs(base: LlamacppEngine, spec: LlamacppEngine, every: live.PairedGenerations) -> dict:
+        return costs.measure(base, spec, prompt_ids, steps=steps, every=every).to_dict()
 
     return live.live_bench(launch, "llamacpp", served, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
                            repeats=repeats, rules=str(rules), progress=progress, costs=round_costs)

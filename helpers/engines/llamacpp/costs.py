@@ -1,18 +1,21 @@
 """What one speculative round costs on ``llama-server``, in decode steps: the break-even accept length.
 
 Speculation pays when a round's tokens (the accept length) outnumber what the round costs in plain decode
-steps. Three costs, each llama.cpp's own ``timings`` on this host's real kernels, per prompt:
+steps. Three costs, each llama.cpp's own ``timings`` on this host's real kernels:
 
-- **decode**: a baseline request's ``predicted_ms / predicted_n`` (one token at a time);
-- **verify of k+1 tokens**: the target alone, the prompt cached (``cache_prompt``), then the same prompt
-  with k+1 more tokens: the second request's ``prompt_ms`` is one forward over a batch of k+1 tokens at
-  that context, what a verify costs (its ``prompt_n`` is kept, since llama.cpp may re-read a token);
-- **round**: a speculative request's ``predicted_ms`` over its draft rounds (llama.cpp's
-  ``spec_decode_num_drafts`` for that request): verify plus k draft steps, as served.
+- **decode**: each baseline request of the paired run, its ``predicted_ms / predicted_n`` (one token at a
+  time);
+- **round**: each speculative request of the paired run, its ``predicted_ms`` over its draft rounds
+  (llama.cpp's ``spec_decode_num_drafts`` for that request): verify plus k draft steps, as served;
+- **verify of k+1 tokens**: measured after the paired run, per prompt, on the baseline server alone: the
+  prompt cached (``cache_prompt``), then the same prompt with the first k+1 tokens of its baseline
+  continuation: the second request's ``prompt_ms`` is one forward over a batch of k+1 tokens at that
+  context, what a verify costs (its ``prompt_n`` is kept, since llama.cpp may re-read a token).
 
-The draft step is derived, (round - verify) / k, and said to be. The break-even accept length is round /
-decode. The two sides of every prompt run back to back, the one that goes first alternating
-(``timing.baseline_first``), so a drift of the machine falls on both.
+Decode and round come from the very requests the speed ratio was timed on
+(``live.bench.PairedGenerations``: counterbalanced pairs, so a drift of the machine falls on both sides), so
+nothing is generated twice. The draft step is derived, (round - verify) / k, and said to be. The break-even
+accept length is round / decode.
 """
 from __future__ import annotations
 
@@ -20,13 +23,13 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 
-from ...live.timing import baseline_first
+from ...live.bench import PairedGenerations
 from .engine import LlamacppEngine
 
 
 @dataclass(frozen=True)
 class RoundCosts:
-    """Per-prompt costs (milliseconds) on one llama.cpp build, and what they mean together."""
+    """Per-request costs (milliseconds) on one llama.cpp build, and what they mean together."""
 
     engine: str
     steps: int
@@ -91,13 +94,18 @@ class RoundCosts:
         return (f"{self.engine}: decode {self.decode:.2f} ms, verify of {self.steps + 1} tokens "
                 f"{self.verify:.2f} ms ({self.verify_over_decode:.2f} decodes), draft step "
                 f"{self.draft_step:.2f} ms (derived), round {self.round:.2f} ms -> break-even accept length "
-                f"{self.break_even_tau:.2f} (median of {len(self.decode_ms)} prompts)"
+                f"{self.break_even_tau:.2f} (medians of {len(self.decode_ms)} requests, verify of "
+                f"{len(self.verify_ms)} prompts)"
                 + (f"; noisy: {'; '.join(self.noisy)}" if self.noisy else ""))
 
 
-def _decode_ms(base: LlamacppEngine, prompt: list[int], max_tokens: int) -> float:
-    t = base.completion(prompt, max_tokens).get("timings") or {}
+def _decode_ms(gen) -> float:
+    t = gen.timings[0]
     return float(t["predicted_ms"]) / max(1, int(t["predicted_n"]))
+
+
+def _round_ms(gen) -> float:
+    return float(gen.timings[0]["predicted_ms"]) / max(1, gen.drafts)
 
 
 def _verify_ms(base: LlamacppEngine, prompt: list[int], extra: list[int]) -> tuple[float, int]:
@@ -109,43 +117,26 @@ def _verify_ms(base: LlamacppEngine, prompt: list[int], extra: list[int]) -> tup
     return float(t["prompt_ms"]), int(t["prompt_n"])
 
 
-def _round_ms(spec: LlamacppEngine, prompt: list[int], max_tokens: int) -> tuple[float, int]:
-    gen = spec.generate([prompt], max_tokens)
-    t = gen.timings[0]
-    return float(t["predicted_ms"]) / max(1, gen.drafts), gen.drafts
-
-
 def measure(base: LlamacppEngine, spec: LlamacppEngine, prompt_ids: list[list[int]], *, steps: int,
-            max_new_tokens: int, bar=None) -> RoundCosts:
-    """The three costs for each prompt, on a baseline and a speculative server already started (each
-    paused while the other works, where it can be)."""
-    dec, ver, vtok, rnd, rounds = [], [], [], [], []
+            every: PairedGenerations) -> RoundCosts:
+    """The three costs: decode and round from every request of the paired run (``every``), verify measured
+    now for each prompt on the baseline server (the speculative one paused where it can be)."""
     load = os.getloadavg()[0] / max(1, os.cpu_count() or 1) if hasattr(os, "getloadavg") else 0.0
-    for i, p in enumerate(prompt_ids):
-        spec.pause()
-        base.resume()
-        extra = base.completion(p, steps + 1)["tokens"][: steps + 1]   # the target's own continuation
-
-        def baseline_side():
-            spec.pause()
-            base.resume()
-            dec.append(_decode_ms(base, p, max_new_tokens))
-            v, n = _verify_ms(base, p, [int(x) for x in extra])
+    dec = tuple(_decode_ms(g) for g in every.baseline)
+    rounds = tuple(max(1, g.drafts) for g in every.speculative)
+    rnd = tuple(_round_ms(g) for g in every.speculative)
+    ver, vtok = [], []
+    first = {}
+    for i, g in zip(every.prompt, every.baseline):
+        first.setdefault(i, g.tokens[0][: steps + 1])   # the target's own continuation
+    spec.pause()
+    base.resume()
+    try:
+        for i, p in enumerate(prompt_ids):
+            v, n = _verify_ms(base, p, [int(x) for x in first[i]])
             ver.append(v)
             vtok.append(n)
-
-        def spec_side():
-            base.pause()
-            spec.resume()
-            r, n = _round_ms(spec, p, max_new_tokens)
-            rnd.append(r)
-            rounds.append(n)
-
-        for side in ((baseline_side, spec_side) if baseline_first(i, 0) else (spec_side, baseline_side)):
-            side()
-        if bar is not None:
-            bar.update(1)
-    base.resume()
-    spec.resume()
-    return RoundCosts(f"llamacpp=={base.version}", steps, tuple(dec), tuple(ver), tuple(vtok), tuple(rnd),
-                      tuple(rounds), round(load, 2))
+    finally:
+        spec.resume()
+    return RoundCosts(f"llamacpp=={base.version}", steps, dec, tuple(ver), tuple(vtok), rnd, rounds,
+                      round(load, 2))
