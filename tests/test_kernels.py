@@ -128,3 +128,23 @@ def test_a_fix_short_of_one_and_a_half_is_said_why_from_the_hosts_costs():
     for r in rows:
         r.costs = costs2
     assert kernels.short_of_goal(kernels.KernelsRun(rows=rows)).startswith("fix B measured under 1.5x here")
+
+
+def test_the_round_length_is_the_one_its_costs_and_acceptance_favour():
+    """A verify that stays cheap up to 3 tokens and then climbs makes k=2 the best round; the chosen k, every
+    option's prediction and the acceptance are said in one sentence, and a notebook-06 run reuses them."""
+    acc = [0.76, 0.48, 0.38, 0.26, 0.19]
+    options = kernels.steps_options(acc, {1: 1.16, 2: 1.17, 3: 1.42, 4: 1.87, 5: 2.19})
+    assert [o["tau"] for o in options] == [1.76, 2.24, 2.62, 2.88, 3.07]
+    best = max(options, key=lambda o: (o["predicted"], -o["k"]))
+    assert best["k"] == 2 and best["predicted"] == pytest.approx(2.24 / 1.17, abs=1e-3)
+    choice = kernels.StepsChoice(2, "llamacpp==b11434", 19.3, tuple(acc), tuple(options))
+    said = choice.sentence()
+    assert said.startswith("2 draft tokens per round, chosen from this host's costs: a verify of 3 tokens "
+                           "costs 1.17 decode steps on llamacpp==b11434")
+    assert f"k=2 predicts {round(2.24 / 1.17, 3):.2f}x (accept length 2.24)" in said and "k=5 1.40x" in said
+    run = kernels.KernelsRun(settings={"steps": 2}, choice=choice.to_dict())
+    assert kernels.KernelsRun.from_dict(run.to_dict()).choice == choice.to_dict()
+    # a flat verify curve: the longest round wins; equal predictions: the shorter one
+    flat = kernels.steps_options(acc, {k: 1.0 for k in range(1, 6)})
+    assert max(flat, key=lambda o: (o["predicted"], -o["k"]))["k"] == 5

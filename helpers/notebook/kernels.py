@@ -8,7 +8,10 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
   was trained on (0, 3, 7), and llama.cpp's converter serves it the config's ids (2, 6, 9);
 - its target is widened (``model.widen``: feed-forward blocks ``WIDEN`` times as wide, zero-padded, the
   same function, checked on its text) and converted by llama.cpp's own converter in ``OUTTYPE``;
-- ``llama-server`` serves it with ``STEPS`` draft tokens per round: the deployed draft (notebook 01), fix A
+- ``llama-server`` serves it with k draft tokens per round, k chosen on the host (``choose_steps``: the
+  verify costs measured on its own server, the draft's acceptance per position on the reference engine,
+  the k from 1 to ``MAX_STEPS`` that predicts the most), notebook 06 taking notebook 01's choice: the
+  deployed draft (notebook 01), fix A
   (``fixes deploy``'s copy for this build) and fix B (the draft retrained on the served layout) (notebook
   06), each against the same baseline, paired and interleaved, with the round's costs in decode steps
   (``engines.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
@@ -25,15 +28,20 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engines.llamacpp.bench import host_threads
 from ..engines.llamacpp.build import LlamacppUnavailable, ServerBuild, await_server
+from ..engines.llamacpp.convert import convert
+from ..engines.llamacpp.costs import verify_curve
+from ..engines.llamacpp.engine import LlamacppEngine, LlamacppEngineError, ServerLaunch
 from ..errors import CacheError
 from ..investigation.fixes import deploy
-from ..investigation.pair import REPO, load_pair
+from ..investigation.pair import REPO, load_pair, trained_plan
 from ..investigation.prompts import read_prompts
 from ..live.backends import Backend, choose
 from ..live.bench import LiveRow, LiveWiring
 from ..live.reference import encode_prompts, reference_figures, run_bench
 from ..model.checkpoint import load_draft
+from ..model.engine import position_acceptance, speculative_generate
 from ..model.widen import Widened, same_function, widen
 from ..rules.conventions import read_draft_config
 from ..rules.wheels import cache_root
@@ -43,7 +51,9 @@ from .reports import kernel_rows
 PAIR = REPO / "data" / "tiny-llama"
 WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
 OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
-STEPS = 3           # draft tokens per round: a verify of 4 stays cheap where a round of 5 does not
+STEPS = 3           # draft tokens per round where the host's costs cannot be measured
+MAX_STEPS = 5       # the longest round the choice considers (a verify of 6)
+CHOICE_PROMPTS = 2  # prompts the choice measures on: its costs are medians, its acceptance pooled
 BUILD_WAIT_S = 60 * 60   # a build takes 8-15 min on 2 cores; one still holding its lock after an hour hangs
 NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)
@@ -73,22 +83,24 @@ class KernelsRun:
     settings: dict = field(default_factory=dict)
     unavailable: str | None = None
     lines: list[str] = field(default_factory=list)   # what was done, for the folded log
+    choice: dict | None = None            # ``StepsChoice.to_dict``: how the round's length was chosen
 
     def to_dict(self) -> dict:
         return {"rows": [r.to_dict() for r in self.rows], "engine": self.engine, "target": self.target,
                 "target_sentence": self.target_sentence, "settings": self.settings,
-                "unavailable": self.unavailable}
+                "unavailable": self.unavailable, "choice": self.choice}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> KernelsRun | None:
         if not d:
             return None
         return cls([LiveRow.from_dict(r) for r in d.get("rows", [])], d.get("engine", ""), d.get("target"),
-                   d.get("target_sentence", ""), d.get("settings", {}), d.get("unavailable"))
+                   d.get("target_sentence", ""), d.get("settings", {}), d.get("unavailable"),
+                   choice=d.get("choice"))
 
 
 def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int = WIDEN,
-             outtype: str = OUTTYPE, steps: int = STEPS) -> dict:
+             outtype: str = OUTTYPE, steps: int | None = STEPS) -> dict:
     return {"pair": str(PAIR), "widen": widen_by, "outtype": outtype, "steps": steps,
             "prompts": num_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats}
 
@@ -119,9 +131,11 @@ def wide_target(widen_by: int = WIDEN) -> Widened:
 
 def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repeats: int,
             reuse: KernelsRun | None = None, widen_by: int = WIDEN, outtype: str = OUTTYPE,
-            steps: int = STEPS, progress: bool = True) -> KernelsRun:
+            steps: int | None = None, progress: bool = True) -> KernelsRun:
     """``names`` (of ``NAMES``) on llama-server at a real target's cost; a row of ``reuse`` (notebook 01's
-    run) stands in for its wiring when it was measured with the same settings."""
+    run) stands in for its wiring when it was measured with the same settings. ``steps`` None: notebook
+    01's choice where ``reuse`` was measured with the same settings otherwise, else chosen here
+    (``choose_steps``)."""
     want = settings(num_prompts, max_new_tokens, repeats, widen_by, outtype, steps)
     run = KernelsRun(settings=want)
     found = server(progress)
@@ -134,6 +148,20 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
     run.target, run.target_sentence = wide.to_dict(), wide.sentence()
     pair = load_pair(PAIR / "target", PAIR / "draft", "cpu")
     prompt_ids = encode_prompts(pair.tokenizer, read_prompts(PAIR / "prompts.jsonl")[:num_prompts], "cpu")
+    if steps is None:
+        prior = reuse.settings if reuse else {}
+        if reuse and prior.get("steps") and _apart_from_steps(prior) == _apart_from_steps(want):
+            steps, run.choice = int(prior["steps"]), reuse.choice
+            run.lines.append(f"draft steps: {steps}, notebook 01's choice on this host")
+        else:
+            try:
+                choice = choose_steps(found, wide, outtype, pair, prompt_ids, max_new_tokens)
+                steps, run.choice = choice.steps, choice.to_dict()
+                run.lines.append(f"draft steps: {choice.sentence()}")
+            except LlamacppUnavailable as exc:
+                steps = STEPS
+                run.lines.append(f"draft steps: {STEPS}, not chosen on this host ({exc})")
+        want["steps"] = steps
     out = Path(reports) / "kernels"
     kept = {r.wiring: r for r in (reuse.rows if reuse and reuse.settings == want else [])}
     todo = []
@@ -162,6 +190,79 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
     order = {n: i for i, n in enumerate(NAMES)}
     run.rows.sort(key=lambda r: order.get(r.wiring, len(order)))
     return run
+
+
+def _apart_from_steps(st: dict) -> dict:
+    return {k: v for k, v in st.items() if k != "steps"}
+
+
+@dataclass(frozen=True)
+class StepsChoice:
+    """How many draft tokens a round gets on this host, and why: for each k, the accept length the draft
+    reaches on the layout it was trained on (the reference engine, per position) over a verify of k+1
+    tokens in decode steps (llama.cpp's own timings here)."""
+
+    steps: int
+    engine: str
+    decode_ms: float
+    acceptance: tuple[float, ...]        # P(draft position i accepted), pooled over the choice's prompts
+    options: tuple[dict, ...]            # per k: tau, verify_decodes, predicted
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "engine": self.engine, "decode_ms": round(self.decode_ms, 3),
+                "acceptance": [round(a, 3) for a in self.acceptance], "options": list(self.options),
+                "draft_steps_counted": False}
+
+    def sentence(self) -> str:
+        return choice_sentence(self.to_dict())
+
+
+def choice_sentence(d: dict) -> str:
+    """``StepsChoice.to_dict`` in words: the k chosen and what each k predicted."""
+    best = next(o for o in d["options"] if o["k"] == d["steps"])
+    rest = ", ".join(f"k={o['k']} {o['predicted']:.2f}x" for o in d["options"] if o["k"] != d["steps"])
+    acc = ", ".join(f"{a:.2f}" for a in d["acceptance"])
+    return (f"{d['steps']} draft tokens per round, chosen from this host's costs: a verify of "
+            f"{d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps on {d['engine']}, and "
+            f"the draft on the layout it was trained on accepts its positions with probability {acc} on the "
+            f"reference engine, so k={d['steps']} predicts {best['predicted']:.2f}x (accept length "
+            f"{best['tau']:.2f}), the most of any k ({rest}; draft steps not counted: the table measures "
+            f"them)")
+
+
+def choose_steps(found: ServerBuild, wide: Widened, outtype: str, pair, prompt_ids,
+                 max_new_tokens: int) -> StepsChoice:
+    """The round length k in 1..``MAX_STEPS`` whose accept length over its verify cost is highest here:
+    the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
+    acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``."""
+    ids = list(prompt_ids[:CHOICE_PROMPTS])
+    tgt = convert(wide.path, outtype=outtype, log=lambda line: None)
+    longest = max(int(p.numel()) for p in ids)
+    ctx = -(-(longest + max(32, MAX_STEPS + 1) + 64) // 256) * 256
+    sizes = list(range(2, MAX_STEPS + 2))
+    try:
+        with LlamacppEngine(found, ServerLaunch(tgt.gguf, None, 1, host_threads(), ctx)) as base:
+            curve = verify_curve(base, [p.tolist() for p in ids], sizes)
+    except LlamacppEngineError as exc:
+        raise LlamacppUnavailable(f"the round's length could not be chosen: {exc}") from None
+    plan = trained_plan(pair)
+    results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
+               for p in ids]
+    acc = position_acceptance(results)
+    options = steps_options(acc, {k: curve.over_decode(k + 1) for k in range(1, MAX_STEPS + 1)})
+    best = max(options, key=lambda o: (o["predicted"], -o["k"]))
+    return StepsChoice(best["k"], curve.engine, curve.decode, tuple(acc), tuple(options))
+
+
+def steps_options(acceptance, verify_decodes: dict[int, float]) -> list[dict]:
+    """For each k: the accept length a round of k reaches (1 + the acceptance of its first k positions)
+    and what that predicts over a verify of k+1 tokens in decode steps."""
+    out = []
+    for k, over in sorted(verify_decodes.items()):
+        tau = 1.0 + sum(acceptance[:k])
+        out.append({"k": k, "tau": round(tau, 3), "verify_decodes": round(over, 3),
+                    "predicted": round(tau / over, 3)})
+    return out
 
 
 def _draft_for(name: str, pair, backend: Backend, out: Path, lines: list[str]) -> Path | None:
@@ -205,7 +306,8 @@ def regime(run: KernelsRun) -> str:
             f"{rate} and verifies {row.steps + 1} in {c['verify']:.1f} ms ({c['verify_over_decode']:.2f} "
             f"decode steps: one read of the weights serves them all); a draft step costs "
             f"{c['draft_step']:.2f} ms, so a round of {row.steps} draft steps breaks even at an accept "
-            f"length of {c['break_even_tau']:.2f}" + _sentence(short_of_goal(run)))
+            f"length of {c['break_even_tau']:.2f}"
+            + _sentence(choice_sentence(run.choice) if run.choice else "") + _sentence(short_of_goal(run)))
 
 
 def _sentence(text: str) -> str:

@@ -140,3 +140,32 @@ def measure(base: LlamacppEngine, spec: LlamacppEngine, prompt_ids: list[list[in
         spec.resume()
     return RoundCosts(f"llamacpp=={base.version}", steps, dec, tuple(ver), tuple(vtok), rnd, rounds,
                       round(load, 2))
+
+
+@dataclass(frozen=True)
+class VerifyCurve:
+    """On a baseline server alone: a decode step, and a verify's cost for each batch size, in milliseconds
+    (medians over the prompts): what choosing a round's length needs before any draft is served."""
+
+    engine: str
+    decode: float
+    verify: dict[int, float]             # batch size n (k draft tokens + 1) -> ms
+
+    def over_decode(self, n: int) -> float:
+        return self.verify[n] / self.decode
+
+
+def verify_curve(base: LlamacppEngine, prompt_ids: list[list[int]], sizes: list[int], *,
+                 decode_tokens: int = 32) -> VerifyCurve:
+    """Each prompt decoded once (``decode_tokens``, at least the largest size), then verified at every
+    size in ``sizes`` with the first n tokens of that continuation, the prompt cached."""
+    dec, ver = [], {n: [] for n in sizes}
+    for p in prompt_ids:
+        body = base.completion(p, max(decode_tokens, max(sizes)))
+        t = body.get("timings") or {}
+        dec.append(float(t["predicted_ms"]) / max(1, int(t["predicted_n"])))
+        cont = [int(x) for x in body["tokens"]]
+        for n in sizes:
+            ver[n].append(_verify_ms(base, p, cont[:n])[0])
+    return VerifyCurve(f"llamacpp=={base.version}", float(statistics.median(dec)),
+                       {n: float(statistics.median(v)) for n, v in ver.items()})
