@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import statistics
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol
@@ -217,23 +219,66 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
     return PairedTiming(pb, ps, po, watch.signal, cb, cs, first), b_runs, s_runs, gens, every
 
 
+class _Ahead:
+    """The first wiring's engine, started in a thread while the baseline starts and warms up (neither is
+    timed then), and paused once up; taken by the loop, or stopped however ``live_bench`` returns."""
+
+    def __init__(self, pool: ThreadPoolExecutor, launch: Launch, w: LiveWiring):
+        self.taken = False
+        self.future = pool.submit(self._start, launch, w)
+
+    @staticmethod
+    def _start(launch: Launch, w: LiveWiring):
+        cm = launch(w.draft, tuple(w.served_layout))
+        engine = cm.__enter__()
+        getattr(engine, "pause", lambda: None)()
+        return cm, engine
+
+    def take(self):
+        self.taken = True
+        return self.future.result()
+
+    def drop(self) -> None:
+        if self.taken:
+            return
+        try:
+            cm, _ = self.future.result()
+        except BaseException:       # it never started: nothing to stop
+            return
+        cm.__exit__(None, None, None)
+
+
 def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
                steps: int, max_new_tokens: int, repeats: int, rules: str,
-               progress: bool = True, costs: Callable | None = None) -> list[LiveRow]:
+               progress: bool = True, costs: Callable | None = None,
+               start_ahead: bool = False) -> list[LiveRow]:
     """Each wiring against one shared baseline engine; engines are stopped however this returns.
     ``name``: the engine family ('vllm', 'sglang', 'llamacpp'), for the rows' ``backend``. ``costs(base,
     spec, every)``: a round's costs, from the paired run's own requests (``every``) and whatever the
-    callback still measures while both engines are up, into the row's ``costs``."""
+    callback still measures while both engines are up, into the row's ``costs``. ``start_ahead``: the
+    first wiring's engine starts beside the baseline's start and warm-up, where the engine's launches
+    bound their memory and may run side by side."""
     if not wirings:
         raise ValueError("no wirings to benchmark")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1 (a warm-up pass runs before them), got {repeats}")
     rows = []
-    with launch(None, None) as base:
+    with ExitStack() as outer:
+        ahead = None
+        if start_ahead:
+            ahead = _Ahead(outer.enter_context(ThreadPoolExecutor(1)), launch, wirings[0])
+            outer.callback(ahead.drop)
+        base = outer.enter_context(launch(None, None))
         base.generate(prompt_ids[:1], max_new_tokens)                 # warm-up
-        for w in wirings:
+        for n, w in enumerate(wirings):
             getattr(base, "pause", lambda: None)()                    # the next engine loads alone
-            with launch(w.draft, tuple(w.served_layout)) as spec:
+            with ExitStack() as inner:
+                if n == 0 and ahead is not None:
+                    cm, spec = ahead.take()
+                    inner.push(cm)
+                    getattr(spec, "resume", lambda: None)()
+                else:
+                    spec = inner.enter_context(launch(w.draft, tuple(w.served_layout)))
                 spec.generate(prompt_ids[:1], max_new_tokens)            # warm-up
                 bar = tqdm(total=repeats * len(prompt_ids), desc=f"{name} {w.name}", disable=not progress)
                 timing, b_runs, s_runs, gens, every = _paired(base, spec, prompt_ids, max_new_tokens, repeats,

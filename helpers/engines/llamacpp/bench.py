@@ -81,4 +81,5 @@ def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prom
         return costs.measure(base, spec, prompt_ids, steps=steps, every=every).to_dict()
 
     return live.live_bench(launch, "llamacpp", served, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
-                           repeats=repeats, rules=str(rules), progress=progress, costs=round_costs)
+                           repeats=repeats, rules=str(rules), progress=progress, costs=round_costs,
+                           start_ahead=True)

@@ -38,4 +38,4 @@ def live_bench(install: SglangInstall, target: Path, wirings: list[LiveWiring], 
 
     return live.live_bench(launch, "sglang", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
                            repeats=repeats, rules=rules_label(install.version, capture_rule),
-                           progress=progress)
+                           progress=progress, start_ahead=True)
