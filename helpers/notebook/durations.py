@@ -31,7 +31,7 @@ class Reference:
 
 
 # the default run (`bash workbook.sh run`) measured from a new clone and an empty cache, then again
-REFERENCE = Reference(first_s=1367.0, later_s=654.0, measured="2026-12-07, Intel Xeon with AMX, 422e12d")
+REFERENCE = Reference(first_s=946.0, later_s=588.0, measured="2026-12-07, Intel Xeon with AMX, 077f2bf")
 
 
 def kind_of(names: list[str], params: dict, path_params: tuple[str, ...] = ()) -> str:

@@ -54,7 +54,7 @@ OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verif
 STEPS = 3           # draft tokens per round where the host's costs cannot be measured
 MAX_STEPS = 5       # the longest round the choice considers (a verify of 6)
 CHOICE_PROMPTS = 2  # prompts the choice measures on: its costs are medians, its acceptance pooled
-BUILD_WAIT_S = 60 * 60   # a build takes 8-15 min on 2 cores; one still holding its lock after an hour hangs
+BUILD_WAIT_S = 60 * 60   # a build takes 4-8 min on 2 cores; one still holding its lock after an hour hangs
 NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)
 
