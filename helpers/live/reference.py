@@ -2,11 +2,11 @@
 same prompts (``bench --backend reference``, notebooks 01 and 06, and beside every live row).
 
 Baseline and speculative decoding are timed as pairs: the same prompt back to back, every prompt in
-every repeat, after one warm-up pass that is not counted; which side goes first is counterbalanced
-(``timing.baseline_first``: each prompt AB in one repeat, BA in the next), so repeats default to an
-even number. The speedup is the geometric mean of the paired ratios with its interval and a timing verdict
-(``timing.PairedTiming``); the round costs (decode, verify, draft step) are pooled over every
-measured pass, so the break-even accept length does not hang on one pass.
+every repeat, after one warm-up pair on the first prompt that is not counted; which side goes first is
+counterbalanced (``timing.baseline_first``: each prompt AB in one repeat, BA in the next), so repeats
+default to an even number. The speedup is the geometric mean of the paired ratios with its interval and
+a timing verdict (``timing.PairedTiming``); the round costs (decode, verify, draft step) are pooled over
+every measured pass, so the break-even accept length does not hang on one pass.
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
                         f"exceeds the target's {limit} positions (max_position_embeddings); "
                         f"shorten or truncate "
                         f"the prompts (bench --truncate-prompts) or generate fewer tokens")
-    bar = tqdm(total=(repeats + 1) * len(prompt_ids), desc=f"bench {label or plan.layout}",
+    bar = tqdm(total=1 + repeats * len(prompt_ids), desc=f"bench {label or plan.layout}",
                disable=not progress, mininterval=1.0)
     with bar:
         base_all, spec_all, pairs, signal = _measure(
@@ -189,10 +189,10 @@ def run_bench(target, draft, plan: CapturePlan, prompt_ids: list[torch.Tensor], 
 
 
 def _measure(baseline, speculative, prompt_ids, repeats: int, bar):
-    """A warm-up pass, then ``repeats`` passes over the prompts, each prompt a pair (``baseline(ids)``,
-    ``speculative(ids)``) in the balanced order ``baseline_first`` gives. Returns the generations per measured
-    pass, one record per measured pair (wall and CPU tok/s of each side, the prompt, which ran first), and
-    the machine's noise."""
+    """A warm-up pair on the first prompt, then ``repeats`` passes over the prompts, each prompt a pair
+    (``baseline(ids)``, ``speculative(ids)``) in the balanced order ``baseline_first`` gives. Returns the
+    generations per measured pass, one record per measured pair (wall and CPU tok/s of each side, the
+    prompt, which ran first), and the machine's noise."""
     base_all: list[list[GenerationResult]] = []    # per measured repeat, per prompt
     spec_all: list[list[GenerationResult]] = []
     pairs: list[dict] = []
@@ -203,9 +203,9 @@ def _measure(baseline, speculative, prompt_ids, repeats: int, bar):
         return out, time.process_time() - c0
 
     with MachineWatch() as watch:
-        for rep in range(repeats + 1):  # rep 0 warms up
+        for rep in range(repeats + 1):  # rep 0 warms up, on the first prompt
             base_rep, spec_rep = [], []
-            for i, ids in enumerate(prompt_ids):
+            for i, ids in enumerate(prompt_ids if rep else prompt_ids[:1]):
                 run_b, run_s = functools.partial(baseline, ids), functools.partial(speculative, ids)
                 first = baseline_first(i, rep - 1)      # measured repeats count from 0; the warm-up is -1
                 if first:

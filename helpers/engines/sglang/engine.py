@@ -18,6 +18,7 @@ import signal
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -453,3 +454,17 @@ class SGLangEngine(Stoppable):
                 "capture_rule": self.rule and {k: self.rule[k] for k in ("release", "file", "line")},
                 "start_seconds": self.start_seconds, "accommodations": self.accommodations(),
                 "captures": self.captures(), "log": str(self.log_path)}
+
+
+def probe_each(install: SglangInstall, launches: list[SglangLaunch], prompt: list[int], new_tokens: int, *,
+               log_dir: Path | None = None) -> list[tuple[object | None, dict]]:
+    """One probe engine per launch, all started at once (nothing here is timed, and each launch bounds its
+    memory), each asked the same ``prompt``: per launch, the fc inputs it recorded for that prompt (None
+    where it recorded none) and its record. Every engine is stopped however this returns."""
+    def one(spec: SglangLaunch):
+        with SGLangEngine(install, spec, log_dir=log_dir) as e:
+            e.generate([prompt], new_tokens)
+            return e.fc_inputs().get(len(prompt)), e.record()
+
+    with ThreadPoolExecutor(max(1, len(launches))) as pool:
+        return list(pool.map(one, launches))
