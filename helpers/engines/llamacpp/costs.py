@@ -38,14 +38,14 @@ class RoundCosts:
     verify_tokens: tuple[int, ...]       # the batch each verify timing covered (llama.cpp's prompt_n)
     round_ms: tuple[float, ...]
     rounds: tuple[int, ...]
-    load_per_core: float = 0.0           # the load average per core when the measurement started
+    load_per_core: float = 0.0           # the 1-minute load average per core when the costs were read
 
     @property
     def noisy(self) -> list[str]:
         """Why these medians may not be this host's costs: the machine was busy, or one cost's prompts
         disagree by more than a quarter (its upper quartile over its lower)."""
         busy = self.load_per_core > 1.0
-        why = [f"load {self.load_per_core:.1f} per core before it started"] if busy else []
+        why = [f"load {self.load_per_core:.1f} per core over the last minute"] if busy else []
         for name, xs in (("decode", self.decode_ms), ("verify", self.verify_ms), ("round", self.round_ms)):
             if len(xs) >= 2:
                 q = statistics.quantiles(xs, n=4, method="inclusive")
