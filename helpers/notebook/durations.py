@@ -31,7 +31,8 @@ class Reference:
 
 
 # the default run (`bash workbook.sh run`) measured from a new clone and an empty cache, then again
-REFERENCE = Reference(first_s=946.0, later_s=588.0, measured="2026-12-07, Intel Xeon with AMX, 077f2bf")
+REFERENCE = Reference(first_s=946.0, later_s=551.0,
+                      measured="2026-12-07, Intel Xeon with AMX, 077f2bf and bba96af")
 
 
 def kind_of(names: list[str], params: dict, path_params: tuple[str, ...] = ()) -> str:
