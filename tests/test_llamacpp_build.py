@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -256,7 +255,7 @@ def test_a_merged_build_that_fails_is_built_file_by_file(stand_ins, monkeypatch)
     assert not any("PROJECT_INCLUDE" in a for a in built.cmake_args)
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake on this host")
+@pytest.mark.skipif(bool(lb.missing_tools()), reason="no cmake, C++ compiler or build tool on this host")
 def test_the_unity_include_merges_the_named_libraries_and_keeps_the_guarded_file_apart(tmp_path):
     """The real cmake runs the include on a tree shaped like llama.cpp's: a library it names is merged, one
     of its files that must stay apart is not, and a library it does not name (ggml's) is left alone."""

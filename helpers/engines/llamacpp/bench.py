@@ -12,10 +12,10 @@ timings, with one verify per prompt measured after them.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
+from ...cores import affinity
 from ...live import bench as live
 from ...live import guard as guard_mod
 from ...live.bench import LiveRow, LiveWiring
@@ -29,10 +29,7 @@ from .engine import LlamacppEngine, LlamacppEngineError, ServerLaunch
 
 def host_threads() -> int:
     """The cores this process may run on: llama.cpp's threads, the same on both sides of a ratio."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    return max(1, len(affinity()))
 
 
 def convert_wirings(target: Path, wirings: list[LiveWiring], log=say,
