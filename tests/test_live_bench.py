@@ -99,7 +99,7 @@ PROMPTS = [[1, 2], [3, 4], [5, 6]]
 def test_the_first_wiring_starts_beside_the_baseline_and_every_engine_stops(launches):
     make, log, engines = launches
     rows = bench.live_bench(make(), "sglang", WIRINGS, PROMPTS, steps=2, max_new_tokens=3, repeats=2,
-                            rules="r", progress=False, start_ahead=True)
+                            rules="r", progress=False, start_ahead=1)
     assert [r.wiring for r in rows] == ["deployed", "fix A"] and all(r.lossless for r in rows)
     assert engines["d1"].thread != threading.main_thread().name         # started in a thread
     assert engines["base"].thread == engines["d2"].thread == threading.main_thread().name
@@ -110,11 +110,24 @@ def test_the_first_wiring_starts_beside_the_baseline_and_every_engine_stops(laun
     assert rows[0].accept_length == pytest.approx(2.0) and rows[0].speedup == pytest.approx(2.0)
 
 
+def test_every_wiring_may_start_ahead_and_each_waits_paused_for_its_turn(launches):
+    make, log, engines = launches
+    rows = bench.live_bench(make(), "sglang", WIRINGS, PROMPTS, steps=2, max_new_tokens=3, repeats=1,
+                            rules="r", progress=False, start_ahead=len(WIRINGS))
+    assert [r.wiring for r in rows] == ["deployed", "fix A"]
+    main = threading.main_thread().name
+    assert engines["d1"].thread != main and engines["d2"].thread != main and engines["base"].thread == main
+    # fix A's engine stays paused while the deployed one is timed, and resumes only for its own turn
+    assert log.index("d2 pause") < log.index("d1 generate 1")
+    assert log.index("d2 resume") > log.index("d1 stop")
+    assert sorted(x for x in log if x.endswith("stop")) == ["base stop", "d1 stop", "d2 stop"]
+
+
 def test_a_baseline_that_fails_to_start_still_stops_the_engine_started_ahead(launches):
     make, log, engines = launches
     with pytest.raises(RuntimeError, match="baseline engine did not start"):
         bench.live_bench(make(fail_base=True), "sglang", WIRINGS, PROMPTS, steps=2, max_new_tokens=3,
-                         repeats=1, rules="r", progress=False, start_ahead=True)
+                         repeats=1, rules="r", progress=False, start_ahead=1)
     assert "d1 start" in log and "d1 stop" in log and "d2 start" not in log
 
 

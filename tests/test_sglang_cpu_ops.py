@@ -406,3 +406,23 @@ def test_accommodations_refuse_another_release_in_one_line():
         check_release("0.5.9")
     msg = str(exc.value)
     assert "0.5.23" in msg and "0.5.9" in msg and "\n" not in msg
+
+
+def test_only_model_modules_naming_the_launch_architectures_are_imported(tmp_path):
+    from helpers.engines.sglang.cpu import registry_note, unneeded_model_modules
+    models = tmp_path / "lib" / "python3.11" / "site-packages" / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    (models / "__init__.py").write_text("")
+    (models / "deepseek_v2.py").write_text("class DeepseekV3ForCausalLM: ...\n"
+                                           "EntryClass = [DeepseekV3ForCausalLM]\n")
+    (models / "llama_eagle3.py").write_text("EntryClass = [LlamaForCausalLMEagle3]\n")
+    (models / "deepseek_nextn.py").write_text("EntryClass = [DeepseekV3ForCausalLMNextN]\n")
+    (models / "qwen2.py").write_text("class Qwen2ForCausalLM: ...\nEntryClass = Qwen2ForCausalLM\n")
+    (models / "deepseek_v2_like.py").write_text("class DeepseekV3ForCausalLMish: ...\n")   # a longer name
+    skipped, kept = unneeded_model_modules(tmp_path, {"DeepseekV3ForCausalLM", "LlamaForCausalLMEagle3"})
+    assert skipped == ["deepseek_v2_like", "qwen2"]
+    assert kept == ["deepseek_nextn", "deepseek_v2", "llama_eagle3"]
+    assert "2 of 5 model modules not imported" in registry_note(skipped, kept)["what"]
+    # no sglang in the folder, or nothing to keep by: nothing is skipped
+    assert unneeded_model_modules(tmp_path / "elsewhere", {"X"}) == ([], [])
+    assert unneeded_model_modules(tmp_path, set()) == ([], [])

@@ -220,8 +220,8 @@ def _paired(base, spec, prompt_ids: list[list[int]], max_new_tokens: int,
 
 
 class _Ahead:
-    """The first wiring's engine, started in a thread while the baseline starts and warms up (neither is
-    timed then), and paused once up; taken by the loop, or stopped however ``live_bench`` returns."""
+    """A wiring's engine, started in a thread while the baseline starts and warms up (neither is timed
+    then), and paused once up; taken by the loop, or stopped however ``live_bench`` returns."""
 
     def __init__(self, pool: ThreadPoolExecutor, launch: Launch, w: LiveWiring):
         self.taken = False
@@ -251,30 +251,34 @@ class _Ahead:
 def live_bench(launch: Launch, name: str, wirings: list[LiveWiring], prompt_ids: list[list[int]], *,
                steps: int, max_new_tokens: int, repeats: int, rules: str,
                progress: bool = True, costs: Callable | None = None,
-               start_ahead: bool = False) -> list[LiveRow]:
+               start_ahead: int = 0) -> list[LiveRow]:
     """Each wiring against one shared baseline engine; engines are stopped however this returns.
     ``name``: the engine family ('vllm', 'sglang', 'llamacpp'), for the rows' ``backend``. ``costs(base,
     spec, every)``: a round's costs, from the paired run's own requests (``every``) and whatever the
-    callback still measures while both engines are up, into the row's ``costs``. ``start_ahead``: the
-    first wiring's engine starts beside the baseline's start and warm-up, where the engine's launches
-    bound their memory and may run side by side."""
+    callback still measures while both engines are up, into the row's ``costs``. ``start_ahead``: how many
+    wirings' engines (the first ones) start beside the baseline's start and warm-up, each paused once up
+    until its turn: as many as the engine's launches may hold side by side (their memory is bounded)."""
     if not wirings:
         raise ValueError("no wirings to benchmark")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1 (a warm-up pass runs before them), got {repeats}")
     rows = []
     with ExitStack() as outer:
-        ahead = None
-        if start_ahead:
-            ahead = _Ahead(outer.enter_context(ThreadPoolExecutor(1)), launch, wirings[0])
-            outer.callback(ahead.drop)
+        ahead: list[_Ahead] = []
+        if start_ahead > 0:
+            pool = outer.enter_context(ThreadPoolExecutor(min(start_ahead, len(wirings))))
+            for w in wirings[:start_ahead]:
+                ahead.append(_Ahead(pool, launch, w))
+                outer.callback(ahead[-1].drop)
         base = outer.enter_context(launch(None, None))
         base.generate(prompt_ids[:1], max_new_tokens)                 # warm-up
+        for a in ahead:              # nothing is timed while an engine is still starting; one that could
+            a.future.result()        # not start fails the run now, before any other is measured
         for n, w in enumerate(wirings):
             getattr(base, "pause", lambda: None)()                    # the next engine loads alone
             with ExitStack() as inner:
-                if n == 0 and ahead is not None:
-                    cm, spec = ahead.take()
+                if n < len(ahead):
+                    cm, spec = ahead[n].take()
                     inner.push(cm)
                     getattr(spec, "resume", lambda: None)()
                 else:

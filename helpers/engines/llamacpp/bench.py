@@ -79,4 +79,4 @@ def live_bench(build: ServerBuild, target: Path, wirings: list[LiveWiring], prom
 
     return live.live_bench(launch, "llamacpp", served, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
                            repeats=repeats, rules=str(rules), progress=progress, costs=round_costs,
-                           start_ahead=True)
+                           start_ahead=1)

@@ -36,6 +36,9 @@ def live_bench(install: SglangInstall, target: Path, wirings: list[LiveWiring], 
                             capture_rule=capture_rule, guard=guard)
         return SGLangEngine(install, spec, progress=progress, log_dir=log_dir)
 
+    # on a CPU host every wiring's engine starts beside the baseline (each is a few hundred MB of host
+    # memory, paused until its turn); on a GPU the launches share its memory two at a time (GPU_SHARE)
+    ahead = len(wirings) if install.device == "cpu" else 1
     return live.live_bench(launch, "sglang", wirings, prompt_ids, steps=steps, max_new_tokens=max_new_tokens,
                            repeats=repeats, rules=rules_label(install.version, capture_rule),
-                           progress=progress, start_ahead=True)
+                           progress=progress, start_ahead=ahead)

@@ -28,7 +28,7 @@ from ...errors import InputError
 from ...live import guard
 from ...live.settings import GPU_SHARE, SGLANG_RESOLVED, THREAD_ENV, argv_settings, resolved_settings
 from ...live.stopping import Stoppable, track, untrack
-from ...rules.conventions import read_target
+from ...rules.conventions import read_draft_config, read_target
 from . import cpu
 from . import hooks as hooks_mod
 from .install import ROOT, SglangInstall
@@ -200,6 +200,13 @@ class SGLangEngine(Stoppable):
             env.update(SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             notes.extend(cpu.launch_accommodations(threads))
             accommodations = True
+            archs = set(self.target_spec.architectures)
+            if spec.draft is not None:
+                archs |= set(read_draft_config(spec.draft).get("architectures") or [])
+            skipped, kept = cpu.unneeded_model_modules(self.install.venv, archs)
+            if skipped:
+                env["SGLANG_DISABLED_MODEL_ARCHS"] = ",".join(skipped)
+                notes.append(cpu.registry_note(skipped, kept))
             # both sides of a comparison alike: SGLang itself turns the overlap schedule off for speculative
             # decoding on a CPU (srt/arg_groups/speculative_hook.py:66-75 in 0.5.23, "Overlap schedule is not
             # implemented for speculative decoding on CPU"), so the baseline is launched without it too

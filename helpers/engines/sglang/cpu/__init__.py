@@ -11,6 +11,7 @@ line. Nothing here imports sglang; ``hooks`` runs only inside SGLang's processes
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ....errors import InputError
@@ -46,3 +47,41 @@ def launch_accommodations(threads: int) -> list[dict]:
          "why": "EAGLE on CPU needs it: srt/speculative/draft_utils.py:64 rejects torch_native, and "
                 "torch_native cannot serve an MLA target (torch_native_backend.py:160)"},
     ]
+
+
+# model modules a speculative launch may reach by name besides the configs' architectures: the draft's own
+# class families and the target's next-token heads (SGLang swaps a draft's architecture for these)
+SPECULATIVE_MODULES = re.compile(r"eagle|nextn|mtp")
+
+
+def unneeded_model_modules(venv: Path, architectures: set[str]) -> tuple[list[str], list[str]]:
+    """The modules of ``sglang.srt.models`` a launch never loads, and those it may: a module is kept when its
+    source names one of ``architectures`` (the target's and the draft's config) or it is a speculative
+    module. SGLang imports every model module at start in each of its processes
+    (``srt/models/registry.py`` ``import_model_classes``) unless ``SGLANG_DISABLED_MODEL_ARCHS`` names it;
+    on a CPU host that import is seconds of every start. Empty lists where the folder is not found: nothing
+    is skipped."""
+    folders = sorted(Path(venv).glob("lib/python*/site-packages/sglang/srt/models"))
+    if not folders or not architectures:
+        return [], []
+    names = re.compile(r"\b(" + "|".join(map(re.escape, sorted(architectures))) + r")\b")
+    skipped, kept = [], []
+    for path in sorted(folders[0].glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            kept.append(path.stem)
+            continue
+        (kept if SPECULATIVE_MODULES.search(path.stem) or names.search(text) else skipped).append(path.stem)
+    return skipped, kept
+
+
+def registry_note(skipped: list[str], kept: list[str]) -> dict:
+    return {"name": "model-registry",
+            "what": f"SGLANG_DISABLED_MODEL_ARCHS: {len(skipped)} of {len(skipped) + len(kept)} model "
+                    f"modules not imported; kept {', '.join(kept)}",
+            "why": "SGLang imports every model module in each of its processes at start (srt/models/"
+                   "registry.py import_model_classes); on a CPU host that is seconds of every start, and "
+                   "this launch loads only the target's and the draft's architectures"}
