@@ -19,10 +19,12 @@ from helpers.notebook.runner import check_run_inputs
 RUN = json.loads((Path(__file__).parent / "kernels" / "llamacpp_x96_f16.json").read_text())
 
 
-def test_the_parameter_names_an_engine_and_a_factor():
-    assert kernels.parse("llamacpp x96") == 96 and kernels.parse(None) is None
-    for bad in ("llamacpp", "vllm x96", "llamacpp 96", "llamacpp x0", "llamacpp x96 f16"):
-        with pytest.raises(ValueError, match="KERNELS must be None or 'llamacpp xFACTOR'"):
+def test_the_parameter_names_an_engine_a_factor_and_perhaps_a_weight_type():
+    assert kernels.parse("llamacpp x96") == kernels.Chapter(96, None) and kernels.parse(None) is None
+    assert kernels.parse("llamacpp x2 f16") == kernels.Chapter(2, "f16")
+    for bad in ("llamacpp", "vllm x96", "llamacpp 96", "llamacpp x0", "llamacpp x96 q4_k",
+                "llamacpp x9 f16 k"):
+        with pytest.raises(ValueError, match="KERNELS must be None or 'llamacpp xFACTOR' with an optional"):
             kernels.parse(bad)
     assert any("KERNELS must be" in p for p in check_run_inputs({"KERNELS": "llamacpp"}, None))
     assert not any("KERNELS" in p for p in check_run_inputs({"KERNELS": None}, None))
@@ -138,13 +140,56 @@ def test_the_round_length_is_the_one_its_costs_and_acceptance_favour():
     assert [o["tau"] for o in options] == [1.76, 2.24, 2.62, 2.88, 3.07]
     best = max(options, key=lambda o: (o["predicted"], -o["k"]))
     assert best["k"] == 2 and best["predicted"] == pytest.approx(2.24 / 1.17, abs=1e-3)
-    choice = kernels.StepsChoice(2, "llamacpp==b11434", 19.3, tuple(acc), tuple(options))
+    choice = kernels.RegimeChoice(2, "f16", "llamacpp==b11434", 19.3, tuple(acc), tuple(options))
     said = choice.sentence()
-    assert said.startswith("2 draft tokens per round, chosen from this host's costs: a verify of 3 tokens "
-                           "costs 1.17 decode steps on llamacpp==b11434")
+    assert said.startswith("f16 weights and 2 draft tokens per round, chosen from this host's costs: a "
+                           "verify of 3 tokens costs 1.17 decode steps on llamacpp==b11434")
     assert f"k=2 predicts {round(2.24 / 1.17, 3):.2f}x (accept length 2.24)" in said and "k=5 1.40x" in said
-    run = kernels.KernelsRun(settings={"steps": 2}, choice=choice.to_dict())
+    assert "also tried" not in said
+    run = kernels.KernelsRun(settings={"steps": 2, "outtype": "f16"}, choice=choice.to_dict())
     assert kernels.KernelsRun.from_dict(run.to_dict()).choice == choice.to_dict()
     # a flat verify curve: the longest round wins; equal predictions: the shorter one
     flat = kernels.steps_options(acc, {k: 1.0 for k in range(1, 6)})
     assert max(flat, key=lambda o: (o["predicted"], -o["k"]))["k"] == 5
+
+
+def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch):
+    """Each weight type's own verify curve, measured on its own server: f16 predicting too little sends the
+    choice on to bf16 and f32, one that cannot be served is said, and the one predicting the most is kept;
+    a type predicting ENOUGH ends the search."""
+    from types import SimpleNamespace
+
+    from helpers.engines.llamacpp.costs import VerifyCurve
+    from helpers.engines.llamacpp.engine import LlamacppEngineError
+    acc = [0.76, 0.48, 0.38, 0.26, 0.19]
+    ratios = {"f16": 1.8, "bf16": None, "f32": 1.75, "q8_0": 1.05}   # verify over decode, flat per type
+    asked = []
+
+    def curve(found, wide, outtype, ids):
+        asked.append(outtype)
+        if ratios[outtype] is None:
+            raise LlamacppEngineError("llama-server exited with code -11 before it was ready\nmore")
+        return VerifyCurve("llamacpp==b1", 20.0, {n: ratios[outtype] * 20.0 for n in range(2, 7)})
+
+    monkeypatch.setattr(kernels, "_curve", curve)
+    monkeypatch.setattr(kernels, "trained_plan", lambda pair: None)
+    monkeypatch.setattr(kernels, "speculative_generate", lambda *a, **k: None)
+    monkeypatch.setattr(kernels, "position_acceptance", lambda results: acc)
+    pair, ids = SimpleNamespace(target=None, draft=None), [None, None]
+    choice = kernels.choose_regime(None, None, pair, ids, 8)
+    assert asked == ["f16", "bf16", "f32", "q8_0"]          # none reached ENOUGH until q8_0
+    assert choice.outtype == "q8_0" and choice.steps == 5       # a flat curve: the longest round
+    said = choice.sentence()
+    assert said.startswith("q8_0 weights and 5 draft tokens per round")
+    assert ("also tried: f16 weights 1.71x at best (k=5); bf16 weights not measured (llama-server exited "
+            "with code -11 before it was ready); f32 weights 1.75x at best (k=5)") in said
+    # the first type predicting ENOUGH is kept without trying the rest; a fixed k is kept
+    asked.clear()
+    ratios["f16"] = 1.1
+    choice = kernels.choose_regime(None, None, pair, ids, 8, steps=2)
+    assert asked == ["f16"] and choice.outtype == "f16" and choice.steps == 2
+    assert [o["k"] for o in choice.options] == [2]
+    # nothing servable: one line naming each type's reason
+    ratios.update(f16=None, bf16=None, f32=None, q8_0=None)
+    with pytest.raises(kernels.LlamacppUnavailable, match="f16: llama-server exited with code -11"):
+        kernels.choose_regime(None, None, pair, ids, 8)

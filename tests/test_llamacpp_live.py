@@ -247,6 +247,29 @@ def test_diagnose_metrics_reads_llamacpps_own_exports(export, tmp_path, capsys):
 
 @needs_server
 @needs_pair
+def test_the_weight_type_and_round_are_chosen_from_this_hosts_own_servers():
+    """``choose_regime`` on the real build: each weight type converted by llama.cpp's converter and timed on
+    a baseline llama-server of its own, tried in order until one predicts ENOUGH; one this build cannot
+    serve here is said in its entry (no weight type is assumed to load)."""
+    from helpers.investigation.pair import load_pair
+    from helpers.investigation.prompts import read_prompts
+    from helpers.live.reference import encode_prompts
+    from helpers.notebook import kernels
+    pair = load_pair(PAIR / "target", PAIR / "draft", "cpu")
+    ids = encode_prompts(pair.tokenizer, read_prompts(PAIR / "prompts.jsonl")[:2], "cpu")
+    choice = kernels.choose_regime(SERVER, kernels.wide_target(2), pair, ids, 16, outtypes=("bf16", "f16"))
+    tried = {t["outtype"]: t for t in choice.tried}
+    assert list(tried)[0] == "bf16" and all(("predicted" in t) != ("error" in t) for t in tried.values())
+    if "predicted" in tried["bf16"] and tried["bf16"]["predicted"] < kernels.ENOUGH:
+        assert "f16" in tried                                   # too little: the next one was tried
+    measured = [t for t in tried.values() if "predicted" in t]
+    assert choice.outtype == max(measured, key=lambda t: t["predicted"])["outtype"]
+    assert 1 <= choice.steps <= kernels.MAX_STEPS
+    assert choice.sentence().startswith(f"{choice.outtype} weights")
+
+
+@needs_server
+@needs_pair
 def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     """BACKEND="llamacpp" on the Llama pair: the deployed draft served by llama-server as its converter wrote
     it (2, 6, 9), fix A (top-level ids, converted again) serving the trained (0, 3, 7), fix B retrained on
@@ -260,7 +283,7 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     out = tmp_path / "reports"
     params = {**SMALL, "BACKEND": "llamacpp", "ENGINE_VERSION": "llamacpp==b11434", "MAX_NEW_TOKENS": 32,
               "TARGET": str(PAIR / "target"), "DRAFT": str(PAIR / "draft"),
-              "RETRAINED_DRAFT": str(PAIR / "draft-retrained"), "KERNELS": "llamacpp x2"}
+              "RETRAINED_DRAFT": str(PAIR / "draft-retrained"), "KERNELS": "llamacpp x2 f16"}
     runs = run_workbook(out, params, only=["01_baseline_throughput", "05_apply_patch", "06_rebenchmark"],
                         render=False, progress=False)
     assert all(r.ok for r in runs), [(r.name, r.cell, r.error) for r in runs]

@@ -7,10 +7,11 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
 - the pair is the Llama sibling ``data/tiny-llama`` (llama.cpp's graph feeds no DeepSeek draft): its draft
   was trained on (0, 3, 7), and llama.cpp's converter serves it the config's ids (2, 6, 9);
 - its target is widened (``model.widen``: feed-forward blocks ``WIDEN`` times as wide, zero-padded, the
-  same function, checked on its text) and converted by llama.cpp's own converter in ``OUTTYPE``;
-- ``llama-server`` serves it with k draft tokens per round, k chosen on the host (``choose_steps``: the
-  verify costs measured on its own server, the draft's acceptance per position on the reference engine,
-  the k from 1 to ``MAX_STEPS`` that predicts the most), notebook 06 taking notebook 01's choice: the
+  same function, checked on its text) and converted by llama.cpp's own converter;
+- ``llama-server`` serves it in the weight type and with the k draft tokens per round chosen on the host
+  (``choose_regime``: each weight type's verify costs measured on its own server, the draft's acceptance
+  per position on the reference engine, the pair that predicts the most), notebook 06 taking notebook
+  01's choice: the
   deployed draft (notebook 01), fix A
   (``fixes deploy``'s copy for this build) and fix B (the draft retrained on the served layout) (notebook
   06), each against the same baseline, paired and interleaved, with the round's costs in decode steps
@@ -31,7 +32,7 @@ from pathlib import Path
 from ..engines.llamacpp.bench import host_threads
 from ..engines.llamacpp.build import LlamacppUnavailable, ServerBuild, await_server
 from ..engines.llamacpp.convert import convert
-from ..engines.llamacpp.costs import verify_curve
+from ..engines.llamacpp.costs import VerifyCurve, verify_curve
 from ..engines.llamacpp.engine import LlamacppEngine, LlamacppEngineError, ServerLaunch
 from ..errors import CacheError
 from ..investigation.fixes import deploy
@@ -51,6 +52,11 @@ from .reports import kernel_rows
 PAIR = REPO / "data" / "tiny-llama"
 WIDEN = 96          # 272 MiB of weights read per decode step in f16, where the original reads 3
 OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verify of 4 costs ~1.4 decodes
+# the weight types the choice tries, in this order, until one predicts ENOUGH: f16 first (the fastest
+# verify on the Intel AMX host), then the others, whose kernels may batch better on another CPU
+WEIGHT_TYPES = ("f16", "bf16", "f32", "q8_0")
+ENOUGH = 1.8        # a prediction at which the fixes clear 1.5x measured: draft steps, not counted in it,
+                    # cost a tenth to a fifth (1.88-1.99x predicted, 1.64-1.71x measured; docs/timing.md)
 STEPS = 3           # draft tokens per round where the host's costs cannot be measured
 MAX_STEPS = 5       # the longest round the choice considers (a verify of 6)
 CHOICE_PROMPTS = 2  # prompts the choice measures on: its costs are medians, its acceptance pooled
@@ -59,16 +65,28 @@ NAMES = ("deployed", "fix A", "fix B")
 ENGINES = ("llamacpp",)
 
 
-def parse(text) -> int | None:
-    """The notebooks' ``KERNELS`` (``"llamacpp x96"``: the engine, then how much wider the target is) as the
-    widening factor; None skips the chapter. Raises ``ValueError`` naming what was expected."""
+@dataclass(frozen=True)
+class Chapter:
+    """The notebooks' ``KERNELS`` parsed: how much wider the target is, and the weight type where the user
+    fixed it (None: chosen on the host)."""
+
+    widen_by: int
+    outtype: str | None = None
+
+
+def parse(text) -> Chapter | None:
+    """The notebooks' ``KERNELS`` (``"llamacpp x96"``: the engine, then how much wider the target is, then
+    optionally the weight type, ``"llamacpp x96 f16"``); None skips the chapter. Raises ``ValueError``
+    naming what was expected."""
     if text is None:
         return None
     parts = str(text).split()
-    if (len(parts) == 2 and parts[0] in ENGINES and parts[1][:1] == "x" and parts[1][1:].isdigit()
-            and int(parts[1][1:]) >= 1):
-        return int(parts[1][1:])
-    raise ValueError(f"KERNELS must be None or 'llamacpp xFACTOR' (e.g. 'llamacpp x{WIDEN}'), got {text!r}")
+    if (len(parts) in (2, 3) and parts[0] in ENGINES and parts[1][:1] == "x" and parts[1][1:].isdigit()
+            and int(parts[1][1:]) >= 1 and (len(parts) == 2 or parts[2] in WEIGHT_TYPES)):
+        return Chapter(int(parts[1][1:]), parts[2] if len(parts) == 3 else None)
+    raise ValueError(f"KERNELS must be None or 'llamacpp xFACTOR' with an optional weight type of "
+                     f"{', '.join(WEIGHT_TYPES)} (e.g. 'llamacpp x{WIDEN}' or 'llamacpp x{WIDEN} "
+                     f"{OUTTYPE}'), got {text!r}")
 
 
 @dataclass
@@ -83,7 +101,7 @@ class KernelsRun:
     settings: dict = field(default_factory=dict)
     unavailable: str | None = None
     lines: list[str] = field(default_factory=list)   # what was done, for the folded log
-    choice: dict | None = None            # ``StepsChoice.to_dict``: how the round's length was chosen
+    choice: dict | None = None            # ``RegimeChoice.to_dict``: how weight type and round were chosen
 
     def to_dict(self) -> dict:
         return {"rows": [r.to_dict() for r in self.rows], "engine": self.engine, "target": self.target,
@@ -100,7 +118,7 @@ class KernelsRun:
 
 
 def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int = WIDEN,
-             outtype: str = OUTTYPE, steps: int | None = STEPS) -> dict:
+             outtype: str | None = OUTTYPE, steps: int | None = STEPS) -> dict:
     return {"pair": str(PAIR), "widen": widen_by, "outtype": outtype, "steps": steps,
             "prompts": num_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats}
 
@@ -130,12 +148,12 @@ def wide_target(widen_by: int = WIDEN) -> Widened:
 
 
 def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repeats: int,
-            reuse: KernelsRun | None = None, widen_by: int = WIDEN, outtype: str = OUTTYPE,
+            reuse: KernelsRun | None = None, widen_by: int = WIDEN, outtype: str | None = None,
             steps: int | None = None, progress: bool = True) -> KernelsRun:
     """``names`` (of ``NAMES``) on llama-server at a real target's cost; a row of ``reuse`` (notebook 01's
-    run) stands in for its wiring when it was measured with the same settings. ``steps`` None: notebook
-    01's choice where ``reuse`` was measured with the same settings otherwise, else chosen here
-    (``choose_steps``)."""
+    run) stands in for its wiring when it was measured with the same settings. ``outtype`` and ``steps``
+    None: notebook 01's choice where ``reuse`` was measured with the same settings otherwise, else chosen
+    here (``choose_regime``)."""
     want = settings(num_prompts, max_new_tokens, repeats, widen_by, outtype, steps)
     run = KernelsRun(settings=want)
     found = server(progress)
@@ -148,20 +166,23 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
     run.target, run.target_sentence = wide.to_dict(), wide.sentence()
     pair = load_pair(PAIR / "target", PAIR / "draft", "cpu")
     prompt_ids = encode_prompts(pair.tokenizer, read_prompts(PAIR / "prompts.jsonl")[:num_prompts], "cpu")
-    if steps is None:
+    if steps is None or outtype is None:
         prior = reuse.settings if reuse else {}
-        if reuse and prior.get("steps") and _apart_from_steps(prior) == _apart_from_steps(want):
-            steps, run.choice = int(prior["steps"]), reuse.choice
-            run.lines.append(f"draft steps: {steps}, notebook 01's choice on this host")
+        if (reuse and prior.get("steps") and prior.get("outtype") and _apart_from_choice(prior) ==
+                _apart_from_choice(want) and want["steps"] in (None, prior["steps"])
+                and want["outtype"] in (None, prior["outtype"])):
+            steps, outtype, run.choice = int(prior["steps"]), str(prior["outtype"]), reuse.choice
+            run.lines.append(f"weights {outtype}, draft steps {steps}: notebook 01's choice on this host")
         else:
             try:
-                choice = choose_steps(found, wide, outtype, pair, prompt_ids, max_new_tokens)
-                steps, run.choice = choice.steps, choice.to_dict()
-                run.lines.append(f"draft steps: {choice.sentence()}")
+                choice = choose_regime(found, wide, pair, prompt_ids, max_new_tokens,
+                                       outtypes=WEIGHT_TYPES if outtype is None else (outtype,), steps=steps)
+                steps, outtype, run.choice = choice.steps, choice.outtype, choice.to_dict()
+                run.lines.append(f"weights and draft steps: {choice.sentence()}")
             except LlamacppUnavailable as exc:
-                steps = STEPS
-                run.lines.append(f"draft steps: {STEPS}, not chosen on this host ({exc})")
-        want["steps"] = steps
+                steps, outtype = steps or STEPS, outtype or OUTTYPE
+                run.lines.append(f"weights {outtype}, draft steps {steps}: not chosen on this host ({exc})")
+        want["steps"], want["outtype"] = steps, outtype
     out = Path(reports) / "kernels"
     kept = {r.wiring: r for r in (reuse.rows if reuse and reuse.settings == want else [])}
     todo = []
@@ -183,7 +204,7 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
     if todo:
         rows = backend.bench(wide.path, [w for w, _ in todo], [p.tolist() for p in prompt_ids], steps=steps,
                              max_new_tokens=max_new_tokens, repeats=repeats, log_dir=out / "logs",
-                             progress=progress, outtype=outtype)
+                             progress=progress, outtype=str(outtype))
         for row, (_, ref) in zip(rows, todo):
             row.reference = reference_figures(ref)
         run.rows += rows
@@ -192,66 +213,96 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
     return run
 
 
-def _apart_from_steps(st: dict) -> dict:
-    return {k: v for k, v in st.items() if k != "steps"}
+def _apart_from_choice(st: dict) -> dict:
+    return {k: v for k, v in st.items() if k not in ("steps", "outtype")}
 
 
 @dataclass(frozen=True)
-class StepsChoice:
-    """How many draft tokens a round gets on this host, and why: for each k, the accept length the draft
-    reaches on the layout it was trained on (the reference engine, per position) over a verify of k+1
-    tokens in decode steps (llama.cpp's own timings here)."""
+class RegimeChoice:
+    """The weight type llama.cpp runs the target in and how many draft tokens a round gets on this host,
+    and why: for each weight type tried, the accept length the draft reaches on the layout it was trained on
+    (the reference engine, per position) over a verify of k+1 tokens in decode steps (llama.cpp's own
+    timings here), for each k; the pair that predicts the most."""
 
     steps: int
+    outtype: str
     engine: str
     decode_ms: float
     acceptance: tuple[float, ...]        # P(draft position i accepted), pooled over the choice's prompts
-    options: tuple[dict, ...]            # per k: tau, verify_decodes, predicted
+    options: tuple[dict, ...]            # per k, in the chosen weight type: tau, verify_decodes, predicted
+    tried: tuple[dict, ...] = ()         # per weight type tried, in order: its best k and prediction, its
+                                         # decode step, or why it could not be measured
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "engine": self.engine, "decode_ms": round(self.decode_ms, 3),
-                "acceptance": [round(a, 3) for a in self.acceptance], "options": list(self.options),
-                "draft_steps_counted": False}
+        return {"steps": self.steps, "outtype": self.outtype, "engine": self.engine,
+                "decode_ms": round(self.decode_ms, 3), "acceptance": [round(a, 3) for a in self.acceptance],
+                "options": list(self.options), "tried": list(self.tried), "draft_steps_counted": False}
 
     def sentence(self) -> str:
         return choice_sentence(self.to_dict())
 
 
 def choice_sentence(d: dict) -> str:
-    """``StepsChoice.to_dict`` in words: the k chosen and what each k predicted."""
+    """``RegimeChoice.to_dict`` in words: the weight type and k chosen, what each k predicted, and what the
+    other weight types tried predicted or why they could not be measured."""
     best = next(o for o in d["options"] if o["k"] == d["steps"])
     rest = ", ".join(f"k={o['k']} {o['predicted']:.2f}x" for o in d["options"] if o["k"] != d["steps"])
     acc = ", ".join(f"{a:.2f}" for a in d["acceptance"])
-    return (f"{d['steps']} draft tokens per round, chosen from this host's costs: a verify of "
-            f"{d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps on {d['engine']}, and "
-            f"the draft on the layout it was trained on accepts its positions with probability {acc} on the "
-            f"reference engine, so k={d['steps']} predicts {best['predicted']:.2f}x (accept length "
-            f"{best['tau']:.2f}), the most of any k ({rest}; draft steps not counted: the table measures "
-            f"them)")
+    outtype = d.get("outtype", OUTTYPE)
+    others = [t for t in d.get("tried", []) if t.get("outtype") != outtype]
+    said = "; ".join(f"{t['outtype']} weights {t['predicted']:.2f}x at best (k={t['k']})" if "predicted" in t
+                     else f"{t['outtype']} weights not measured ({t['error']})" for t in others)
+    return (f"{outtype} weights and {d['steps']} draft tokens per round, chosen from this host's costs: a "
+            f"verify of {d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps on "
+            f"{d['engine']}, and the draft on the layout it was trained on accepts its positions with "
+            f"probability {acc} on the reference engine, so k={d['steps']} predicts {best['predicted']:.2f}x "
+            f"(accept length {best['tau']:.2f}), the most of any k ({rest}; draft steps not counted: the "
+            f"table measures them)" + (f"; also tried: {said}" if said else ""))
 
 
-def choose_steps(found: ServerBuild, wide: Widened, outtype: str, pair, prompt_ids,
-                 max_new_tokens: int) -> StepsChoice:
-    """The round length k in 1..``MAX_STEPS`` whose accept length over its verify cost is highest here:
-    the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
-    acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``."""
-    ids = list(prompt_ids[:CHOICE_PROMPTS])
+def _curve(found: ServerBuild, wide: Widened, outtype: str, ids: list) -> VerifyCurve:
+    """The verify curve of the widened target in ``outtype`` on a baseline ``llama-server`` of its own."""
     tgt = convert(wide.path, outtype=outtype, log=lambda line: None)
     longest = max(int(p.numel()) for p in ids)
     ctx = -(-(longest + max(32, MAX_STEPS + 1) + 64) // 256) * 256
-    sizes = list(range(2, MAX_STEPS + 2))
-    try:
-        with LlamacppEngine(found, ServerLaunch(tgt.gguf, None, 1, host_threads(), ctx)) as base:
-            curve = verify_curve(base, [p.tolist() for p in ids], sizes)
-    except LlamacppEngineError as exc:
-        raise LlamacppUnavailable(f"the round's length could not be chosen: {exc}") from None
+    with LlamacppEngine(found, ServerLaunch(tgt.gguf, None, 1, host_threads(), ctx)) as base:
+        return verify_curve(base, [p.tolist() for p in ids], list(range(2, MAX_STEPS + 2)))
+
+
+def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_tokens: int, *,
+                  outtypes: tuple[str, ...] = WEIGHT_TYPES, steps: int | None = None) -> RegimeChoice:
+    """The weight type (of ``outtypes``, tried in order until one predicts ``ENOUGH``) and round length k
+    (1..``MAX_STEPS``, or ``steps`` where given) whose accept length over its verify cost is highest here:
+    the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
+    acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``. A weight
+    type this build cannot convert or serve is said, and the next tried; none at all raises
+    ``LlamacppUnavailable``."""
+    ids = list(prompt_ids[:CHOICE_PROMPTS])
     plan = trained_plan(pair)
     results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
                for p in ids]
     acc = position_acceptance(results)
-    options = steps_options(acc, {k: curve.over_decode(k + 1) for k in range(1, MAX_STEPS + 1)})
-    best = max(options, key=lambda o: (o["predicted"], -o["k"]))
-    return StepsChoice(best["k"], curve.engine, curve.decode, tuple(acc), tuple(options))
+    ks = range(1, MAX_STEPS + 1) if steps is None else (steps,)
+    tried, measured = [], []
+    for outtype in outtypes:
+        try:
+            curve = _curve(found, wide, outtype, ids)
+        except (LlamacppEngineError, LlamacppUnavailable) as exc:
+            tried.append({"outtype": outtype, "error": str(exc).splitlines()[0][:160]})
+            continue
+        options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks})
+        best = max(options, key=lambda o: (o["predicted"], -o["k"]))
+        tried.append({"outtype": outtype, "k": best["k"], "predicted": best["predicted"],
+                      "decode_ms": round(curve.decode, 3)})
+        measured.append((best, outtype, curve, options))
+        if best["predicted"] >= ENOUGH:
+            break
+    if not measured:
+        raise LlamacppUnavailable("the weight type and round's length could not be chosen: "
+                                  + "; ".join(f"{t['outtype']}: {t['error']}" for t in tried))
+    best, outtype, curve, options = max(measured, key=lambda m: m[0]["predicted"])
+    return RegimeChoice(best["k"], outtype, curve.engine, curve.decode, tuple(acc), tuple(options),
+                        tuple(tried))
 
 
 def steps_options(acceptance, verify_decodes: dict[int, float]) -> list[dict]:

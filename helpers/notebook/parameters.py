@@ -35,7 +35,9 @@ REPORTS_DIR = "../reports"
 PATCH_ROOT = None        # private SGLang source copy to patch, default REPORTS_DIR/sglang-VERSION
 METRICS = None           # notebook 01: a /metrics scrape, a log or responses; None: the live engine's
 KERNELS = "llamacpp x96" # notebooks 01 and 06: the same miswiring on llama.cpp's own kernels, its Llama pair
-                         # data/tiny-llama with a target widened 96x (a real target's cost); None skips it'''
+                         # data/tiny-llama with a target widened 96x (a real target's cost), in the weight
+                         # type chosen on the host (a third word fixes it: f16, bf16, f32 or q8_0);
+                         # None skips it'''
 
 
 def _defaults(text: str) -> dict:
