@@ -162,7 +162,7 @@ def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch
     from helpers.engines.llamacpp.costs import VerifyCurve
     from helpers.engines.llamacpp.engine import LlamacppEngineError
     acc = [0.76, 0.48, 0.38, 0.26, 0.19]
-    ratios = {"f16": 1.8, "bf16": None, "f32": 1.75, "q8_0": 1.05}   # verify over decode, flat per type
+    ratios = {"f16": 2.05, "bf16": None, "f32": 1.9, "q8_0": 1.05}   # verify over decode, flat per type
     asked = []
 
     def curve(found, wide, outtype, ids):
@@ -170,6 +170,10 @@ def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch
         if ratios[outtype] is None:
             raise LlamacppEngineError("llama-server exited with code -11 before it was ready\nmore")
         return VerifyCurve("llamacpp==b1", 20.0, {n: ratios[outtype] * 20.0 for n in range(2, 7)})
+
+    assert kernels._reason(LlamacppEngineError("llama-server exited with code -11 before it was ready: "
+                                               + "0.00.005 I srv load_model: loading model x" * 3)) == \
+        "llama-server exited with code -11 before it was ready"
 
     monkeypatch.setattr(kernels, "_curve", curve)
     monkeypatch.setattr(kernels, "trained_plan", lambda pair: None)
@@ -181,8 +185,12 @@ def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch
     assert choice.outtype == "q8_0" and choice.steps == 5       # a flat curve: the longest round
     said = choice.sentence()
     assert said.startswith("q8_0 weights and 5 draft tokens per round")
-    assert ("also tried: f16 weights 1.71x at best (k=5); bf16 weights not measured (llama-server exited "
-            "with code -11 before it was ready); f32 weights 1.75x at best (k=5)") in said
+    assert ("also tried: f16 weights 1.50x at best (k=5); bf16 weights not measured (llama-server exited "
+            "with code -11 before it was ready); f32 weights 1.62x at best (k=5)") in said
+    # another type predicting more, but by less than BETTER: the first measured is kept
+    ratios["q8_0"] = None
+    choice = kernels.choose_regime(None, None, pair, ids, 8)
+    assert choice.outtype == "f16" and [t["outtype"] for t in choice.tried] == ["f16", "bf16", "f32", "q8_0"]
     # the first type predicting ENOUGH is kept without trying the rest; a fixed k is kept
     asked.clear()
     ratios["f16"] = 1.1

@@ -55,8 +55,10 @@ OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verif
 # the weight types the choice tries, in this order, until one predicts ENOUGH: f16 first (the fastest
 # verify on the Intel AMX host), then the others, whose kernels may batch better on another CPU
 WEIGHT_TYPES = ("f16", "bf16", "f32", "q8_0")
-ENOUGH = 1.8        # a prediction at which the fixes clear 1.5x measured: draft steps, not counted in it,
+ENOUGH = 1.7        # a prediction at which the fixes clear 1.5x measured: draft steps, not counted in it,
                     # cost a tenth to a fifth (1.88-1.99x predicted, 1.64-1.71x measured; docs/timing.md)
+BETTER = 1.1        # another weight type replaces the first only when it predicts this much more: two
+                    # within a tenth of each other are within the timing's noise (docs/timing.md)
 STEPS = 3           # draft tokens per round where the host's costs cannot be measured
 MAX_STEPS = 5       # the longest round the choice considers (a verify of 6)
 CHOICE_PROMPTS = 2  # prompts the choice measures on: its costs are medians, its acceptance pooled
@@ -269,10 +271,19 @@ def _curve(found: ServerBuild, wide: Widened, outtype: str, ids: list) -> Verify
         return verify_curve(base, [p.tolist() for p in ids], list(range(2, MAX_STEPS + 2)))
 
 
+def _reason(exc: Exception) -> str:
+    """Why a weight type could not be measured, in a clause: the message's first line without the log
+    excerpt or path a server's failure carries."""
+    line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    line = line.split(" (log: ")[0]
+    return line.split(": ")[0] if len(line) > 100 else line
+
+
 def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_tokens: int, *,
                   outtypes: tuple[str, ...] = WEIGHT_TYPES, steps: int | None = None) -> RegimeChoice:
     """The weight type (of ``outtypes``, tried in order until one predicts ``ENOUGH``) and round length k
-    (1..``MAX_STEPS``, or ``steps`` where given) whose accept length over its verify cost is highest here:
+    (1..``MAX_STEPS``, or ``steps`` where given) whose accept length over its verify cost is highest here,
+    the first type measured kept unless another predicts ``BETTER`` times as much:
     the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
     acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``. A weight
     type this build cannot convert or serve is said, and the next tried; none at all raises
@@ -288,7 +299,7 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
         try:
             curve = _curve(found, wide, outtype, ids)
         except (LlamacppEngineError, LlamacppUnavailable) as exc:
-            tried.append({"outtype": outtype, "error": str(exc).splitlines()[0][:160]})
+            tried.append({"outtype": outtype, "error": _reason(exc)})
             continue
         options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks})
         best = max(options, key=lambda o: (o["predicted"], -o["k"]))
@@ -300,7 +311,9 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     if not measured:
         raise LlamacppUnavailable("the weight type and round's length could not be chosen: "
                                   + "; ".join(f"{t['outtype']}: {t['error']}" for t in tried))
-    best, outtype, curve, options = max(measured, key=lambda m: m[0]["predicted"])
+    first = measured[0][0]["predicted"]
+    best, outtype, curve, options = max(measured, key=lambda m: m[0]["predicted"] if m is measured[0] or
+                                        m[0]["predicted"] >= BETTER * first else 0.0)
     return RegimeChoice(best["k"], outtype, curve.engine, curve.decode, tuple(acc), tuple(options),
                         tuple(tried))
 
