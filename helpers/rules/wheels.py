@@ -396,9 +396,11 @@ def _install_ranged(package: str, version: str, wanted: Callable[[str], bool], b
 
 def pip_download(package: str, version: str, dest: Path,
                  extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``pip download`` of one wheel into ``dest``; ``extra`` names another interpreter's tags."""
+    """``pip download`` of one wheel into ``dest``; ``extra`` names another interpreter's tags. One retry
+    per connection, not pip's five: on an air-gapped host pip's backoff spent 7.5 s asleep before it said
+    the index was unreachable, on every release a command reads."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary=:all:", "-d", str(dest), *extra, f"{package}=={version}"]
+           "--retries", "1", "--only-binary=:all:", "-d", str(dest), *extra, f"{package}=={version}"]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
