@@ -237,6 +237,12 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   run)
+    # A first run (no .venv yet) says how long it will take before it installs anything: the system Python
+    # reads the project's measurement (helpers/notebook/durations.py imports nothing outside the standard
+    # library); later runs are announced from this machine's own history when the notebooks start.
+    if [ ! -x "$VENV/bin/python" ]; then
+      (cd "$here" && "$PYTHON" -c 'from helpers.notebook import durations; print(durations.first_run_line())') 2>/dev/null || true
+    fi
     setup
     # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
     # told not to (-p KERNELS=null, --small). The build starts now, in the background, while the engines'

@@ -30,3 +30,20 @@ def test_an_unreadable_history_is_no_history(monkeypatch, tmp_path):
     assert durations.history() == []
     durations.record("k", 1.0, {})
     assert [r["kind"] for r in durations.history()] == ["k"]
+
+
+def test_a_first_run_is_announced_before_anything_is_installed():
+    """`bash workbook.sh run` says it with the system Python, before .venv exists: the module must import with
+    the standard library alone (``-S``: no site-packages)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-S", "-c",
+                          "from helpers.notebook import durations; print(durations.first_run_line(2))"],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith("[run] first run on this machine (2 cores)")
+    assert durations._minutes(durations.REFERENCE.first_s) in line
+    assert "expect longer" in durations.first_run_line(1)

@@ -14,8 +14,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from ..rules.wheels import cache_root
-
 HISTORY = "workbook-runs.json"
 KEEP = 20
 BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.sh run` when it started a build
@@ -42,6 +40,8 @@ def kind_of(names: list[str], params: dict, path_params: tuple[str, ...] = ()) -
 
 
 def _path():
+    # imported here: `first_run_line` runs on the system Python before .venv exists, with the standard library
+    from ..rules.wheels import cache_root
     return cache_root("runs") / HISTORY
 
 
@@ -76,6 +76,17 @@ def start_line(kind: str, cores: int | None = None) -> str:
                 f"{_minutes(REFERENCE.first_s)} the first time and {_minutes(REFERENCE.later_s)} later."
                 f"{build}")
     return f"[run] no run like this one has finished on this machine yet.{build}"
+
+
+def first_run_line(cores: int | None = None) -> str:
+    """What ``bash workbook.sh run`` says before it installs anything on a machine without ``.venv``: the
+    first run's whole length (setup, builds, notebooks), measured on the project's host, said to be that."""
+    cores = cores or os.cpu_count() or 1
+    fewer = " (this machine has fewer cores: expect longer)" if cores < 2 else ""
+    return (f"[run] first run on this machine ({cores} cores): it installs .venv and SGLang's venv, builds "
+            f"llama-server, then runs notebooks 01-06; on the project's 2-core host ({REFERENCE.measured}) "
+            f"that took {_minutes(REFERENCE.first_s)} from a new clone, and {_minutes(REFERENCE.later_s)} "
+            f"each time after{fewer}.")
 
 
 def record(kind: str, seconds: float, notebooks: dict[str, float]) -> None:
