@@ -18,6 +18,17 @@ def test_a_run_is_announced_from_the_last_run_like_it(monkeypatch, tmp_path):
     assert runner.run_kind({"BACKEND": "reference"}, ["01"]) != runner.run_kind({"BACKEND": "reference"})
     monkeypatch.setenv(durations.BUILD_LOG_ENV, str(tmp_path / "build.log"))
     assert "llama-server is being built beside it" in durations.start_line(kind)
+    # a first run, which waited on the build, is not quoted for a later one as its length
+    durations.record(kind, 950.0, {})
+    assert durations.start_line(kind).startswith("[run] about 15 min 50 s here")
+    monkeypatch.delenv(durations.BUILD_LOG_ENV)
+    assert durations.start_line(kind).startswith("[run] about 2 min 05 s here")
+    other = runner.run_kind({"BACKEND": "reference", "MAX_NEW_TOKENS": 32})
+    monkeypatch.setenv(durations.BUILD_LOG_ENV, str(tmp_path / "build.log"))
+    durations.record(other, 950.0, {})
+    monkeypatch.delenv(durations.BUILD_LOG_ENV)
+    assert "while llama-server was built beside it" in durations.start_line(other)
+    monkeypatch.delenv(durations.BUILD_LOG_ENV, raising=False)
     for i in range(durations.KEEP + 3):
         durations.record(kind, float(i), {})
     assert len(durations.history()) == durations.KEEP

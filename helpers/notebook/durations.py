@@ -66,10 +66,21 @@ def start_line(kind: str, cores: int | None = None) -> str:
     build = (" llama-server is being built beside it (its first build on this machine); notebook 01's "
              "kernels chapter waits for it." if building else "")
     same = [r for r in history() if r.get("kind") == kind]
-    if same:
-        last = same[-1]
+    # a run that waited on llama-server's build is like this one only if this one builds too
+    alike = [r for r in same if bool(r.get("built_llama_server")) == building]
+    if alike:
+        last = alike[-1]
         return (f"[run] about {_minutes(last['seconds'])} here: the last run like this one on this machine "
                 f"took that ({last.get('date', '?')}).{build}")
+    if same and building:
+        last = same[-1]
+        return (f"[run] the last run like this one on this machine took {_minutes(last['seconds'])} "
+                f"({last.get('date', '?')}) with llama-server already built; expect longer.{build}")
+    if same:
+        last = same[-1]
+        return (f"[run] the last run like this one on this machine took {_minutes(last['seconds'])} "
+                f"({last.get('date', '?')}) while llama-server was built beside it; this one has no build to "
+                f"wait on and should take less (the project's 2-core host: {_minutes(REFERENCE.later_s)}).")
     if REFERENCE.first_s:
         return (f"[run] no run like this one has finished on this machine ({cores} cores) yet; the default "
                 f"run on the project's 2-core host ({REFERENCE.measured}) took "
