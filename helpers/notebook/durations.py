@@ -3,8 +3,8 @@
 Every run that finishes is kept in the cache (``<cache>/runs/workbook-runs.json``, the last ``KEEP``): its
 seconds per notebook and in all, and what kind of run it was (the notebooks and every parameter but the
 paths). A run of a kind that finished here before is announced from the newest such run; a first one from
-the project's measurements of the default run on its 2-core host (``REFERENCE``, with the date and the
-commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run (``bash
+the project's measurements of the default run on its 2-core hosts (``REFERENCES``, with the date and
+the commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run (``bash
 workbook.sh run`` on a fresh machine) is said too: the kernels chapter waits for it.
 """
 from __future__ import annotations
@@ -21,16 +21,24 @@ BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.s
 
 @dataclass(frozen=True)
 class Reference:
-    """A measured run on the project's host, quoted where this machine has none of its own."""
+    """A measured default run (``bash workbook.sh run``) on one of the project's 2-core hosts, quoted where
+    this machine has none of its own."""
 
-    first_s: float          # a fresh clone: venv, SGLang's venv, llama-server's build, the notebooks
+    host: str
+    first_s: float          # a new clone, empty caches: venvs, llama-server's build, the notebooks
     later_s: float          # the same run again, everything in place
-    measured: str           # when, where, which commit
+    measured: str           # when, which commit
 
 
-# the default run (`bash workbook.sh run`) measured from a new clone and an empty cache, then again
-REFERENCE = Reference(first_s=946.0, later_s=551.0,
-                      measured="2026-12-07, Intel Xeon with AMX, 077f2bf and bba96af")
+# docs/timing.md, "The first run and later runs"
+REFERENCES = (Reference("Intel Xeon with AMX", 946.0, 485.0, "2026-12-07, 077f2bf and 81c9ebd"),
+              Reference("AMD EPYC", 1142.0, 619.0, "2026-12-07, 85eb5b7"))
+
+
+def _span(attr: str) -> str:
+    """The project's hosts' times for ``attr`` (``first_s`` or ``later_s``), fastest first, each named."""
+    refs = sorted(REFERENCES, key=lambda r: getattr(r, attr))
+    return " to ".join(f"{_minutes(getattr(r, attr))} ({r.host})" for r in refs)
 
 
 def kind_of(names: list[str], params: dict, path_params: tuple[str, ...] = ()) -> str:
@@ -80,13 +88,10 @@ def start_line(kind: str, cores: int | None = None) -> str:
         last = same[-1]
         return (f"[run] the last run like this one on this machine took {_minutes(last['seconds'])} "
                 f"({last.get('date', '?')}) while llama-server was built beside it; this one has no build to "
-                f"wait on and should take less (the project's 2-core host: {_minutes(REFERENCE.later_s)}).")
-    if REFERENCE.first_s:
-        return (f"[run] no run like this one has finished on this machine ({cores} cores) yet; the default "
-                f"run on the project's 2-core host ({REFERENCE.measured}) took "
-                f"{_minutes(REFERENCE.first_s)} the first time and {_minutes(REFERENCE.later_s)} later."
-                f"{build}")
-    return f"[run] no run like this one has finished on this machine yet.{build}"
+                f"wait on and should take less (the project's 2-core hosts: {_span('later_s')}).")
+    return (f"[run] no run like this one has finished on this machine ({cores} cores) yet; the default run "
+            f"on the project's 2-core hosts took {_span('first_s')} the first time and {_span('later_s')} "
+            f"later.{build}")
 
 
 def first_run_line(cores: int | None = None) -> str:
@@ -95,9 +100,8 @@ def first_run_line(cores: int | None = None) -> str:
     cores = cores or os.cpu_count() or 1
     fewer = " (this machine has fewer cores: expect longer)" if cores < 2 else ""
     return (f"[run] first run on this machine ({cores} cores): it installs .venv and SGLang's venv, builds "
-            f"llama-server, then runs notebooks 01-06; on the project's 2-core host ({REFERENCE.measured}) "
-            f"that took {_minutes(REFERENCE.first_s)} from a new clone, and {_minutes(REFERENCE.later_s)} "
-            f"each time after{fewer}.")
+            f"llama-server, then runs notebooks 01-06; from a new clone that took {_span('first_s')} on the "
+            f"project's 2-core hosts, and {_span('later_s')} each time after{fewer}.")
 
 
 def record(kind: str, seconds: float, notebooks: dict[str, float]) -> None:
