@@ -60,6 +60,24 @@ def test_the_regime_is_said_from_the_runs_own_costs():
     assert f"({rate:.1f} GB/s of weights" in text
 
 
+def test_a_draft_step_below_zero_is_said_not_derivable_never_printed():
+    """The draft step is derived, (round - verify) / k. Where the verify measured alone costs more than a
+    whole round as served (an AMD EPYC host, bf16: verify of 6 40.5 ms, round 30.3 ms), the derivation
+    fails: the regime, the shortfall sentence and the table say so or leave it out; the break-even (round /
+    decode) stands."""
+    run = kernels.KernelsRun.from_dict(RUN)
+    for r in run.rows:
+        r.costs = dict(r.costs, verify=40.5, round=30.3, draft_step=(30.3 - 40.5) / r.steps)
+    text = kernels.regime(run)
+    assert "a draft step's cost cannot be derived here (a round as served, 30.3 ms" in text
+    assert "-3." not in text and "costs -" not in text
+    assert all(r["draft_step_ms"] is None for r in kernels.table(run))
+    short = [SimpleNamespace(wiring=r.wiring, costs=r.costs, speedup=1.2, accept_length=r.accept_length,
+                             steps=r.steps) for r in run.rows]
+    said = kernels.short_of_goal(kernels.KernelsRun(rows=short))
+    assert said.startswith("fix A and fix B") and "a draft step" not in said
+
+
 def test_the_table_puts_the_prediction_beside_the_measured_ratio():
     run = kernels.KernelsRun.from_dict(RUN)
     rows = kernels.table(run)

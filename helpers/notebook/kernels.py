@@ -368,10 +368,19 @@ def regime(run: KernelsRun) -> str:
     return (f"{run.target_sentence[0].upper()}{run.target_sentence[1:]}; llama.cpp runs it converted to "
             f"{run.settings.get('outtype', OUTTYPE)}. On this CPU it decodes a token in {c['decode']:.1f} ms"
             f"{rate} and verifies {row.steps + 1} in {c['verify']:.1f} ms ({c['verify_over_decode']:.2f} "
-            f"decode steps: one read of the weights serves them all); a draft step costs "
-            f"{c['draft_step']:.2f} ms, so a round of {row.steps} draft steps breaks even at an accept "
-            f"length of {c['break_even_tau']:.2f}"
+            f"decode steps: one read of the weights serves them all); {_draft_step_clause(c, row.steps)}, so "
+            f"a round of {row.steps} draft steps breaks even at an accept length of {c['break_even_tau']:.2f}"
             + _sentence(choice_sentence(run.choice) if run.choice else "") + _sentence(short_of_goal(run)))
+
+
+def _draft_step_clause(c: dict, steps: int) -> str:
+    """The draft step's cost, derived as (round - verify) / k; where the round served cost less than the
+    verify measured alone, the derivation fails and the clause says so rather than give a negative cost."""
+    if c.get("draft_step") is not None and c["draft_step"] >= 0:
+        return f"a draft step costs {c['draft_step']:.2f} ms"
+    return (f"a draft step's cost cannot be derived here (a round as served, {c['round']:.1f} ms with its "
+            f"{steps} draft steps, cost less than the verify of {steps + 1} measured alone: that measurement "
+            f"overstates the verify)")
 
 
 def _sentence(text: str) -> str:
@@ -392,9 +401,10 @@ def short_of_goal(run: KernelsRun, goal: float = GOAL) -> str:
     best = max(fixes, key=lambda r: r.accept_length)
     c = best.costs
     ceiling = best.accept_length / c["break_even_tau"]
-    cause = (f"a verify of {best.steps + 1} tokens costs {c['verify_over_decode']:.2f} decode steps and a "
-             f"draft step {c['draft_step'] / c['decode']:.2f}, so a round of {best.steps} breaks even at "
-             f"{c['break_even_tau']:.2f} tokens")
+    step = (f" and a draft step {c['draft_step'] / c['decode']:.2f}" if c.get("draft_step") is not None
+            and c["draft_step"] >= 0 else "")
+    cause = (f"a verify of {best.steps + 1} tokens costs {c['verify_over_decode']:.2f} decode steps{step}, "
+             f"so a round of {best.steps} breaks even at {c['break_even_tau']:.2f} tokens")
     names = " and ".join(r.wiring for r in short)
     if ceiling < goal:
         return (f"{names} cannot clear {goal:g}x on this CPU: {cause}, and the best accept length "
@@ -419,7 +429,8 @@ def table(run: KernelsRun) -> list[dict]:
         out.append({"wiring": r.wiring, "layout": r.served_layout, "accept_length": round(r.accept_length, 3),
                     "ref_tau": (r.reference or {}).get("tau"),
                     "decode_ms": c.get("decode"), "verify_ms": c.get("verify"),
-                    "verify_decodes": c.get("verify_over_decode"), "draft_step_ms": c.get("draft_step"),
+                    "verify_decodes": c.get("verify_over_decode"),
+                    "draft_step_ms": c.get("draft_step") if (c.get("draft_step") or 0) >= 0 else None,
                     "break_even_tau": c.get("break_even_tau"),
                     "predicted_speedup": None if p is None else round(p, 3),
                     "speedup": round(r.speedup, 3), "speedup_interval": r.speedup_interval,
