@@ -28,11 +28,14 @@ PYTHON="${PYTHON:-python3}"
 # .venv/bin/python, whatever `python3` kernel the user's Jupyter dirs hold.
 KERNEL=eagle3-workbook
 
-setup() {
+setup_base() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV with $($PYTHON --version 2>&1)"
     "$PYTHON" -m venv "$VENV"
   fi
+}
+setup() {
+  setup_base
   local want have=""
   want="$(cat requirements.txt | sha256sum | cut -d' ' -f1)"
   [ -f "$VENV/.requirements.sha256" ] && have="$(cat "$VENV/.requirements.sha256")"
@@ -201,20 +204,28 @@ setup_run_engines() {
 }
 
 # llama.cpp's llama-server, built once per machine into the cache (helpers/engines/llamacpp/build.py): about
-# 8 minutes on 2 cores, so `test` and `run` start it in the background while the engines' venvs install
+# 4 to 9 minutes on 2 cores, so `test` and `run` start it in the background while the venvs install
 # (mostly downloads), and wait for it before the work that uses it. A host that cannot build it gets one
 # line and the other engines measure. EAGLE3_WORKBOOK_LLAMACPP=0 skips it. One build at a time: the build
 # holds a lock in the cache (<cache>/llama.cpp/b11434.lock), so a `run` and a `test` at once compile once,
 # the later one waiting on the lock and then using the earlier one's build.
 LLAMACPP_PID=""
+# It starts before .venv's requirements install, the first thing on a fresh machine: the build needs only the
+# venv's interpreter and `packaging` (at requirements.txt's pin; helpers.engines.llamacpp.build and its command
+# import nothing else, tests/test_llamacpp_build.py holds that), with the checkout on PYTHONPATH.
 start_llamacpp() {
   [ "${EAGLE3_WORKBOOK_LLAMACPP:-1}" = "0" ] && return 0
-  if "$VENV/bin/python" -m helpers llamacpp-build --where > /dev/null 2>&1; then
+  setup_base
+  if ! "$VENV/bin/python" -c "import packaging.version" 2> /dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$(grep -i '^packaging==' requirements.txt)" \
+      > /dev/null 2>&1 || true
+  fi
+  if PYTHONPATH="$here" "$VENV/bin/python" -m helpers llamacpp-build --where > /dev/null 2>&1; then
     return 0
   fi
   echo "[llamacpp] building llama-server in the background (log: $VENV.llamacpp-build.log)"
   # a process group of its own, so stop_llamacpp ends the compilers with it
-  setsid nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
+  PYTHONPATH="$here" setsid nice -n 5 "$VENV/bin/python" -m helpers llamacpp-build > "$VENV.llamacpp-build.log" 2>&1 &
   LLAMACPP_PID=$!
 }
 # A build still running when `run` ends (a failed notebook, Ctrl-C) is stopped, compilers and all (TERM:
@@ -243,22 +254,23 @@ case "$cmd" in
     if [ ! -x "$VENV/bin/python" ]; then
       (cd "$here" && "$PYTHON" -c 'from helpers.notebook import durations; print(durations.first_run_line())') 2>/dev/null || true
     fi
-    setup
     # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
-    # told not to (-p KERNELS=null, --small). The build starts now, in the background, while the engines'
-    # venvs install and notebook 01's first half runs; the notebook waits on the build's lock (and names
-    # its log, EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, if it did not complete). --backend llamacpp needs it
-    # before the first notebook.
+    # told not to (-p KERNELS=null, --small). The build starts first, in the background, while the venvs
+    # install and notebook 01's first half runs; the notebook waits on the build's lock (and names its log,
+    # EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, if it did not complete). --backend llamacpp needs it before the
+    # first notebook.
     case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
+    trap stop_llamacpp EXIT
+    setup
     setup_run_engines "$@"
     case " $* " in *"--backend llamacpp"*|*"--backend=llamacpp"*|*BACKEND=*llamacpp*) wait_llamacpp ;; esac
     if [ -n "$LLAMACPP_PID" ]; then export EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG="$VENV.llamacpp-build.log"; fi
-    trap stop_llamacpp EXIT
     "$VENV/bin/python" -m helpers run-workbook "$@"
     ;;
   test)
-    setup
     start_llamacpp
+    trap stop_llamacpp EXIT
+    setup
     setup_engines
     wait_llamacpp
     # lint first: a stray import or an over-long line fails in a second, not after the suite

@@ -372,3 +372,23 @@ def test_the_target_gguf_takes_the_asked_weight_type(monkeypatch, capsys):
         cli(["bench", "--outtype", "f16", "--backend", "reference"])
     assert refused.value.code == 2
     assert "--outtype is the GGUF weight type llama.cpp runs" in capsys.readouterr().err
+
+
+def test_the_build_command_runs_on_the_interpreter_and_packaging_alone(tmp_path):
+    """`bash workbook.sh run` and `test` start the build before .venv's requirements install, on the bare
+    venv's interpreter with `packaging` alone (workbook.sh `start_llamacpp`): the command and everything it
+    imports must need nothing else. Here: ``-S`` (no site-packages), the checkout and a folder holding only
+    `packaging` on the path."""
+    import packaging
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "packaging").symlink_to(Path(packaging.__file__).parent)
+    root = Path(__file__).resolve().parents[1]
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{root}{os.pathsep}{only}",
+           "EAGLE3_WORKBOOK_CACHE": str(tmp_path / "cache")}
+    code = ("import runpy, sys; sys.argv = ['helpers', 'llamacpp-build', '--where']; "
+            "runpy.run_module('helpers', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert "Error" not in out.stderr, out.stderr
+    assert out.returncode == 1 and out.stdout.startswith(f"[llamacpp] no llama-server {lb.BUILD} built here")
