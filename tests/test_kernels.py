@@ -219,3 +219,42 @@ def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch
     ratios.update(f16=None, bf16=None, f32=None, q8_0=None)
     with pytest.raises(kernels.LlamacppUnavailable, match="f16: llama-server exited with code -11"):
         kernels.choose_regime(None, None, pair, ids, 8)
+
+
+def test_a_draft_step_this_host_measured_is_counted_in_the_next_choice(monkeypatch, tmp_path):
+    """The chapter keeps the draft step its rows measured (median, in decode steps, per weight type and CPU);
+    the next choice on this host counts k of them in each round's cost, and says so. A row whose draft step
+    could not be derived adds nothing."""
+    from types import SimpleNamespace
+
+    from helpers.engines.llamacpp.costs import VerifyCurve
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path))
+    engine = "llama.cpp b11434 (llama-server, cpu)"
+    assert kernels.remembered_draft_costs(engine, 96) == {}
+    row = lambda step: SimpleNamespace(costs={"decode": 15.0, "draft_step": step})  # noqa: E731
+    run = kernels.KernelsRun(rows=[row(-2.05), row(1.5), row(1.8)], engine=engine,
+                             settings={"widen": 96, "outtype": "bf16"})
+    kernels.remember_draft_costs(run)
+    known = kernels.remembered_draft_costs(engine, 96)
+    assert list(known) == ["bf16"] and known["bf16"]["decodes"] == pytest.approx(1.65 / 15.0, abs=1e-4)
+    assert kernels.remembered_draft_costs(engine, 64) == {}
+
+    acc = [0.76, 0.48, 0.38, 0.26, 0.19]
+    monkeypatch.setattr(kernels, "_curve", lambda found, wide, outtype, ids: VerifyCurve(
+        "llamacpp==b1", 15.0, {n: 15.0 * (1.0 + 0.16 * n) for n in range(2, 7)}))
+    monkeypatch.setattr(kernels, "trained_plan", lambda pair: None)
+    monkeypatch.setattr(kernels, "speculative_generate", lambda *a, **k: None)
+    monkeypatch.setattr(kernels, "position_acceptance", lambda results: acc)
+    pair, ids = SimpleNamespace(target=None, draft=None), [None, None]
+    blind = kernels.choose_regime(None, None, pair, ids, 8, outtypes=("bf16",))
+    counted = kernels.choose_regime(None, None, pair, ids, 8, outtypes=("bf16",), draft_costs=known)
+    c = known["bf16"]["decodes"]
+    for o in counted.options:
+        assert o["predicted"] == pytest.approx(o["tau"] / (o["verify_decodes"] + o["k"] * c), abs=1e-3)
+    assert counted.steps < blind.steps           # dear draft steps favour a shorter round
+    assert counted.to_dict()["draft_steps_counted"] and not blind.to_dict()["draft_steps_counted"]
+    assert f"and a draft step {c:.2f} (this host's earlier run" in counted.sentence()
+    assert "draft steps not counted: none measured here yet" in blind.sentence()
+    # an unreadable cache remembers nothing
+    (tmp_path / "kernels" / kernels.DRAFT_COSTS).write_text("{not json")
+    assert kernels.remembered_draft_costs(engine, 96) == {}

@@ -24,8 +24,12 @@ notebooks print them.
 """
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shutil
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,8 +59,9 @@ OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verif
 # the weight types the choice tries, in this order, until one predicts ENOUGH: f16 first (the fastest
 # verify on the Intel AMX host), then the others, whose kernels may batch better on another CPU
 WEIGHT_TYPES = ("f16", "bf16", "f32", "q8_0")
-ENOUGH = 1.7        # a prediction at which the fixes clear 1.5x measured: draft steps, not counted in it,
-                    # cost a tenth to a fifth (1.88-1.99x predicted, 1.64-1.71x measured; docs/timing.md)
+ENOUGH = 1.7        # a prediction at which the fixes clear 1.5x measured: draft steps, where not counted in
+                    # it, cost a tenth to a fifth (1.88-1.99x predicted, 1.64-1.71x measured; docs/timing.md)
+DRAFT_COSTS = "draft-step-costs.json"   # in cache_root("kernels"): a draft step in decode steps, as measured
 BETTER = 1.1        # another weight type replaces the first only when it predicts this much more: two
                     # within a tenth of each other are within the timing's noise (docs/timing.md)
 STEPS = 3           # draft tokens per round where the host's costs cannot be measured
@@ -178,7 +183,8 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
         else:
             try:
                 choice = choose_regime(found, wide, pair, prompt_ids, max_new_tokens,
-                                       outtypes=WEIGHT_TYPES if outtype is None else (outtype,), steps=steps)
+                                       outtypes=WEIGHT_TYPES if outtype is None else (outtype,), steps=steps,
+                                       draft_costs=remembered_draft_costs(backend.label, widen_by))
                 steps, outtype, run.choice = choice.steps, choice.outtype, choice.to_dict()
                 run.lines.append(f"weights and draft steps: {choice.sentence()}")
             except LlamacppUnavailable as exc:
@@ -212,6 +218,7 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
         run.rows += rows
     order = {n: i for i, n in enumerate(NAMES)}
     run.rows.sort(key=lambda r: order.get(r.wiring, len(order)))
+    remember_draft_costs(run)
     return run
 
 
@@ -238,7 +245,8 @@ class RegimeChoice:
     def to_dict(self) -> dict:
         return {"steps": self.steps, "outtype": self.outtype, "engine": self.engine,
                 "decode_ms": round(self.decode_ms, 3), "acceptance": [round(a, 3) for a in self.acceptance],
-                "options": list(self.options), "tried": list(self.tried), "draft_steps_counted": False}
+                "options": list(self.options), "tried": list(self.tried),
+                "draft_steps_counted": any("draft_decodes" in o for o in self.options)}
 
     def sentence(self) -> str:
         return choice_sentence(self.to_dict())
@@ -254,12 +262,17 @@ def choice_sentence(d: dict) -> str:
     others = [t for t in d.get("tried", []) if t.get("outtype") != outtype]
     said = "; ".join(f"{t['outtype']} weights {t['predicted']:.2f}x at best (k={t['k']})" if "predicted" in t
                      else f"{t['outtype']} weights not measured ({t['error']})" for t in others)
+    chosen = next((t for t in d.get("tried", []) if t.get("outtype") == outtype), {})
+    known = chosen.get("draft_step")
+    steps = (f" and a draft step {known['decodes']:.2f} (this host's earlier run, {known['measured']})"
+             if known else "")
+    counted = "" if known else "; draft steps not counted: none measured here yet, the table measures them"
     return (f"{outtype} weights and {d['steps']} draft tokens per round, chosen from this host's costs: a "
-            f"verify of {d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps on "
+            f"verify of {d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps{steps} on "
             f"{d['engine']}, and the draft on the layout it was trained on accepts its positions with "
             f"probability {acc} on the reference engine, so k={d['steps']} predicts {best['predicted']:.2f}x "
-            f"(accept length {best['tau']:.2f}), the most of any k ({rest}; draft steps not counted: the "
-            f"table measures them)" + (f"; also tried: {said}" if said else ""))
+            f"(accept length {best['tau']:.2f}), the most of any k ({rest}{counted})"
+            + (f"; also tried: {said}" if said else ""))
 
 
 def _curve(found: ServerBuild, wide: Widened, outtype: str, ids: list) -> VerifyCurve:
@@ -280,14 +293,16 @@ def _reason(exc: Exception) -> str:
 
 
 def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_tokens: int, *,
-                  outtypes: tuple[str, ...] = WEIGHT_TYPES, steps: int | None = None) -> RegimeChoice:
+                  outtypes: tuple[str, ...] = WEIGHT_TYPES, steps: int | None = None,
+                  draft_costs: dict[str, dict] | None = None) -> RegimeChoice:
     """The weight type (of ``outtypes``, tried in order until one predicts ``ENOUGH``) and round length k
     (1..``MAX_STEPS``, or ``steps`` where given) whose accept length over its verify cost is highest here,
     the first type measured kept unless another predicts ``BETTER`` times as much:
     the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
-    acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``. A weight
-    type this build cannot convert or serve is said, and the next tried; none at all raises
-    ``LlamacppUnavailable``."""
+    acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``; each
+    round's k draft steps counted at the cost an earlier run on this host measured for that weight type
+    (``draft_costs``, from ``remembered_draft_costs``), and left out, said, where none did. A weight type this
+    build cannot convert or serve is said, and the next tried; none at all raises ``LlamacppUnavailable``."""
     ids = list(prompt_ids[:CHOICE_PROMPTS])
     plan = trained_plan(pair)
     results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
@@ -301,10 +316,12 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
         except (LlamacppEngineError, LlamacppUnavailable) as exc:
             tried.append({"outtype": outtype, "error": _reason(exc)})
             continue
-        options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks})
+        known = (draft_costs or {}).get(outtype)
+        options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks},
+                                known["decodes"] if known else None)
         best = max(options, key=lambda o: (o["predicted"], -o["k"]))
         tried.append({"outtype": outtype, "k": best["k"], "predicted": best["predicted"],
-                      "decode_ms": round(curve.decode, 3)})
+                      "decode_ms": round(curve.decode, 3)} | ({"draft_step": known} if known else {}))
         measured.append((best, outtype, curve, options))
         if best["predicted"] >= ENOUGH:
             break
@@ -318,15 +335,77 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
                         tuple(tried))
 
 
-def steps_options(acceptance, verify_decodes: dict[int, float]) -> list[dict]:
+def steps_options(acceptance, verify_decodes: dict[int, float], draft_decodes: float | None = None
+                  ) -> list[dict]:
     """For each k: the accept length a round of k reaches (1 + the acceptance of its first k positions)
-    and what that predicts over a verify of k+1 tokens in decode steps."""
+    and what that predicts over the round's cost in decode steps: a verify of k+1 tokens, and k draft steps
+    of ``draft_decodes`` each where that is known (left out where it is not)."""
     out = []
     for k, over in sorted(verify_decodes.items()):
         tau = 1.0 + sum(acceptance[:k])
+        cost = over + k * (draft_decodes or 0.0)
         out.append({"k": k, "tau": round(tau, 3), "verify_decodes": round(over, 3),
-                    "predicted": round(tau / over, 3)})
+                    "predicted": round(tau / cost, 3)}
+                   | ({"draft_decodes": round(draft_decodes, 4)} if draft_decodes is not None else {}))
     return out
+
+
+def _host() -> str:
+    """This CPU's model name, which a remembered cost is keyed by (a cache shared between hosts)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _draft_cost_key(engine: str, widen_by: int, outtype: str) -> str:
+    return f"{engine}|{PAIR.name}|x{widen_by}|{outtype}|{_host()}"
+
+
+def remembered_draft_costs(engine: str, widen_by: int) -> dict[str, dict]:
+    """Per weight type, the draft step in decode steps that this host's last run of the chapter measured
+    (``remember_draft_costs``): ``{"decodes", "measured"}``. An unreadable cache remembers nothing."""
+    try:
+        data = json.loads((cache_root("kernels") / DRAFT_COSTS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for outtype in WEIGHT_TYPES:
+        d = data.get(_draft_cost_key(engine, widen_by, outtype)) if isinstance(data, dict) else None
+        if isinstance(d, dict) and isinstance(d.get("decodes"), (int, float)) and d["decodes"] >= 0:
+            out[outtype] = {"decodes": float(d["decodes"]), "measured": str(d.get("measured", "?"))}
+    return out
+
+
+def remember_draft_costs(run: KernelsRun) -> None:
+    """Keep the median draft step of the run's rows, in decode steps, where it could be derived (a
+    row whose round cost less than its verify measured alone gives none), for the next choice here."""
+    st = run.settings
+    costs = [r.costs["draft_step"] / r.costs["decode"] for r in run.rows
+             if r.costs and r.costs.get("decode") and r.costs.get("draft_step") is not None
+             and r.costs["draft_step"] >= 0]
+    if not costs or not run.engine or not st.get("outtype"):
+        return
+    path = cache_root("kernels") / DRAFT_COSTS
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    data[_draft_cost_key(run.engine, int(st.get("widen") or WIDEN), str(st["outtype"]))] = {
+        "decodes": round(statistics.median(costs), 4), "measured": time.strftime("%Y-%m-%d %H:%M"),
+        "rows": len(costs)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
 
 
 def _draft_for(name: str, pair, backend: Backend, out: Path, lines: list[str]) -> Path | None:
