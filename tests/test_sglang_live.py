@@ -241,7 +241,8 @@ def test_bench_backend_sglang_runs_the_original_case(install, capsys):
                "--draft", str(d / "draft"), "--num-prompts", "2", "--max-new-tokens", "16", "--repeats", "1",
                "--steps", "3", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0 and out["backend"] == f"sglang=={install.version}" and out["served_layout"] == [3, 7, 10]
+    assert rc == 0, out     # its error line: under a shared machine this once exited 2 (docs/timing.md)
+    assert out["backend"] == f"sglang=={install.version}" and out["served_layout"] == [3, 7, 10]
     assert out["rules"] == f"runtime {install.version}, capture rule 0.5.9" and out["lossless"]
     assert abs(out["tau_gap"]) <= 0.1, out
     assert out["timing"] in ("ok", "noisy", "unusable") and len(out["speedup_interval"]) == 2
