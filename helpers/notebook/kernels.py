@@ -261,6 +261,7 @@ def choice_sentence(d: dict) -> str:
     outtype = d.get("outtype", OUTTYPE)
     others = [t for t in d.get("tried", []) if t.get("outtype") != outtype]
     said = "; ".join(f"{t['outtype']} weights {t['predicted']:.2f}x at best (k={t['k']})" if "predicted" in t
+                     else f"{t['outtype']} weights passed over ({t['error']})" if t.get("passed_over")
                      else f"{t['outtype']} weights not measured ({t['error']})" for t in others)
     chosen = next((t for t in d.get("tried", []) if t.get("outtype") == outtype), {})
     known = chosen.get("draft_step")
@@ -301,8 +302,10 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     the verify costs from a baseline ``llama-server`` on the widened target (``costs.verify_curve``), the
     acceptance from the reference engine serving the draft its training layout, k = ``MAX_STEPS``; each
     round's k draft steps counted at the cost an earlier run on this host measured for that weight type
-    (``draft_costs``, from ``remembered_draft_costs``), and left out, said, where none did. A weight type this
-    build cannot convert or serve is said, and the next tried; none at all raises ``LlamacppUnavailable``."""
+    (``draft_costs``, from ``remembered_draft_costs``), and left out, said, where none did. A weight type
+    this build cannot convert or serve is said, and the next tried, as is one whose verify of some n tokens
+    costs under one decode step (there a decode runs a slower kernel than a batch, as no real target's
+    does, and a useless draft would look fast); none at all raises ``LlamacppUnavailable``."""
     ids = list(prompt_ids[:CHOICE_PROMPTS])
     plan = trained_plan(pair)
     results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
@@ -315,6 +318,13 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
             curve = _curve(found, wide, outtype, ids)
         except (LlamacppEngineError, LlamacppUnavailable) as exc:
             tried.append({"outtype": outtype, "error": _reason(exc)})
+            continue
+        cheap = min(range(2, MAX_STEPS + 2), key=curve.over_decode)
+        if curve.over_decode(cheap) < 1.0:   # batches faster than one token: not a real target's regime
+            tried.append({"outtype": outtype, "passed_over": True, "error": (
+                f"a verify of {cheap} tokens costs {curve.over_decode(cheap):.2f} decode steps, under one: "
+                f"this CPU decodes one token on a slower kernel than it verifies a batch, which no real "
+                f"target's memory-bound decode does, and a useless draft would look fast")})
             continue
         known = (draft_costs or {}).get(outtype)
         options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks},
