@@ -61,7 +61,8 @@ def _nb() -> nbformat.NotebookNode:
     log = nbformat.v4.new_code_cell("run()", metadata={"tags": [LOG]})
     log.outputs = [nbformat.v4.new_output("stream", name="stdout", text="deployed plan\n"),
                    nbformat.v4.new_output("display_data", data={"text/html": "<table>evidence</table>"}),
-                   nbformat.v4.new_output("stream", name="stdout", text="sglang fix a: applied\n")]
+                   nbformat.v4.new_output("stream", name="stdout", text="sglang fix a: applied\n"),
+                   nbformat.v4.new_output("stream", name="stderr", text="guard (warn): match\n")]
     long = nbformat.v4.new_code_cell("print()")
     text = "".join(f"l{i}\n" for i in range(30))
     long.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
@@ -80,7 +81,8 @@ def test_the_report_view_puts_the_finding_first_and_folds_logs():
     log = view.cells[2].outputs
     # a log cell's printed lines fold into one block where they began; its tables stay in view
     assert [o.output_type for o in log] == ["display_data", "display_data"]
-    assert "<details class='log'><summary>deployed plan <small>(2 lines)</small>" in log[0].data["text/html"]
+    assert "<details class='log'><summary>deployed plan <small>(3 lines)</small>" in log[0].data["text/html"]
+    assert "guard (warn): match" in log[0].data["text/html"]               # stderr folds with it
     assert "sglang fix a: applied" in log[0].data["text/html"] and "evidence" in log[1].data["text/html"]
     assert "(30 lines)" in view.cells[3].outputs[0].data["text/html"]       # long output folds too
     assert view.cells[4].outputs[0].output_type == "stream"                  # a short one stays

@@ -85,7 +85,8 @@ def _folded(text: str) -> dict:
 def report_order(nb):
     """The report view of an executed notebook: its heading, then the cells tagged ``finding`` (one sentence
     and one figure), then the heading's intro and the rest in order; the printed lines of cells tagged
-    ``log``, and any printed output longer than ``FOLD_LINES`` lines, folded under their first line."""
+    ``log`` (stdout and stderr), and any printed output longer than ``FOLD_LINES`` lines, folded under their
+    first line."""
     import copy
 
     import nbformat
@@ -101,8 +102,8 @@ def report_order(nb):
         outs, log, at = [], [], None
         for out in cell.get("outputs", []):
             text = str(out.get("text", "")) if out.get("output_type") == "stream" else ""
-            if text and out.get("name") == "stdout" and LOG in _tags(cell):
-                at = len(outs) if at is None else at      # a log cell's printed lines: one fold
+            if text and LOG in _tags(cell):   # a log cell's printed lines, stderr's (progress, the guard) too
+                at = len(outs) if at is None else at
                 log.append(text)
             elif text and out.get("name") == "stdout" and text.count("\n") > FOLD_LINES:
                 outs.append(_folded(text))
