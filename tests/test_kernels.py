@@ -7,12 +7,13 @@ itself, through the notebooks, where llama-server is built."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from helpers.notebook import kernels
+from helpers.notebook import host_costs, kernels
 from helpers.notebook.reports import Summary, kernel_rows
 from helpers.notebook.runner import check_run_inputs
 
@@ -218,6 +219,9 @@ def test_the_weight_type_is_tried_in_order_until_one_predicts_enough(monkeypatch
     assert "predicted" not in q8 and q8["error"].startswith("a verify of 2 tokens costs 0.85 decode steps, "
                                                             "under one")
     assert "q8_0 weights passed over (a verify of 2 tokens costs 0.85 decode steps" in choice.sentence()
+    # ... but never when it is the one type named (KERNELS' third word): that is what was asked to be seen
+    named = kernels.choose_regime(None, None, pair, ids, 8, outtypes=("q8_0",))
+    assert named.outtype == "q8_0" and "predicted" in named.tried[0]
     # the first type predicting ENOUGH is kept without trying the rest; a fixed k is kept
     asked.clear()
     ratios["f16"] = 1.1
@@ -239,14 +243,13 @@ def test_a_draft_step_this_host_measured_is_counted_in_the_next_choice(monkeypat
     from helpers.engines.llamacpp.costs import VerifyCurve
     monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path))
     engine = "llama.cpp b11434 (llama-server, cpu)"
-    assert kernels.remembered_draft_costs(engine, 96) == {}
+    assert host_costs.remembered_draft_costs(engine, "tiny-llama", 96) == {}
     row = lambda step: SimpleNamespace(costs={"decode": 15.0, "draft_step": step})  # noqa: E731
-    run = kernels.KernelsRun(rows=[row(-2.05), row(1.5), row(1.8)], engine=engine,
-                             settings={"widen": 96, "outtype": "bf16"})
-    kernels.remember_draft_costs(run)
-    known = kernels.remembered_draft_costs(engine, 96)
+    host_costs.remember_draft_costs(engine, "tiny-llama", {"widen": 96, "outtype": "bf16"},
+                                    [row(-2.05), row(1.5), row(1.8)])
+    known = host_costs.remembered_draft_costs(engine, "tiny-llama", 96)
     assert list(known) == ["bf16"] and known["bf16"]["decodes"] == pytest.approx(1.65 / 15.0, abs=1e-4)
-    assert kernels.remembered_draft_costs(engine, 64) == {}
+    assert host_costs.remembered_draft_costs(engine, "tiny-llama", 64) == {}
 
     acc = [0.76, 0.48, 0.38, 0.26, 0.19]
     monkeypatch.setattr(kernels, "_curve", lambda found, wide, outtype, ids: VerifyCurve(
@@ -265,5 +268,47 @@ def test_a_draft_step_this_host_measured_is_counted_in_the_next_choice(monkeypat
     assert f"and a draft step {c:.2f} (this host's earlier run" in counted.sentence()
     assert "draft steps not counted: none measured here yet" in blind.sentence()
     # an unreadable cache remembers nothing
-    (tmp_path / "kernels" / kernels.DRAFT_COSTS).write_text("{not json")
-    assert kernels.remembered_draft_costs(engine, 96) == {}
+    (tmp_path / "kernels" / host_costs.DRAFT_COSTS).write_text("{not json")
+    assert host_costs.remembered_draft_costs(engine, "tiny-llama", 96) == {}
+
+
+def test_a_verify_curve_this_host_measured_is_reused_and_named(monkeypatch, tmp_path):
+    """The choice keeps each weight type's verify curve (per build, pair, widening, CPU, threads and the
+    prompts' tokens); a later choice on the same host uses it instead of starting a server, says when it was
+    measured, and measures again for other prompts, another widening or a cache that cannot be read."""
+
+    import torch
+
+    from helpers.engines.llamacpp.costs import VerifyCurve
+    monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path))
+    asked = []
+
+    def curve(found, wide, outtype, ids):
+        asked.append(outtype)
+        return VerifyCurve("llamacpp==b1", 15.0, {n: 15.0 * (1.0 + 0.16 * n) for n in range(2, 7)})
+
+    monkeypatch.setattr(kernels, "_curve", curve)
+    monkeypatch.setattr(kernels, "trained_plan", lambda pair: None)
+    monkeypatch.setattr(kernels, "speculative_generate", lambda *a, **k: None)
+    monkeypatch.setattr(kernels, "position_acceptance", lambda results: [0.76, 0.48, 0.38, 0.26, 0.19])
+    engine = "llama.cpp b11434 (llama-server, cpu)"
+    pair, ids = SimpleNamespace(target=None, draft=None), [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
+
+    def choose(memory, prompts=ids):
+        return kernels.choose_regime(None, None, pair, prompts, 8, outtypes=("f16", "bf16"), curves=memory)
+
+    first = choose(host_costs.CurveMemory(engine, "tiny-llama", 96))
+    assert asked == ["f16", "bf16"] and "earlier run" not in first.sentence()
+    asked.clear()
+    again = choose(host_costs.CurveMemory(engine, "tiny-llama", 96))
+    assert asked == [] and again.options == first.options and again.outtype == first.outtype
+    assert f"decode steps (this host's earlier run, {time.strftime('%Y-%m-%d')}" in again.sentence()
+    assert all(t["verify_measured"].startswith(time.strftime("%Y-%m-%d")) for t in again.tried)
+    choose(host_costs.CurveMemory(engine, "tiny-llama", 64))                      # another widening: measured
+    choose(host_costs.CurveMemory(engine, "tiny-llama", 96), [torch.tensor([1, 2, 4]), ids[1]])  # prompts
+    assert asked == ["f16", "bf16", "f16", "bf16"]
+    asked.clear()
+    (tmp_path / "kernels" / host_costs.VERIFY_COSTS).write_text("[1, 2")     # unreadable: measured again
+    choose(host_costs.CurveMemory(engine, "tiny-llama", 96))
+    assert asked == ["f16", "bf16"]
+    assert json.loads((tmp_path / "kernels" / host_costs.VERIFY_COSTS).read_text())

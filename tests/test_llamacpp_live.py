@@ -304,7 +304,8 @@ def test_notebooks_01_05_06_on_llamacpp(tmp_path):
     k06 = kernels.KernelsRun.from_dict(summary.kernels)
     assert [r.wiring for r in k01.rows] == ["deployed"] and k06.settings["widen"] == 2
     # the round's length chosen once, on this host, in notebook 01, and taken by notebook 06
-    assert k01.choice and k06.choice == k01.choice and 1 <= k01.choice["steps"] <= kernels.MAX_STEPS
+    assert k01.choice and k06.choice == k01.choice, k01.lines
+    assert 1 <= k01.choice["steps"] <= kernels.MAX_STEPS
     assert k06.settings["steps"] == k01.choice["steps"] == k06.rows[1].steps
     assert "chosen from this host's costs" in kernels.regime(k06)
     assert [r.wiring for r in k06.rows] == ["deployed", "fix A", "fix B"]

@@ -17,6 +17,9 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
   06), each against the same baseline, paired and interleaved, with the round's costs in decode steps
   (``engines.llamacpp.costs``) and the reference engine's accept length on the same layout beside it.
 
+What the choice and the rows measured on this host (each weight type's verify curve, the draft step) is
+kept for the next run here (``notebook.host_costs``), which uses it and names the run that measured it.
+
 ``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install and notebook 01's
 first half runs; ``server`` waits on the build's lock (``engines.llamacpp.build.await_server``), at most
 ``BUILD_WAIT_S``, and never builds. Outcomes are data (``KernelsRun``), the sentences are built here, and the
@@ -24,12 +27,8 @@ notebooks print them.
 """
 from __future__ import annotations
 
-import json
 import os
-import platform
 import shutil
-import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from ..model.widen import Widened, same_function, widen
 from ..rules.conventions import read_draft_config
 from ..rules.wheels import cache_root
 from .durations import BUILD_LOG_ENV
+from .host_costs import CurveMemory, remember_draft_costs, remembered_draft_costs
 from .reports import kernel_rows
 
 PAIR = REPO / "data" / "tiny-llama"
@@ -61,7 +61,6 @@ OUTTYPE = "f16"     # half what f32 reads; on CPUs with fast f16 kernels a verif
 WEIGHT_TYPES = ("f16", "bf16", "f32", "q8_0")
 ENOUGH = 1.7        # a prediction at which the fixes clear 1.5x measured: draft steps, where not counted in
                     # it, cost a tenth to a fifth (1.88-1.99x predicted, 1.64-1.71x measured; docs/timing.md)
-DRAFT_COSTS = "draft-step-costs.json"   # in cache_root("kernels"): a draft step in decode steps, as measured
 BETTER = 1.1        # another weight type replaces the first only when it predicts this much more: two
                     # within a tenth of each other are within the timing's noise (docs/timing.md)
 STEPS = 3           # draft tokens per round where the host's costs cannot be measured
@@ -113,7 +112,7 @@ class KernelsRun:
     def to_dict(self) -> dict:
         return {"rows": [r.to_dict() for r in self.rows], "engine": self.engine, "target": self.target,
                 "target_sentence": self.target_sentence, "settings": self.settings,
-                "unavailable": self.unavailable, "choice": self.choice}
+                "unavailable": self.unavailable, "choice": self.choice, "lines": list(self.lines)}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> KernelsRun | None:
@@ -121,7 +120,7 @@ class KernelsRun:
             return None
         return cls([LiveRow.from_dict(r) for r in d.get("rows", [])], d.get("engine", ""), d.get("target"),
                    d.get("target_sentence", ""), d.get("settings", {}), d.get("unavailable"),
-                   choice=d.get("choice"))
+                   list(d.get("lines", [])), choice=d.get("choice"))
 
 
 def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int = WIDEN,
@@ -184,7 +183,8 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
             try:
                 choice = choose_regime(found, wide, pair, prompt_ids, max_new_tokens,
                                        outtypes=WEIGHT_TYPES if outtype is None else (outtype,), steps=steps,
-                                       draft_costs=remembered_draft_costs(backend.label, widen_by))
+                                       draft_costs=remembered_draft_costs(backend.label, PAIR.name, widen_by),
+                                       curves=CurveMemory(backend.label, PAIR.name, widen_by))
                 steps, outtype, run.choice = choice.steps, choice.outtype, choice.to_dict()
                 run.lines.append(f"weights and draft steps: {choice.sentence()}")
             except LlamacppUnavailable as exc:
@@ -218,7 +218,7 @@ def measure(names, reports: Path, *, num_prompts: int, max_new_tokens: int, repe
         run.rows += rows
     order = {n: i for i, n in enumerate(NAMES)}
     run.rows.sort(key=lambda r: order.get(r.wiring, len(order)))
-    remember_draft_costs(run)
+    remember_draft_costs(run.engine, PAIR.name, run.settings, run.rows)
     return run
 
 
@@ -267,11 +267,14 @@ def choice_sentence(d: dict) -> str:
     known = chosen.get("draft_step")
     steps = (f" and a draft step {known['decodes']:.2f} (this host's earlier run, {known['measured']})"
              if known else "")
+    when = chosen.get("verify_measured")
+    verify = f" (this host's earlier run, {when})" if when else ""
     counted = "" if known else "; draft steps not counted: none measured here yet, the table measures them"
+    cost = f"{best['verify_decodes']:.2f} decode steps{verify}{steps}"
     return (f"{outtype} weights and {d['steps']} draft tokens per round, chosen from this host's costs: a "
-            f"verify of {d['steps'] + 1} tokens costs {best['verify_decodes']:.2f} decode steps{steps} on "
-            f"{d['engine']}, and the draft on the layout it was trained on accepts its positions with "
-            f"probability {acc} on the reference engine, so k={d['steps']} predicts {best['predicted']:.2f}x "
+            f"verify of {d['steps'] + 1} tokens costs {cost} on {d['engine']}, and the draft on the layout "
+            f"it was trained on accepts its positions with probability {acc} on the reference engine, so "
+            f"k={d['steps']} predicts {best['predicted']:.2f}x "
             f"(accept length {best['tau']:.2f}), the most of any k ({rest}{counted})"
             + (f"; also tried: {said}" if said else ""))
 
@@ -295,7 +298,8 @@ def _reason(exc: Exception) -> str:
 
 def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_tokens: int, *,
                   outtypes: tuple[str, ...] = WEIGHT_TYPES, steps: int | None = None,
-                  draft_costs: dict[str, dict] | None = None) -> RegimeChoice:
+                  draft_costs: dict[str, dict] | None = None,
+                  curves: CurveMemory | None = None) -> RegimeChoice:
     """The weight type (of ``outtypes``, tried in order until one predicts ``ENOUGH``) and round length k
     (1..``MAX_STEPS``, or ``steps`` where given) whose accept length over its verify cost is highest here,
     the first type measured kept unless another predicts ``BETTER`` times as much:
@@ -305,7 +309,10 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     (``draft_costs``, from ``remembered_draft_costs``), and left out, said, where none did. A weight type
     this build cannot convert or serve is said, and the next tried, as is one whose verify of some n tokens
     costs under one decode step (there a decode runs a slower kernel than a batch, as no real target's
-    does, and a useless draft would look fast); none at all raises ``LlamacppUnavailable``."""
+    does, and a useless draft would look fast; a single type in ``outtypes``, the one named, is kept); none
+    at all raises ``LlamacppUnavailable``. ``curves``: the
+    verify curves an earlier run on this host measured (``CurveMemory``), used instead of measuring again
+    and named where used; each curve measured here is kept in it."""
     ids = list(prompt_ids[:CHOICE_PROMPTS])
     plan = trained_plan(pair)
     results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
@@ -314,14 +321,23 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     ks = range(1, MAX_STEPS + 1) if steps is None else (steps,)
     tried, measured = [], []
     for outtype in outtypes:
-        try:
-            curve = _curve(found, wide, outtype, ids)
-        except (LlamacppEngineError, LlamacppUnavailable) as exc:
-            tried.append({"outtype": outtype, "error": _reason(exc)})
-            continue
+        kept = curves.get(outtype, ids) if curves is not None else None
+        if kept is not None:
+            curve, when = kept
+        else:
+            try:
+                curve, when = _curve(found, wide, outtype, ids), None
+            except (LlamacppEngineError, LlamacppUnavailable) as exc:
+                tried.append({"outtype": outtype, "error": _reason(exc)})
+                continue
+            if curves is not None:
+                curves.put(outtype, ids, curve)
+        earlier = {"verify_measured": when} if when else {}
         cheap = min(range(2, MAX_STEPS + 2), key=curve.over_decode)
-        if curve.over_decode(cheap) < 1.0:   # batches faster than one token: not a real target's regime
-            tried.append({"outtype": outtype, "passed_over": True, "error": (
+        # batches faster than one token: not a real target's regime, passed over where there is a choice
+        # (a weight type the person named is what they asked to see)
+        if curve.over_decode(cheap) < 1.0 and len(outtypes) > 1:
+            tried.append(earlier | {"outtype": outtype, "passed_over": True, "error": (
                 f"a verify of {cheap} tokens costs {curve.over_decode(cheap):.2f} decode steps, under one: "
                 f"this CPU decodes one token on a slower kernel than it verifies a batch, which no real "
                 f"target's memory-bound decode does, and a useless draft would look fast")})
@@ -330,8 +346,9 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
         options = steps_options(acc, {k: curve.over_decode(k + 1) for k in ks},
                                 known["decodes"] if known else None)
         best = max(options, key=lambda o: (o["predicted"], -o["k"]))
-        tried.append({"outtype": outtype, "k": best["k"], "predicted": best["predicted"],
-                      "decode_ms": round(curve.decode, 3)} | ({"draft_step": known} if known else {}))
+        tried.append(earlier | {"outtype": outtype, "k": best["k"], "predicted": best["predicted"],
+                                "decode_ms": round(curve.decode, 3)}
+                     | ({"draft_step": known} if known else {}))
         measured.append((best, outtype, curve, options))
         if best["predicted"] >= ENOUGH:
             break
@@ -358,64 +375,6 @@ def steps_options(acceptance, verify_decodes: dict[int, float], draft_decodes: f
                     "predicted": round(tau / cost, 3)}
                    | ({"draft_decodes": round(draft_decodes, 4)} if draft_decodes is not None else {}))
     return out
-
-
-def _host() -> str:
-    """This CPU's model name, which a remembered cost is keyed by (a cache shared between hosts)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _draft_cost_key(engine: str, widen_by: int, outtype: str) -> str:
-    return f"{engine}|{PAIR.name}|x{widen_by}|{outtype}|{_host()}"
-
-
-def remembered_draft_costs(engine: str, widen_by: int) -> dict[str, dict]:
-    """Per weight type, the draft step in decode steps that this host's last run of the chapter measured
-    (``remember_draft_costs``): ``{"decodes", "measured"}``. An unreadable cache remembers nothing."""
-    try:
-        data = json.loads((cache_root("kernels") / DRAFT_COSTS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for outtype in WEIGHT_TYPES:
-        d = data.get(_draft_cost_key(engine, widen_by, outtype)) if isinstance(data, dict) else None
-        if isinstance(d, dict) and isinstance(d.get("decodes"), (int, float)) and d["decodes"] >= 0:
-            out[outtype] = {"decodes": float(d["decodes"]), "measured": str(d.get("measured", "?"))}
-    return out
-
-
-def remember_draft_costs(run: KernelsRun) -> None:
-    """Keep the median draft step of the run's rows, in decode steps, where it could be derived (a
-    row whose round cost less than its verify measured alone gives none), for the next choice here."""
-    st = run.settings
-    costs = [r.costs["draft_step"] / r.costs["decode"] for r in run.rows
-             if r.costs and r.costs.get("decode") and r.costs.get("draft_step") is not None
-             and r.costs["draft_step"] >= 0]
-    if not costs or not run.engine or not st.get("outtype"):
-        return
-    path = cache_root("kernels") / DRAFT_COSTS
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data = data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        data = {}
-    data[_draft_cost_key(run.engine, int(st.get("widen") or WIDEN), str(st["outtype"]))] = {
-        "decodes": round(statistics.median(costs), 4), "measured": time.strftime("%Y-%m-%d %H:%M"),
-        "rows": len(costs)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
 
 
 def _draft_for(name: str, pair, backend: Backend, out: Path, lines: list[str]) -> Path | None:
