@@ -1,11 +1,11 @@
 """How long a workbook run takes on this machine, said before it starts.
 
-Every run that finishes is kept in the cache (``<cache>/runs/workbook-runs.json``, the last ``KEEP``): its
-seconds per notebook and in all, and what kind of run it was (the notebooks and every parameter but the
-paths). A run of a kind that finished here before is announced from the newest such run; a first one from
-the project's measurements of the default run on its 2-core hosts (``REFERENCES``, with the date and
-the commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run (``bash
-workbook.sh run`` on a fresh machine) is said too: the kernels chapter waits for it.
+Every run that finishes is kept in the cache (``<cache>/runs/workbook-runs.json``, the last few of each
+kind): its seconds per notebook and in all, and what kind of run it was (the notebooks and every parameter
+but the paths). A run of a kind that finished here before is announced from the newest such run; a first
+one from the project's measurements of the default run on its 2-core hosts (``REFERENCES``, with the date
+and the commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run
+(``bash workbook.sh run`` on a fresh machine) is said too: the kernels chapter waits for it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 
 HISTORY = "workbook-runs.json"
-KEEP = 20
+KEEP = 64           # kinds of run kept, the most recently run (the suite's own small runs are ~30 kinds)
+PER_KIND = 3        # runs kept of each kind, the last
 BUILD_LOG_ENV = "EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG"   # set by `bash workbook.sh run` when it started a build
 
 
@@ -105,15 +106,24 @@ def first_run_line(cores: int | None = None) -> str:
 
 
 def record(kind: str, seconds: float, notebooks: dict[str, float]) -> None:
-    """Keep a finished run's times (the last ``KEEP``); a cache that cannot be written is passed over."""
+    """Keep a finished run's times: the last ``PER_KIND`` of each kind, for the ``KEEP`` kinds run most
+    recently (so many small runs of other kinds never push out the default run's); a cache that cannot be
+    written is passed over."""
     runs = history() + [{"kind": kind, "seconds": round(seconds, 1), "notebooks": notebooks,
                          "date": time.strftime("%Y-%m-%d %H:%M"),
                          "built_llama_server": bool(os.environ.get(BUILD_LOG_ENV))}]
+    recent = list(dict.fromkeys(r.get("kind") for r in reversed(runs)))[:KEEP]
+    kept, per = [], {}
+    for r in reversed(runs):
+        k = r.get("kind")
+        if k in recent and per.get(k, 0) < PER_KIND:
+            per[k] = per.get(k, 0) + 1
+            kept.append(r)
     path = _path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(runs[-KEEP:], indent=1) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(kept[::-1], indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
     except OSError:
         pass
