@@ -275,7 +275,8 @@ case "$cmd" in
     wait_llamacpp
     # lint first: a stray import or an over-long line fails in a second, not after the suite
     "$VENV/bin/python" -m ruff check --quiet helpers tests
-    exec "$VENV/bin/python" -m pytest -q "$@" tests
+    # the ten slowest tests close the output: where the suite's minutes go (docs/timing.md)
+    exec "$VENV/bin/python" -m pytest -q --durations=10 "$@" tests
     ;;
   lab)
     setup

@@ -44,7 +44,17 @@ def test_full_search_recovers_training_layout(pair, caps, layout):
     path = tiny_default() / "draft" if layout == (0, 3, 7) else tiny_draft(layout)
     draft = _with_draft(pair, caps, path)
     res = full_search(draft, caps, windows=6, progress=False)
-    assert res.evaluations == math.perm(13, 3)
+    assert res.evaluations == math.perm(13, 3) == len(res.ranking) == len(set(res.ranking["layout"]))
+    # screened in two rounds: every layout on one window, the leaders of either measure on all six; each
+    # row says what it was scored on, and the final measure's rows come first
+    assert res.notes[0].startswith("screened in two rounds: all 1716 layouts on 255 tokens")
+    by = res.ranking["scored_by"]
+    assert by.str.startswith("accepted tokens").sum() <= 2 * 12 + 1 and by[0].startswith("accepted tokens")
+    second = by.str.startswith("screen: step 0").sum()
+    assert 108 <= second + by.str.startswith("accepted tokens").sum() <= 2 * 108
+    assert list(res.ranking["rank"]) == list(range(1, len(res.ranking) + 1))
+    order = [(not b.startswith("accepted"), b.startswith("screen round 1")) for b in by]
+    assert order == sorted(order)
     # ranked by accepted tokens (a 0/1 count per token), an adjacent boundary of this 12-layer residual
     # stream can tie the trained one within noise, and which of the two leads depends on the last bits of
     # the in-session training: the trained layout must be in the confidence set, among the first five of
