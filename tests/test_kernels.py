@@ -311,4 +311,9 @@ def test_a_verify_curve_this_host_measured_is_reused_and_named(monkeypatch, tmp_
     (tmp_path / "kernels" / host_costs.VERIFY_COSTS).write_text("[1, 2")     # unreadable: measured again
     choose(host_costs.CurveMemory(engine, "tiny-llama", 96))
     assert asked == ["f16", "bf16"]
+    asked.clear()                          # a kept curve without every size the choice weighs: measured again
+    short = VerifyCurve("llamacpp==b1", 15.0, {2: 20.0})
+    host_costs.CurveMemory(engine, "tiny-llama", 96).put("f16", ids, short)
+    choose(host_costs.CurveMemory(engine, "tiny-llama", 96))
+    assert asked == ["f16"]
     assert json.loads((tmp_path / "kernels" / host_costs.VERIFY_COSTS).read_text())

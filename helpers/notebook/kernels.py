@@ -310,9 +310,9 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     this build cannot convert or serve is said, and the next tried, as is one whose verify of some n tokens
     costs under one decode step (there a decode runs a slower kernel than a batch, as no real target's
     does, and a useless draft would look fast; a single type in ``outtypes``, the one named, is kept); none
-    at all raises ``LlamacppUnavailable``. ``curves``: the
-    verify curves an earlier run on this host measured (``CurveMemory``), used instead of measuring again
-    and named where used; each curve measured here is kept in it."""
+    at all raises ``LlamacppUnavailable``. ``curves``: the verify curves an earlier run on this host
+    measured (``CurveMemory``), used instead of measuring again and named where used (one lacking a size
+    this choice weighs is measured again); each curve measured here is kept in it."""
     ids = list(prompt_ids[:CHOICE_PROMPTS])
     plan = trained_plan(pair)
     results = [speculative_generate(pair.target, pair.draft, plan, p, max_new_tokens, k=MAX_STEPS)
@@ -322,7 +322,7 @@ def choose_regime(found: ServerBuild, wide: Widened, pair, prompt_ids, max_new_t
     tried, measured = [], []
     for outtype in outtypes:
         kept = curves.get(outtype, ids) if curves is not None else None
-        if kept is not None:
+        if kept is not None and all(n in kept[0].verify for n in range(2, MAX_STEPS + 2)):
             curve, when = kept
         else:
             try:
