@@ -62,6 +62,17 @@ def test_full_search_recovers_training_layout(pair, caps, layout):
     assert_in_front(layout, res.best, res.confident_set, res.ranking["layout"])
     top = res.ranking["sim_accept_length"]
     assert res.margin >= 0 and top[0] >= top[1]
+    if layout == (0, 3, 7):
+        # notebook 03's figure draws the final measure's rows only: a screen row's step-0 figure is on
+        # another scale, so 15 bars asked for are as many as the re-rank scored
+        from helpers.notebook.plots import ranking_bars
+        fig = ranking_bars(res.ranking, 15, {(3, 7, 10): "served", (0, 3, 7): "trained"})
+        bars = fig.axes[0].patches
+        final = by.str.startswith("accepted tokens").sum()
+        assert len(bars) == min(15, final)
+        assert sorted(round(b.get_width(), 6) for b in bars) == sorted(
+            round(float(v), 6) for v in res.ranking["sim_accept_length"][:len(bars)])
+        assert "accepted tokens" in fig.axes[0].get_title()
 
 
 def test_coordinate_search_finds_it_cheaper(pair, caps):

@@ -154,7 +154,7 @@ def test_accommodations_are_in_the_record(deployed):
     rec = deployed["record"]
     names = {a["name"] for a in rec["accommodations"]}
     assert {"cpu-engine", "sgl_kernel-stand-in", "amx-reported", "torchvision-schemas", "default-rope",
-            "moe_layer_freq"} <= names, names
+            "moe_layer_freq", "fork-children"} <= names, names
     assert rec["rules"] == "runtime 0.5.23" and rec["version"] == "0.5.23"
     assert all(a["why"] for a in rec["accommodations"])
 

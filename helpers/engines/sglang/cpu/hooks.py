@@ -75,6 +75,39 @@ def _rope(module) -> None:
 
 
 
+def _fork_children(module) -> None:
+    """SGLang starts its scheduler and detokenizer with ``spawn`` (``srt/entrypoints/engine.py:1995``), so
+    each imports SGLang and torch again: about 12 of a start's 28-30 s on a quiet 2-core CPU. ``spawn``
+    protects a CUDA context, and a CPU launch has none: its children are forked from the launcher,
+    which has imported everything and run no torch kernel yet. Measured on the tiny DeepSeek pair, one
+    engine alone: 16-19 s a start against 28-30 s."""
+    import multiprocessing
+
+    original = multiprocessing.set_start_method
+
+    def set_start_method(method, force=False):
+        if method == "spawn":
+            report("fork-children", "the scheduler and the detokenizer are forked from the launcher, not "
+                   "spawned", "a CPU launch has no CUDA context for spawn to protect, and a spawned child "
+                   "imports SGLang and torch again (about 12 s of a 28-30 s start here)",
+                   "srt/entrypoints/engine.py:1995")
+            method = "fork"
+        return original(method, force=force)
+
+    module.mp = _ForkFirst(multiprocessing, set_start_method)
+
+
+class _ForkFirst:
+    """``multiprocessing`` as ``srt/entrypoints/engine.py`` sees it, with ``set_start_method`` replaced
+    (only that module's reference: nothing else in the process changes)."""
+
+    def __init__(self, inner, set_start_method):
+        self._inner, self.set_start_method = inner, set_start_method
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 def install() -> None:
     """Called from this folder's sitecustomize when ``EAGLE3_WORKBOOK_SGLANG_HOOKS=cpu``: the accommodations
     name private symbols of one release and refuse (exit status 2, one line) any other."""
@@ -86,4 +119,5 @@ def install() -> None:
     watch("torchvision", before=_torchvision_schemas)
     watch("sglang.srt.runtime_context", after=_amx)
     watch("sglang.srt.layers.rotary_embedding.factory", after=_rope)
+    watch("sglang.srt.entrypoints.engine", after=_fork_children)
     install_watch()
