@@ -84,6 +84,28 @@ def test_guard_before_llamacpp_fails_closed_when_it_cannot_judge(tmp_path):
                                  arch="LlamaForCausalLM", gguf="d.gguf", how=guard.Mode.WARN) is None
 
 
+def test_a_config_written_again_unchanged_reuses_its_conversion(tmp_path):
+    """``fixes deploy`` writes its fixed copy's JSON files again each run: the same content is the same
+    conversion input (one cached GGUF, not one per run); new content or new weights are not."""
+    import os
+    d = tmp_path / "draft"
+    d.mkdir()
+    (d / "config.json").write_text('{"a": 1}')
+    (d / "model.safetensors").write_bytes(b"w" * 8)
+    key = lc._inputs_key(d, None, "f32", "b1")
+    st = (d / "config.json").stat()
+    (d / "config.json").write_text('{"a": 1}')
+    os.utime(d / "config.json", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert lc._inputs_key(d, None, "f32", "b1") == key
+    (d / "config.json").write_text('{"a": 2}')
+    assert lc._inputs_key(d, None, "f32", "b1") != key
+    (d / "config.json").write_text('{"a": 1}')
+    w = (d / "model.safetensors").stat()
+    os.utime(d / "model.safetensors", ns=(w.st_atime_ns, w.st_mtime_ns + 10**9))
+    assert lc._inputs_key(d, None, "f32", "b1") != key
+    assert lc._inputs_key(d, None, "f16", "b1") != lc._inputs_key(d, None, "f32", "b1")
+
+
 def test_converter_cache_is_complete_or_absent(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE3_WORKBOOK_CACHE", str(tmp_path / "cache"))
     tree = tmp_path / "tree"

@@ -92,17 +92,19 @@ def ensure_converter(build: str = BUILD, log=say) -> Path:
 
 
 def _inputs_key(source: Path, target_dir: Path | None, outtype: str, build: str) -> str:
-    """What a conversion's output depends on: the config and weights of both folders, the options."""
+    """What a conversion's output depends on: the config and weights of both folders, the options. A JSON
+    file counts by its content alone: a copy written again with the same content (``fixes deploy`` writes
+    its fixed config each run) is the same input; weights count by name, size and modification time."""
     h = hashlib.sha256(f"{build}|{outtype}".encode())
     for folder in (source, target_dir):
         if folder is None:
             continue
         for f in sorted(folder.iterdir()):
-            if f.is_file() and f.suffix in (".json", ".safetensors", ".model"):
+            if f.is_file() and f.suffix == ".json":
+                h.update(f"{folder == source}|{f.name}|".encode() + f.read_bytes())
+            elif f.is_file() and f.suffix in (".safetensors", ".model"):
                 st = f.stat()
                 h.update(f"{folder == source}|{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
-                if f.suffix == ".json":
-                    h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
