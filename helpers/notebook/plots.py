@@ -68,9 +68,8 @@ def ranking_bars(ranking: pd.DataFrame, top: int = 15, highlight: dict | None = 
     """The best layouts by the ranking's measure (accepted tokens per verify step; cross-entropy for a
     ranking that has no such column); ``highlight`` maps a layout to a name (served, trained). Only the
     rows scored like the first (``scored_by``) are drawn: a screen's rows below them are on another scale."""
-    final = ranking
-    if "scored_by" in ranking and len(ranking):
-        final = ranking[ranking["scored_by"] == ranking["scored_by"].iloc[0]]
+    measure = ranking["scored_by"].iloc[0] if "scored_by" in ranking and len(ranking) else None
+    final = ranking if measure is None else ranking[ranking["scored_by"] == measure]
     head = final.head(top).iloc[::-1]
     col = "sim_accept_length" if "sim_accept_length" in head else "ce"
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(head) + 1))
@@ -82,8 +81,7 @@ def ranking_bars(ranking: pd.DataFrame, top: int = 15, highlight: dict | None = 
     ax.set_xlabel("expected accepted tokens per verify step (higher = better)" if col != "ce" else
                   "draft cross-entropy vs target (nats/token, lower = better)")
     ax.set_xlim(head[col].min() * 0.98, head[col].max() * 1.01)
-    ax.set_title(f"Top {len(head)} of {len(ranking)} layouts"
-                 + (f" ({ranking['scored_by'].iloc[0]})" if "scored_by" in ranking and len(ranking) else ""))
+    ax.set_title(f"Top {len(head)} of {len(ranking)} layouts" + (f" ({measure})" if measure else ""))
     fig.tight_layout()
     return fig
 

@@ -89,7 +89,7 @@ def _fork_children(module) -> None:
         if method == "spawn":
             report("fork-children", "the scheduler and the detokenizer are forked from the launcher, not "
                    "spawned", "a CPU launch has no CUDA context for spawn to protect, and a spawned child "
-                   "imports SGLang and torch again (about 12 s of a 28-30 s start here)",
+                   "imports SGLang and torch again (docs/sglang-cpu.md: the start times measured)",
                    "srt/entrypoints/engine.py:1995")
             method = "fork"
         return original(method, force=force)
