@@ -256,9 +256,9 @@ case "$cmd" in
     fi
     # Notebooks 01 and 06 measure the miswiring on llama.cpp's kernels too (their KERNELS parameter) unless
     # told not to (-p KERNELS=null, --small). The build starts first, in the background, while the venvs
-    # install and notebook 01's first half runs; the notebook waits on the build's lock (and names its log,
-    # EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, if it did not complete). --backend llamacpp needs it before the
-    # first notebook.
+    # install; the notebooks that time a speed (01, 06) wait on its lock with a progress bar, so no pair is
+    # timed beside a compiler (its log, EAGLE3_WORKBOOK_LLAMACPP_BUILD_LOG, is named if it did not
+    # complete). --backend llamacpp needs it before the first notebook.
     case " $* " in *KERNELS=null*|*KERNELS=None*|*" --small "*) ;; *) start_llamacpp ;; esac
     trap stop_llamacpp EXIT
     setup

@@ -232,6 +232,76 @@ def test_the_notebook_waits_on_the_lock_not_a_pid(stand_ins, start, monkeypatch)
     assert len([c for c in (tmp / "cmake.log").read_text().splitlines() if c.startswith("--build")]) == 1
 
 
+def test_the_timed_notebooks_wait_for_the_build_with_its_progress(stand_ins, start, monkeypatch, capsys):
+    """``kernels.await_build`` (the runner, before notebook 01): while the build that ``workbook.sh run``
+    started holds its lock, one line says why the run waits, a bar follows the compile's progress read from
+    the build's log, and it returns once the server is installed; a Ctrl-C ends the wait."""
+    from helpers.notebook import kernels
+
+    tmp, _ = stand_ins
+    monkeypatch.setenv("FAKE_GO", str(tmp / "go"))
+    first, first_out = start("build", "first")
+    monkeypatch.setenv(kernels.BUILD_LOG_ENV, str(first_out))
+    _said(first_out, "1/4 fetching", first)
+    with pytest.raises(KeyboardInterrupt):
+        kernels.await_build(progress=False, stopped=lambda: True)
+    capsys.readouterr()
+    seen = []
+    real = lb.build_progress
+
+    def progress_read(build=lb.BUILD):
+        seen.append(real(build))
+        return seen[-1]
+
+    monkeypatch.setattr(kernels, "build_progress", progress_read)
+    threading.Timer(0.3, (tmp / "go").touch).start()
+    assert kernels.await_build(progress=True) is None
+    assert first.wait(60) == 0 and isinstance(lb.find_server(), lb.ServerBuild)
+    assert seen and seen[0] == 0 and seen == sorted(seen)
+    out, err = capsys.readouterr()
+    assert out.count("llama-server is still being built") == 1 and str(first_out) in out
+    assert "llama-server build:" in err                       # the bar (tqdm writes to stderr)
+    assert seen[-1] <= 100 and not lb.progress_path().exists()   # removed by its holder once done
+    assert kernels.await_build(progress=True) is None and "still being built" not in capsys.readouterr().out
+    monkeypatch.delenv(kernels.BUILD_LOG_ENV)        # no build started beside the run: nothing waited on
+    assert kernels.await_build(progress=True) is None
+
+
+def test_build_progress_is_what_the_holder_wrote(stand_ins):
+    """The percent the lock's holder writes each tenth of its compile step; 0 before it writes, or where the
+    file holds something else."""
+    assert lb.build_progress() == 0
+    lb.progress_path().parent.mkdir(parents=True, exist_ok=True)
+    for text, want in (("40\n", 40), ("", 0), ("x", 0), ("250", 100)):
+        lb.progress_path().write_text(text)
+        assert lb.build_progress() == want
+
+
+def test_the_runner_waits_once_before_the_first_timed_notebook(monkeypatch, tmp_path):
+    """The default run: notebook 01 is the first that times a speed, so the wait comes before it, once."""
+    from helpers.notebook import runner
+
+    calls = []
+    monkeypatch.setattr(runner.kernels, "await_build", lambda progress, stopped: calls.append("wait"))
+    monkeypatch.setattr(runner, "_execute", lambda pm, name, *a: calls.append(name) or runner.RunRecord(
+        name, 0.0, True))
+    monkeypatch.setattr(runner, "_finish", lambda *a: None)
+    runner.run_workbook(tmp_path / "out", {}, progress=False)
+    assert calls == ["wait", *runner.ORDER]
+    calls.clear()
+    runner.run_workbook(tmp_path / "out", {}, only=["02_isolate_draft", "06_rebenchmark"], progress=False)
+    assert calls == ["02_isolate_draft", "wait", "06_rebenchmark"]
+
+    def interrupted(progress, stopped):      # Ctrl-C while waiting: the run stops there, nothing executed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.kernels, "await_build", interrupted)
+    calls.clear()
+    runs = runner.run_workbook(tmp_path / "out", {}, progress=False)
+    assert calls == [] and runs.interrupted and [(r.name, r.ok) for r in runs] == [(runner.ORDER[0], False)]
+    assert "Ctrl-C" in runs[0].error
+
+
 def test_a_host_that_cannot_build_says_so_in_one_line(stand_ins, monkeypatch, capsys):
     monkeypatch.setattr(lb.shutil, "which", lambda name: None)
     with pytest.raises(lb.LlamacppUnavailable, match="no cmake, a C\\+\\+ compiler .* the other engines"):

@@ -31,7 +31,9 @@ def main(argv=None) -> int:
             print(found.server)
         return 0
     try:
-        built = build_server(jobs=a.jobs, log=(lambda s: None) if a.json else print)
+        # flushed line by line: `bash workbook.sh run` sends it to a log a person may follow while it runs
+        said = (lambda s: None) if a.json else (lambda s: print(s, flush=True))
+        built = build_server(jobs=a.jobs, log=said)
     except LlamacppUnavailable as exc:
         print(f"[llamacpp] {exc}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from ..live.backends import case_replay_line, installed
 from ..notebook.durations import start_line
 from ..notebook.lab import SMALL
 from ..notebook.parameters import rename_parameter
+from ..notebook.reports import TIMED
 from ..notebook.runner import (
     OUT_IS_A_FILE,
     PATH_PARAMS,
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
     if problems:     # every problem, on the one line an error gets
         return fail("; ".join(problems) + " (nothing was run and nothing under --out was touched)")
     a.only = [normalise_notebook_name(n) for n in a.only] if a.only else a.only
-    measures = a.only is None or {"01_baseline_throughput", "06_rebenchmark"} & set(a.only)
+    measures = a.only is None or set(TIMED) & set(a.only)
     if a.backend == "auto" and measures and "BACKEND" not in given:
         params["BACKEND"] = _backend("auto")       # only the benchmarks (01, 06) run an engine
     if "ENGINE_VERSION" not in params:            # neither --engine nor -p ENGINE_VERSION: said in one line

@@ -5,7 +5,7 @@ kind): its seconds per notebook and in all, and what kind of run it was (the not
 but the paths). A run of a kind that finished here before is announced from the newest such run; a first
 one from the project's measurements of the default run on its 2-core hosts (``REFERENCES``, with the date
 and the commit; docs/timing.md), said to be another machine's. A llama-server build started beside the run
-(``bash workbook.sh run`` on a fresh machine) is said too: the kernels chapter waits for it.
+(``bash workbook.sh run`` on a fresh machine) is said too: the timed notebooks wait for it.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Reference:
 
 # docs/timing.md, "The first run and later runs"
 REFERENCES = (Reference("Intel Xeon with AMX", 946.0, 485.0, "2026-12-07, 077f2bf and 81c9ebd"),
-              Reference("AMD EPYC", 1046.0, 568.0, "2026-12-07, 644e927 and 0a01d59"))
+              Reference("AMD EPYC", 782.0, 411.0, "2026-12-07, 7be8372"))
 
 
 def _span(attr: str) -> str:
@@ -72,8 +72,8 @@ def start_line(kind: str, cores: int | None = None) -> str:
     """The line a run starts with: how long it should take here, and on what that rests."""
     cores = cores or os.cpu_count() or 1
     building = bool(os.environ.get(BUILD_LOG_ENV))
-    build = (" llama-server is being built beside it (its first build on this machine); notebook 01's "
-             "kernels chapter waits for it." if building else "")
+    build = (" llama-server is being built beside it (its first build on this machine); the notebooks "
+             "that time a speed wait for it." if building else "")
     same = [r for r in history() if r.get("kind") == kind]
     # a run that waited on llama-server's build is like this one only if this one builds too
     alike = [r for r in same if bool(r.get("built_llama_server")) == building]

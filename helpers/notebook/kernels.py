@@ -20,9 +20,10 @@ miswiring where a decode step waits on memory, as a large target's does, on llam
 What the choice and the rows measured on this host (each weight type's verify curve, the draft step) is
 kept for the next run here (``notebook.host_costs``), which uses it and names the run that measured it.
 
-``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install and notebook 01's
-first half runs; ``server`` waits on the build's lock (``engines.llamacpp.build.await_server``), at most
-``BUILD_WAIT_S``, and never builds. Outcomes are data (``KernelsRun``), the sentences are built here, and the
+``bash workbook.sh run`` builds ``llama-server`` in the background while the venvs install; the runner waits
+for it before the first notebook that times a speed (``await_build``, a progress bar), and ``server`` waits
+on the build's lock too (``engines.llamacpp.build.await_server``), at most ``BUILD_WAIT_S``, and never
+builds. Outcomes are data (``KernelsRun``), the sentences are built here, and the
 notebooks print them.
 """
 from __future__ import annotations
@@ -31,9 +32,12 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from tqdm.auto import tqdm
 
 from ..engines.llamacpp.bench import host_threads
-from ..engines.llamacpp.build import LlamacppUnavailable, ServerBuild, await_server
+from ..engines.llamacpp.build import LlamacppUnavailable, ServerBuild, await_server, build_progress
 from ..engines.llamacpp.convert import convert
 from ..engines.llamacpp.costs import VerifyCurve, verify_curve
 from ..engines.llamacpp.engine import LlamacppEngine, LlamacppEngineError, ServerLaunch
@@ -129,13 +133,16 @@ def settings(num_prompts: int, max_new_tokens: int, repeats: int, widen_by: int 
             "prompts": num_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats}
 
 
-def server(progress: bool = True, wait_s: float = BUILD_WAIT_S) -> ServerBuild | str:
+def server(progress: bool = True, wait_s: float = BUILD_WAIT_S, *, tick: Callable[[], None] | None = None,
+           waiting: Callable[[str], None] | None = None) -> ServerBuild | str:
     """The llama-server this host has, waiting first on the lock of a build another process holds (the one
     ``bash workbook.sh run`` started in the background), at most ``wait_s`` seconds; else why there is none,
-    in one line."""
+    in one line. ``tick`` is called at each poll while waiting; ``waiting`` says the one line a wait starts
+    with (default: the lock's own, printed where ``progress``)."""
     log = os.environ.get(BUILD_LOG_ENV, "")
+    say = waiting or (print if progress else (lambda line: None))
     try:
-        found = await_server(wait_s=wait_s, log=print if progress else (lambda line: None))
+        found = await_server(wait_s=wait_s, log=say, tick=tick)
     except (LlamacppUnavailable, CacheError) as exc:
         return f"{exc}" + (f" (its log: {log})" if log else "")
     if found is not None:
@@ -143,6 +150,39 @@ def server(progress: bool = True, wait_s: float = BUILD_WAIT_S) -> ServerBuild |
     if log:
         return f"llama-server's build did not complete on this host (its log: {log})"
     return choose("llamacpp").unavailable or "llama-server is not built on this host"
+
+
+def await_build(progress: bool = True, wait_s: float = BUILD_WAIT_S,
+                stopped: Callable[[], bool] = lambda: False) -> str | None:
+    """Wait, with a progress bar, for the llama-server build that ``bash workbook.sh run`` started beside
+    this run (its log named by ``BUILD_LOG_ENV``), so that no pair is timed beside a compiler: on 2 cores a
+    pair timed beside the build took 5-8 times as long and gave no usable interval (docs/timing.md), while
+    the build uses both cores itself, so waiting idles nothing. Returns ``server``'s line saying why there
+    is no server (the chapter says the same later), None otherwise; no build started: returns at once.
+    ``stopped`` (Ctrl-C, asked at each poll) ends the wait with ``KeyboardInterrupt``."""
+    log = os.environ.get(BUILD_LOG_ENV, "")
+    if not log:
+        return None
+    bar = tqdm(total=100, desc="llama-server build", unit="%", disable=not progress, leave=False,
+               bar_format="{desc}: {percentage:3.0f}% of its compile step|{bar}| {elapsed}")
+
+    def tick() -> None:
+        if stopped():
+            raise KeyboardInterrupt
+        done = build_progress()
+        if done > bar.n:
+            bar.update(done - bar.n)
+
+    def waiting(_line: str) -> None:     # said only when the build still holds its lock
+        if progress:
+            print(f"[llamacpp] llama-server is still being built ({log}); the notebooks that time a speed "
+                  f"start when it is done, so that no pair runs beside a compiler", flush=True)
+
+    try:
+        found = server(progress, wait_s, tick=tick, waiting=waiting)
+    finally:
+        bar.close()
+    return found if isinstance(found, str) else None
 
 
 def wide_target(widen_by: int = WIDEN) -> Widened:

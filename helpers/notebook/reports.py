@@ -27,6 +27,8 @@ from ..errors import BadConfig, read_json_file, strict_json
 # The notebooks in the order a run executes them: each step's report is read by later ones.
 ORDER = ["01_baseline_throughput", "02_isolate_draft", "03_compare_concat_orders",
          "04_layer_boundary_forward", "05_apply_patch", "06_rebenchmark"]
+# The notebooks that time a speed (the benchmarks); the others measure nothing a busy core would change.
+TIMED = ("01_baseline_throughput", "06_rebenchmark")
 
 
 class ReportError(BadConfig):

@@ -26,7 +26,7 @@ from ..rules.conventions import CASE_ENGINE, DEFAULT_ENGINE, parse_engine, read_
 from . import durations, kernels
 from .lab import SMALL  # noqa: F401  (the small settings, re-exported beside the runner)
 from .parameters import NAMES
-from .reports import ORDER, TABLE_HEAD, Summary, finding_of, read_summary, table_cells
+from .reports import ORDER, TABLE_HEAD, TIMED, Summary, finding_of, read_summary, table_cells
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -405,10 +405,18 @@ def run_workbook(out_dir: Path, params: dict, only: list[str] | None = None, ren
     with _Stop() as stop:
         _STOP = stop
         try:
+            waited = False
             for name in bar:
                 if stop.requested:
                     break
                 bar.set_postfix_str(name)
+                if name in TIMED and not waited:   # a build started beside the run ends before any timing
+                    waited = True
+                    bar.set_postfix_str(f"{name}: waiting for llama-server's build")
+                    why = kernels.await_build(progress, stopped=lambda: bool(stop.requested))
+                    if why and progress:   # the kernels chapter says it again in its report
+                        print(f"[llamacpp] {why}; the other engines measure", flush=True)
+                    bar.set_postfix_str(name)
                 runs.append(_execute(pm, name, staging, params, km_class, stop, render))
                 if not runs[-1].ok:
                     break

@@ -173,19 +173,40 @@ def build_server(build: str = BUILD, *, jobs: int | None = None, log: Callable[[
         if found is not None:
             log(f"[llamacpp] {SERVER} {build} was built by another process: {found.server}")
             return found
-        return _compile(build, jobs or max(1, os.cpu_count() or 1), log, workdir)
+        progress_path(build).unlink(missing_ok=True)     # a killed holder's: not shown to this one's waiters
+        try:
+            return _compile(build, jobs or max(1, os.cpu_count() or 1), log, workdir)
+        finally:
+            progress_path(build).unlink(missing_ok=True)
 
 
 def await_server(build: str = BUILD, *, wait_s: float | None = None,
-                 log: Callable[[str], None] = print) -> ServerBuild | None:
+                 log: Callable[[str], None] = print,
+                 tick: Callable[[], None] | None = None) -> ServerBuild | None:
     """The cached server of ``build``, waiting first (up to ``wait_s`` seconds; None: as long as it takes)
     for a build another process holds the lock of; None when none is built. Never builds; raises
-    ``BuildWaitTimeout`` past the deadline."""
+    ``BuildWaitTimeout`` past the deadline. ``tick``, where given, is called at each poll while waiting
+    (a progress bar's update)."""
     found = find_server(build)
     if found is not None or os.environ.get(SKIP_ENV, "1") == "0":
         return found
-    with build_lock(build, log=log, wait_s=wait_s):
+    with build_lock(build, log=log, wait_s=wait_s, tick=tick):
         return find_server(build)
+
+
+def progress_path(build: str = BUILD) -> Path:
+    """Where the lock's holder keeps how far its compile step has come: a whole percent, nothing else; removed
+    when the holder is done."""
+    return cache_root("llama.cpp") / f"{build}.progress"
+
+
+def build_progress(build: str = BUILD) -> int:
+    """How far the compile step of the build holding the lock has come (0-100), as its holder wrote it each
+    tenth of the way; 0 where nothing (or nothing readable) was written yet."""
+    try:
+        return max(0, min(100, int(progress_path(build).read_text(encoding="ascii").strip())))
+    except (OSError, ValueError):
+        return 0
 
 
 def lock_path(build: str = BUILD) -> Path:
@@ -194,7 +215,7 @@ def lock_path(build: str = BUILD) -> Path:
 
 @contextmanager
 def build_lock(build: str = BUILD, *, log: Callable[[str], None] = print, wait_s: float | None = None,
-               poll_s: float = POLL_S) -> Iterator[Path]:
+               poll_s: float = POLL_S, tick: Callable[[], None] | None = None) -> Iterator[Path]:
     """Hold ``lock_path(build)`` exclusively, waiting (one line said) while another process holds it; with
     ``wait_s``, at most that long, then ``BuildWaitTimeout`` naming the lock and its holder. The file is
     never deleted (a waiter may hold it open); its content is the holder's pid, information only."""
@@ -205,7 +226,7 @@ def build_lock(build: str = BUILD, *, log: Callable[[str], None] = print, wait_s
     except OSError as exc:
         raise CacheError(f"cannot open llama-server's build lock {path} ({exc.strerror or exc})") from None
     try:
-        _acquire(fd, path, log, wait_s, poll_s)
+        _acquire(fd, path, log, wait_s, poll_s, tick)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
@@ -216,15 +237,18 @@ def build_lock(build: str = BUILD, *, log: Callable[[str], None] = print, wait_s
         os.close(fd)                     # closing the last descriptor releases the lock
 
 
-def _acquire(fd: int, path: Path, log: Callable[[str], None], wait_s: float | None, poll_s: float) -> None:
+def _acquire(fd: int, path: Path, log: Callable[[str], None], wait_s: float | None, poll_s: float,
+             tick: Callable[[], None] | None = None) -> None:
     if _try_lock(fd):
         return
     log(f"[llamacpp] waiting for llama-server's build, which {_holder(fd)} holds (lock: {path})")
-    if wait_s is None:
+    if wait_s is None and tick is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + (wait_s if wait_s is not None else float("inf"))
     while not _try_lock(fd):
+        if tick is not None:
+            tick()
         left = deadline - time.monotonic()
         if left <= 0:
             raise BuildWaitTimeout(f"llama-server's build, held by {_holder(fd)}, did not finish within "
@@ -262,12 +286,12 @@ def _compile(build: str, jobs: int, log: Callable[[str], None], workdir: Path | 
         unity.write_text(UNITY_CMAKE.format(targets=" ".join(UNITY), apart=UNITY_APART), encoding="utf-8")
         args, out = plain + [f"-DCMAKE_PROJECT_INCLUDE={unity}"], tmp / "build"
         try:
-            _configure_and_build(tree, out, args, jobs, "about 110 translation units: llama.cpp's libraries "
-                                 "merged, ggml's kernels file by file", log)
+            _configure_and_build(build, tree, out, args, jobs, "about 110 translation units: llama.cpp's "
+                                 "libraries merged, ggml's kernels file by file", log)
         except LlamacppUnavailable as exc:
             log(f"[llamacpp]     the merged (unity) build failed ({exc}); building file by file")
             args, out = plain, tmp / "build-plain"
-            _configure_and_build(tree, out, args, jobs, "about 330 translation units", log)
+            _configure_and_build(build, tree, out, args, jobs, "about 330 translation units", log)
         built = next((p for p in (out / "bin").glob(SERVER) if p.is_file()), None)
         if built is None:
             raise LlamacppUnavailable(f"the llama.cpp build finished but left no {SERVER} in "
@@ -283,14 +307,14 @@ def _compile(build: str, jobs: int, log: Callable[[str], None], workdir: Path | 
     return find_server(build) or record
 
 
-def _configure_and_build(tree: Path, build_dir: Path, args: list[str], jobs: int, units: str,
+def _configure_and_build(build: str, tree: Path, build_dir: Path, args: list[str], jobs: int, units: str,
                          log: Callable[[str], None]) -> None:
     log(f"[llamacpp] 2/4 configuring (cmake {' '.join(args)})")
     _run(["cmake", "-S", str(tree), "-B", str(build_dir), *args],
          build_dir.parent / f"{build_dir.name}-configure.log", "configure")
     log(f"[llamacpp] 3/4 building {SERVER} only, {jobs} jobs ({units})")
     _run(["cmake", "--build", str(build_dir), "--target", SERVER, "-j", str(jobs)],
-         build_dir.parent / f"{build_dir.name}.log", "build", log)
+         build_dir.parent / f"{build_dir.name}.log", "build", log, progress_path(build))
 
 
 def _source_tree(tmp: Path) -> Path:
@@ -337,19 +361,26 @@ def fetch_sdist(dest: Path, index: str = INDEX) -> Path:
     return out
 
 
-def _run(cmd: list[str], log_file: Path, what: str, log: Callable[[str], None] | None = None) -> None:
-    """Run cmake, its output to ``log_file``; a progress line each tenth of the way when ``log`` is given."""
+def _run(cmd: list[str], log_file: Path, what: str, log: Callable[[str], None] | None = None,
+         progress_file: Path | None = None) -> None:
+    """Run cmake, its output to ``log_file``; each tenth of the way a progress line when ``log`` is given,
+    and the percent into ``progress_file`` (``build_progress`` reads it) when that is."""
     shown = -10
+    if progress_file is not None:
+        progress_file.write_text("0\n", encoding="ascii")
     with log_file.open("w", encoding="utf-8") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             out.write(line)
             m = _PROGRESS.match(line)
-            if log is not None and m:
+            if m:
                 pct = int(m.group(1)) if m.group(1) else 100 * int(m.group(2)) // max(1, int(m.group(3)))
                 if pct >= shown + 10:
                     shown = pct - pct % 10
-                    log(f"[llamacpp]     {pct}%")
+                    if log is not None:
+                        log(f"[llamacpp]     {pct}%")
+                    if progress_file is not None:
+                        progress_file.write_text(f"{pct}\n", encoding="ascii")
         proc.wait()
     if proc.returncode != 0:
         tail = [ln.strip() for ln in log_file.read_text(encoding="utf-8").splitlines() if ln.strip()][-1:]
