@@ -3,6 +3,7 @@ speed is measured in benchmarks, never asserted in a timed test). The paired des
 simulations with a known true speedup and a first-runner penalty, beside the design it replaced."""
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -13,14 +14,17 @@ import torch
 from helpers.live.timing import (
     BOOTSTRAP,
     CONFIDENCE,
+    FOREIGN_SHARE,
     Direction,
     MachineSignal,
+    MachineWatch,
     PairedTiming,
     Reason,
     Timing,
     agreement,
     baseline_first,
     median_interval,
+    reasons_text,
     shown,
     speed_phrase,
     t_quantile,
@@ -107,10 +111,40 @@ def test_the_machine_signal_joins_the_verdict():
     t.machine = MachineSignal(0.1, 0.2, 10.0, 14.0, 2)
     assert t.verdict.kind == Timing.NOISY
     assert dict(t.verdict.reasons)[Reason.CALIBRATION] == pytest.approx(0.4)
-    t.machine = MachineSignal(5.0, 5.0, 10.0, 10.0, 2)
-    assert dict(t.verdict.reasons)[Reason.LOAD] == pytest.approx(2.5)
+    # the run's own load before it is not held against it: others' share of the cores while it ran is
+    t.machine = MachineSignal(5.0, 5.0, 10.0, 10.0, 2, 0.05)
+    assert t.verdict.kind == Timing.OK
+    t.machine = MachineSignal(0.1, 0.1, 10.0, 10.0, 2, 0.5)
+    assert dict(t.verdict.reasons) == {Reason.BUSY: 0.5}
+    assert "other processes used 50% of the cores while it ran" in reasons_text(t.verdict)
     d = t.to_dict()
     assert d["timing"] == "noisy" and d["machine"]["cores"] == 2 and len(d["speedup_interval"]) == 2
+    assert d["machine"]["others_share_of_cores"] == 0.5
+    assert PairedTiming.from_dict(json.loads(json.dumps(d))).machine == t.machine
+    # where /proc cannot be read (and in a record older than the share), the load average stands in
+    t.machine = MachineSignal(5.0, 5.0, 10.0, 10.0, 2)
+    assert dict(t.verdict.reasons)[Reason.LOAD] == pytest.approx(2.5)
+    old = t.to_dict()
+    old["pairs_measured"]["machine"] = old["pairs_measured"]["machine"][:5]
+    assert dict(PairedTiming.from_dict(old).verdict.reasons)[Reason.LOAD] == pytest.approx(2.5)
+
+
+def test_the_watch_counts_other_processes_and_not_its_own_tree():
+    """A busy loop in a child of this process is the run's own work; the same loop started in its own
+    session and disowned (its parent exits) is another's, and the watch says how much of the cores it took."""
+    import subprocess
+    import sys
+    import time
+
+    loop = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
+    with MachineWatch() as own:
+        subprocess.run(loop, check=True)
+    assert own.signal.foreign < FOREIGN_SHARE, own.signal
+    # the shell exits at once, so the loop's parent is init: outside this process's tree
+    subprocess.run(["sh", "-c", " ".join(f"'{a}'" for a in loop) + " >/dev/null 2>&1 &"], check=True)
+    with MachineWatch() as others:
+        time.sleep(2.0)
+    assert others.signal.foreign > 0.8 / others.signal.cores, others.signal
 
 
 def test_two_runs_of_one_wiring_agree_or_say_why_not():

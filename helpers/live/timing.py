@@ -18,8 +18,10 @@ every prompt; an odd number is kept but the verdict says the design is not balan
 - The **noise gate** reads the data itself: how wide the same statistic's interval is with the prompts
   held fixed (repeats resampled within each prompt: timing noise alone), how much repeats of the
   same prompt on the same side disagree (a quiet machine repeats a greedy generation to a few per
-  cent). A machine signal sits beside it: the load average, and a fixed calibration kernel timed
-  before and after the benchmark.
+  cent). A machine signal sits beside it: the share of the cores that *other* processes used while the
+  benchmark ran (the machine's busy time from ``/proc/stat`` less this process tree's, engines included,
+  so the run's own work before it, which a load average would count, is not held against it), and a
+  fixed calibration kernel timed before and after the benchmark.
 - The verdict is ``ok``, ``noisy`` (a ratio is stated, with the caveats that make it uncertain) or
   ``unusable`` (timing noise alone cannot tell faster from slower, or repeats disagree wildly): then
   no ratio is stated as a finding, only the ranges that show why. Accept length, per-position
@@ -50,6 +52,7 @@ NOISY_SPREAD = 0.25       # repeats of one prompt on one side differing by more 
 UNUSABLE_SPREAD = 1.0     # ... by more than 2x: the machine's speed changed under the benchmark
 UNUSABLE_WIDTH = 0.15     # an interval this wide that straddles 1 cannot tell faster from slower
 CALIBRATION_DRIFT = 0.25  # the calibration kernel slower or faster by this much after than before
+FOREIGN_SHARE = 0.25      # other processes using more than this share of the cores while it ran
 MIN_PAIRS = 3
 BOOTSTRAP = 2000
 
@@ -70,18 +73,22 @@ class Reason(StrEnum):
     UNBALANCED = "unbalanced-order"      # prompts that ran one side first more often than the other
     REPEATS_DISAGREE = "repeats-disagree"  # median over prompts of max/min - 1 across repeats, worse side
     CALIBRATION = "calibration-drift"    # after/before - 1 of the calibration kernel
-    LOAD = "load"                        # load average per core before the benchmark
+    BUSY = "busy-machine"                # other processes' share of the cores while it ran
+    LOAD = "load"                        # load average per core before it (where BUSY cannot be read)
 
 
 @dataclass(frozen=True)
 class MachineSignal:
-    """A cheap look at the machine around a benchmark: load per core and a fixed kernel's time."""
+    """A cheap look at the machine around a benchmark: the load average, a fixed kernel's time, and the
+    share of the cores other processes used while it ran (``foreign``: None where ``/proc`` cannot be read,
+    and in a record older than it)."""
 
     load_before: float
     load_after: float
     calibration_ms_before: float
     calibration_ms_after: float
     cores: int
+    foreign: float | None = None
 
     @property
     def drift(self) -> float:
@@ -93,7 +100,8 @@ class MachineSignal:
         return {"load_before": round(self.load_before, 2), "load_after": round(self.load_after, 2),
                 "calibration_ms_before": round(self.calibration_ms_before, 3),
                 "calibration_ms_after": round(self.calibration_ms_after, 3), "cores": self.cores,
-                "calibration_drift": round(self.drift, 3)}
+                "calibration_drift": round(self.drift, 3),
+                "others_share_of_cores": None if self.foreign is None else round(self.foreign, 3)}
 
 
 def calibration_ms(size: int = 192, reps: int = 8) -> float:
@@ -117,21 +125,39 @@ def _load() -> float:
         return float("nan")
 
 
+def busy_seconds() -> float:
+    """CPU seconds this machine's cores have spent busy since boot (``/proc/stat``); NaN where unread."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 class MachineWatch:
-    """``with MachineWatch() as w: ...`` then ``w.signal``: load and calibration before and after."""
+    """``with MachineWatch() as w: ...`` then ``w.signal``: load and calibration before and after, and the
+    share of the cores that processes outside this one's tree (its engines are in it) used in between."""
 
     def __enter__(self):
         self._load, self._cal = _load(), calibration_ms()
+        self._t, self._busy, self._own = time.monotonic(), busy_seconds(), tree_cpu_seconds(os.getpid())
         return self
 
     def __exit__(self, *exc):
-        self.signal = MachineSignal(self._load, _load(), self._cal, calibration_ms(), os.cpu_count() or 1)
+        busy, own, wall = busy_seconds(), tree_cpu_seconds(os.getpid()), time.monotonic() - self._t
+        cores = os.cpu_count() or 1
+        foreign = ((busy - self._busy) - (own - self._own)) / (wall * cores) if wall > 0 else float("nan")
+        self.signal = MachineSignal(self._load, _load(), self._cal, calibration_ms(), cores,
+                                    None if math.isnan(foreign) else max(0.0, foreign))
         return False
 
 
 def tree_cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a live process and every live descendant (Linux ``/proc``), the
-    work an engine in another process did; NaN where it cannot be read."""
+    """User + system CPU seconds of a live process and every live descendant, and of the children they
+    have reaped (Linux ``/proc``): the work an engine in another process did, or this process's own tree;
+    NaN where it cannot be read."""
     if pid is None:
         return float("nan")
     try:
@@ -144,7 +170,8 @@ def tree_cpu_seconds(pid: int | None) -> float:
                         parts = f.read().rsplit(")", 1)[1].split()
                 except OSError:
                     continue
-                stats[int(d)] = (int(parts[1]), int(parts[11]) + int(parts[12]))   # ppid, utime + stime
+                # ppid; utime + stime + cutime + cstime
+                stats[int(d)] = (int(parts[1]), sum(int(x) for x in parts[11:15]))
     except (OSError, ValueError, IndexError):
         return float("nan")
     keep, total, frontier = {pid}, 0, [pid]
@@ -405,9 +432,12 @@ class PairedTiming:
         if self.machine is not None:
             if abs(self.machine.drift) > CALIBRATION_DRIFT:
                 reasons.append((Reason.CALIBRATION, self.machine.drift))
-            per_core = self.machine.load_before / self.machine.cores
-            if per_core > 1.0:
-                reasons.append((Reason.LOAD, per_core))
+            foreign = self.machine.foreign
+            if foreign is not None:
+                if foreign > FOREIGN_SHARE:
+                    reasons.append((Reason.BUSY, foreign))
+            elif self.machine.load_before / self.machine.cores > 1.0:   # no /proc: the load average
+                reasons.append((Reason.LOAD, self.machine.load_before / self.machine.cores))
         kind = Timing.UNUSABLE if bad else Timing.NOISY if reasons else Timing.OK
         return TimingVerdict(kind, tuple(reasons))
 
@@ -478,6 +508,7 @@ _REASON_TEXT = {
     Reason.UNBALANCED: "order not balanced in {v:.0f} prompt(s) (use an even number of repeats)",
     Reason.REPEATS_DISAGREE: "repeats of a prompt typically differ by {v:.0%}",
     Reason.CALIBRATION: "calibration kernel {v:+.0%} after vs before",
+    Reason.BUSY: "other processes used {v:.0%} of the cores while it ran",
     Reason.LOAD: "load {v:.1f} per core before it started",
 }
 
