@@ -79,9 +79,8 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True)
 class MachineSignal:
-    """A cheap look at the machine around a benchmark: the load average, a fixed kernel's time, and the
-    share of the cores other processes used while it ran (``foreign``: None where ``/proc`` cannot be read,
-    and in a record older than it)."""
+    """A look at the machine around a benchmark: the load average, a fixed kernel's time, and the share of
+    the cores other processes used while it ran (``foreign``; None where unread, or recorded before)."""
 
     load_before: float
     load_after: float
@@ -104,12 +103,13 @@ class MachineSignal:
                 "others_share_of_cores": None if self.foreign is None else round(self.foreign, 3)}
 
 
-def calibration_ms(size: int = 192, reps: int = 8) -> float:
-    """The median time of a fixed fp32 matmul chain: what this machine gives one process right now."""
+def calibration_ms(size: int = 512, reps: int = 8) -> float:
+    """The median time of a fixed fp32 matmul chain (~7 ms on 2 cores, every thread used; one a tenth as
+    long varied 2x between calls on a quiet host): what this machine gives one process right now."""
     g = torch.Generator().manual_seed(0)
     a = torch.randn(size, size, generator=g)
     times = []
-    for _ in range(6):
+    for _ in range(8):
         t0 = time.perf_counter()
         x = a
         for _ in range(reps):
