@@ -179,7 +179,7 @@ def live(tmp_path_factory):
                LiveWiring("speculators", speculators, (0, 3, 7)),
                LiveWiring("sglang-fixed", sglang_fixed, (2, 6, 9))]
     rows = lbench.live_bench(SERVER, PAIR / "target", wirings, [p.tolist() for p in ids], steps=3,
-                             max_new_tokens=48, repeats=2, rules=ENGINE, progress=False, log=lambda *_: None,
+                             max_new_tokens=48, repeats=1, rules=ENGINE, progress=False, log=lambda *_: None,
                              log_dir=tmp / "logs")
     torch.manual_seed(0)
     ref = {layout: run_bench(pair.target, pair.draft, plan_for(pair, ",".join(map(str, layout)), ENGINE), ids,
@@ -224,8 +224,9 @@ def test_each_launch_is_guarded_and_both_sides_share_their_settings(live):
         assert len(r.accepted_per_position) == 3
         c = r.costs
         assert c["decode"] > 0 and c["verify"] > 0 and c["round"] > 0 and c["break_even_tau"] > 1
-        # decode and round: every request of the 4 prompts x 2 repeats timed; verify: once per prompt
-        assert len(c["decode_ms"]) == len(c["round_ms"]) == len(c["rounds"]) == 8 and len(c["verify_ms"]) == 4
+        # decode and round: every request of the 4 prompts timed (one repeat: a greedy run's accept length
+        # is the same in every repeat, and nothing here reads a speed); verify: once per prompt
+        assert len(c["decode_ms"]) == len(c["round_ms"]) == len(c["rounds"]) == 4 and len(c["verify_ms"]) == 4
         assert all(n >= 4 for n in c["verify_tokens"]) and sum(c["rounds"]) == r.drafts
 
 

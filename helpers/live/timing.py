@@ -10,10 +10,10 @@ alternate within a repeat, so with an even number of repeats a first-runner effe
 every prompt; an odd number is kept but the verdict says the design is not balanced.
 
 - The ratio is the **geometric mean of the paired ratios** (speculative tok/s over baseline tok/s, one
-  per prompt and repeat; each prompt weighted alike), with a 95% interval from a **two-stage
-  bootstrap** of that same statistic: resample the prompts, then each drawn prompt's repeats (seed 0),
-  widened if need be to hold the estimate. It is an interval for the workload the prompts sample, so it
-  holds how differently the draft does on different prompts as well as timing noise. The ratio is
+  per prompt and repeat; each prompt weighted alike), with a 95% **Student t interval over the prompts'
+  means** (each prompt's repeats averaged first; a bootstrap of the repeats where there is one prompt).
+  It is an interval for the workload the prompts sample, so it holds how differently the draft does on
+  different prompts as well as timing noise (docs/timing.md, "Coverage"). The ratio is
   called faster or slower only when that interval, as printed, does not touch 1.
 - The **noise gate** reads the data itself: how wide the same statistic's interval is with the prompts
   held fixed (repeats resampled within each prompt: timing noise alone), how much repeats of the
