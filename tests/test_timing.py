@@ -14,7 +14,6 @@ import torch
 from helpers.live.timing import (
     BOOTSTRAP,
     CONFIDENCE,
-    FOREIGN_SHARE,
     Direction,
     MachineSignal,
     MachineWatch,
@@ -130,8 +129,9 @@ def test_the_machine_signal_joins_the_verdict():
 
 
 def test_the_watch_counts_other_processes_and_not_its_own_tree():
-    """A busy loop in a child of this process is the run's own work; the same loop started in its own
-    session and disowned (its parent exits) is another's, and the watch says how much of the cores it took."""
+    """A busy loop in a child of this process is the run's own work; the same loop disowned (its parent
+    exits) is another's, and the watch says how much of the cores it took. Other tenants of a shared machine
+    read the same in both windows, so only the difference is held."""
     import subprocess
     import sys
     import time
@@ -139,12 +139,12 @@ def test_the_watch_counts_other_processes_and_not_its_own_tree():
     loop = [sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"]
     with MachineWatch() as own:
         subprocess.run(loop, check=True)
-    assert own.signal.foreign < FOREIGN_SHARE, own.signal
     # the shell exits at once, so the loop's parent is init: outside this process's tree
     subprocess.run(["sh", "-c", " ".join(f"'{a}'" for a in loop) + " >/dev/null 2>&1 &"], check=True)
     with MachineWatch() as others:
         time.sleep(2.0)
-    assert others.signal.foreign > 0.8 / others.signal.cores, others.signal
+    cores = others.signal.cores
+    assert others.signal.foreign - own.signal.foreign > 0.3 / cores, (own.signal, others.signal)
 
 
 def test_two_runs_of_one_wiring_agree_or_say_why_not():
